@@ -1,0 +1,31 @@
+# fp8bench quickstart: `make run` (set up, run the default sweep on this machine, ingest, print where) and
+# `make test`. Both bootstrap .venv on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SWEEP ?= quick
+# 2.13.0 is the CPU build that lies on this kind of machine's disk (a plain `torch` pulls a multi-GB CUDA build).
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint plan clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev,cpu-extras]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/fp8bench run sweep=$(SWEEP)
+
+plan: $(STAMP)
+	$(BIN)/fp8bench plan sweep=$(SWEEP)
+
+test: $(STAMP)
+	$(BIN)/ruff check fp8bench tests kernels benchmarks
+	$(BIN)/python -m pytest -q -m "not gpu"
+
+clean:
+	rm -rf $(VENV) results/runs results/hydra results/*.duckdb results/site

@@ -1,0 +1,3 @@
+from fp8bench.cli import entry
+
+entry()

@@ -1,0 +1,110 @@
+"""What every backend adapter offers, and the recipe it is asked to run.
+
+An adapter is one module with one class; third-party imports happen inside its methods, so importing
+fp8bench never needs TE, torchao or triton. No silent fallback, ever: an adapter that cannot run a case
+says so through `available()`/`supports()` and the case is recorded `skipped` with that reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from fp8bench.config.schema import BackendConfig, ScalingConfig
+from fp8bench.numerics import QuantOptions
+from fp8bench.types import Format, GemmRole, Scaling
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """Format × scaling × backend knobs: everything an adapter needs to build a case."""
+
+    format: Format
+    scaling: Scaling
+    scaling_cfg: ScalingConfig
+    backend_cfg: BackendConfig
+
+    def options(self, *, is_grad: bool = False, is_weight: bool = False) -> QuantOptions:
+        return QuantOptions(is_grad=is_grad, is_weight=is_weight, margin=self.scaling_cfg.margin,
+                            amax_compute_algo=self.scaling_cfg.amax_compute_algo,
+                            pow2_scale=self.scaling_cfg.pow2_scales)
+
+    def role_options(self, role: GemmRole) -> tuple[QuantOptions, QuantOptions]:
+        (ga, gb), (wa, wb) = role.operands_are_grad(), role.operands_are_weight()
+        return self.options(is_grad=ga, is_weight=wa), self.options(is_grad=gb, is_weight=wb)
+
+
+@dataclass
+class GemmOp:
+    """A prepared GEMM. `with_quant` is what training pays (casts + kernel); `kernel_only` runs on operands
+    quantized once up front. `output()` returns the result as float32 for the numerics checks."""
+
+    with_quant: Callable[[], torch.Tensor]
+    kernel_only: Callable[[], torch.Tensor] | None = None
+    real_kernel: bool = True
+    """False for the emulator: its time is not a kernel's."""
+
+
+@dataclass
+class QuantizeOp:
+    """A prepared cast: `run()` quantizes; `dequantized()` gives the float32 values it produced."""
+
+    run: Callable[[], object]
+    dequantized: Callable[[], torch.Tensor]
+    bytes_moved: int
+    """Bytes the algorithm must move: input read once, quantized output and scales written once."""
+
+
+@dataclass
+class LinearOp:
+    """A prepared linear layer: `step()` runs forward and backward once; `outputs()` gives (y, dx, dw)."""
+
+    step: Callable[[], object]
+    outputs: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    notes: dict = field(default_factory=dict)
+
+
+class Backend:
+    """Base of the adapters. Subclasses override what they support."""
+
+    name: str = ""
+    workloads: frozenset[str] = frozenset()
+
+    def available(self) -> tuple[bool, str]:
+        """Is the backend's software importable here? (ok, reason with the fix)."""
+        return True, ""
+
+    def supports(self, workload: str, recipe: Recipe, device: torch.device) -> tuple[bool, str]:
+        """Workload- and recipe-level limits beyond the device capability matrix."""
+        if workload not in self.workloads:
+            return False, f"backend {self.name!r} does not implement workload {workload!r} (it runs {sorted(self.workloads)})"
+        return True, ""
+
+    def effective_recipe(self, recipe: Recipe) -> Recipe:
+        """The exact numerics this backend implements for `recipe` (what the emulator check must use),
+        e.g. a library that silently rounds scales to powers of two says so here."""
+        return recipe
+
+    def gemm(self, a: torch.Tensor, b: torch.Tensor, role: GemmRole, recipe: Recipe) -> GemmOp:
+        raise NotImplementedError(f"backend {self.name!r} has no gemm")
+
+    def quantize(self, x: torch.Tensor, recipe: Recipe, is_weight: bool) -> QuantizeOp:
+        raise NotImplementedError(f"backend {self.name!r} has no quantize")
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, recipe: Recipe) -> LinearOp:
+        raise NotImplementedError(f"backend {self.name!r} has no linear")
+
+
+def import_probe(module: str, extra: str) -> tuple[bool, str]:
+    """(True, '') if `module` imports, else the reason and the install hint."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+        return True, ""
+    except ImportError as exc:
+        return False, f"{module} is not installed ({exc.__class__.__name__}: {str(exc)[:80]}); pip install 'fp8bench[{extra}]'"
+    except Exception as exc:  # a broken install (e.g. CUDA library mismatch) is also "not available"
+        return False, f"{module} failed to import: {exc.__class__.__name__}: {str(exc)[:160]}"

@@ -1,0 +1,73 @@
+"""`emulated`: exact quantize→dequantize in plain torch, then a float32 matmul. Any format, any device.
+
+It is the numerics reference the real backends are checked against, not a speed measurement: its cases
+record time_ms (what emulation costs) but no TFLOPS or speedup.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe
+from fp8bench.numerics import fake_quant
+from fp8bench.types import GemmRole
+
+
+def emulated_gemm(a: torch.Tensor, b: torch.Tensor, role: GemmRole, recipe: Recipe) -> torch.Tensor:
+    """fake_quant(A) · fake_quant(B)ᵀ in float32 (TN layout: both operands have K last)."""
+    opt_a, opt_b = recipe.role_options(role)
+    return fake_quant(a, recipe.format, recipe.scaling, opt_a) @ fake_quant(b, recipe.format, recipe.scaling, opt_b).t()
+
+
+class _EmulatedLinearFn(torch.autograd.Function):
+    """Y = X Wᵀ with every GEMM operand fake-quantized in the layout of its own GEMM (K last)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, recipe: Recipe) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, w)
+        ctx.recipe = recipe
+        return emulated_gemm(x, w, GemmRole.FPROP, recipe)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        dx = emulated_gemm(dy, w.t(), GemmRole.DGRAD, ctx.recipe)
+        dw = emulated_gemm(dy.t(), x.t(), GemmRole.WGRAD, ctx.recipe)
+        return dx, dw, None
+
+
+class EmulatedBackend(Backend):
+    name = "emulated"
+    workloads = frozenset({"gemm", "quantize", "linear"})
+
+    def gemm(self, a, b, role, recipe):
+        opt_a, opt_b = recipe.role_options(role)
+        aq = fake_quant(a, recipe.format, recipe.scaling, opt_a)
+        bq = fake_quant(b, recipe.format, recipe.scaling, opt_b)
+        return GemmOp(with_quant=lambda: emulated_gemm(a, b, role, recipe), kernel_only=lambda: aq @ bq.t(),
+                      real_kernel=False)
+
+    def quantize(self, x, recipe, is_weight):
+        opt = recipe.options(is_weight=is_weight)
+        out_bytes = x.numel() * recipe.format.bits // 8
+        return QuantizeOp(run=lambda: fake_quant(x, recipe.format, recipe.scaling, opt),
+                          dequantized=lambda: fake_quant(x, recipe.format, recipe.scaling, opt),
+                          bytes_moved=x.numel() * x.element_size() + out_bytes)
+
+    def linear(self, x, w, dy, recipe):
+        x = x.float().detach().requires_grad_(True)
+        w = w.float().detach().requires_grad_(True)
+        dy = dy.float()
+        state = {}
+
+        def step():
+            x.grad = w.grad = None
+            y = _EmulatedLinearFn.apply(x, w, recipe)
+            y.backward(dy)
+            state["y"] = y.detach()
+
+        def outputs():
+            step()
+            return state["y"], x.grad, w.grad
+
+        return LinearOp(step=step, outputs=outputs)

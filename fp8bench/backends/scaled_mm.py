@@ -1,0 +1,174 @@
+"""`torch`: FP8 GEMMs through `torch._scaled_mm` (tensorwise, rowwise) and `torch.nn.functional.scaled_mm`
+(DeepSeek-style blockwise); casts in eager torch, the way a user without TE or torchao writes them.
+
+On CUDA these are cuBLASLt kernels. On CPU torch implements `_scaled_mm` too: through oneDNN (whose FP8
+path is a slow reference on CPUs without FP8 units, so it is opt-in: `backend.cpu_onednn=true`) or through
+its own fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe
+from fp8bench.numerics import ACT_BLOCK, WEIGHT_BLOCK, QuantOptions, amax_to_scale
+from fp8bench.types import Format, GemmRole, Scaling
+
+# Operand layouts F.scaled_mm accepts for blockwise scales on sm_90 (torch's own OpInfo samples in
+# torch/testing/_internal/common_methods_invocations.py): 1x128 scales are (M, K/128) stored K-block-major
+# (a transposed contiguous (K/128, M)); 128x128 scales are (N/128, K/128 padded to 4) transposed.
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+class Quantized:
+    """An FP8 operand and its dequantization scale in the layout the GEMM call wants."""
+
+    def __init__(self, data: torch.Tensor, inv_scale: torch.Tensor, block: tuple[int, int] | None = None) -> None:
+        self.data = data
+        self.inv_scale = inv_scale
+        self.block = block
+        """(rows, cols) of a blockwise scale, None for tensorwise/rowwise."""
+
+    def dequantize(self) -> torch.Tensor:
+        if self.block is None:
+            return self.data.float() * self.inv_scale
+        rows, cols = self.block
+        m, k = self.data.shape
+        s = self.inv_scale.t()[:, : k // cols] if rows > 1 else self.inv_scale
+        tiles = self.data.float().reshape(m // rows, rows, k // cols, cols)
+        return (tiles * s.reshape(m // rows, 1, k // cols, 1)).reshape(m, k)
+
+
+def quantize_operand(x: torch.Tensor, recipe: Recipe, opt: QuantOptions) -> Quantized:
+    """Eager-torch cast of one GEMM operand (K last), with the same scale math as fp8bench.numerics."""
+    element = recipe.format.element(opt.is_grad)
+    dtype = element.spec.torch_dtype
+    xf = x.float()
+    if recipe.scaling in (Scaling.CURRENT, Scaling.DELAYED):
+        scale = amax_to_scale(xf.abs().amax(), element, opt.pow2_scale, opt.margin)
+        inv = scale.reciprocal()
+    elif recipe.scaling is Scaling.ROWWISE:
+        scale = amax_to_scale(xf.abs().amax(dim=-1, keepdim=True), element, opt.pow2_scale)
+        inv = scale.reciprocal()
+    elif recipe.scaling is Scaling.BLOCKWISE:
+        rows, cols = WEIGHT_BLOCK if opt.is_weight else ACT_BLOCK
+        m, k = xf.shape
+        if m % rows or k % cols:
+            raise ValueError(f"blockwise scaled_mm needs dims divisible by the block: {m=} {k=} block={rows}x{cols}")
+        tiles = xf.reshape(m // rows, rows, k // cols, cols)
+        scale = amax_to_scale(tiles.abs().amax(dim=(1, 3), keepdim=True), element, opt.pow2_scale)
+        data = (tiles * scale).clamp(-element.max, element.max).to(dtype).reshape(m, k)
+        s = scale.reshape(m // rows, k // cols).reciprocal()
+        if opt.is_weight:
+            padded = torch.zeros(m // rows, _round_up(k // cols, 4), device=x.device, dtype=torch.float32)
+            padded[:, : k // cols] = s
+            inv = padded.t()
+        else:
+            inv = s.t().contiguous().t()
+        return Quantized(data, inv, (rows, cols))
+    else:
+        raise ValueError(f"backend 'torch' has no {recipe.format.value}/{recipe.scaling.value} cast")
+    data = (xf * scale).clamp(-element.max, element.max).to(dtype)
+    return Quantized(data, inv)
+
+
+def _onednn(recipe: Recipe, device: torch.device) -> contextlib.AbstractContextManager:
+    if device.type == "cpu":
+        return torch.backends.mkldnn.flags(enabled=recipe.backend_cfg.cpu_onednn)
+    return contextlib.nullcontext()
+
+
+def scaled_gemm(qa: Quantized, qb: Quantized, recipe: Recipe, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """A · Bᵀ on quantized operands: B's data is (N, K) row-major, passed as the column-major (K, N)."""
+    fast = recipe.backend_cfg.fast_accum and qa.data.is_cuda
+    with _onednn(recipe, qa.data.device):
+        if recipe.scaling is Scaling.BLOCKWISE:
+            import torch.nn.functional as F
+
+            def kind(q: Quantized):
+                return F.ScalingType.BlockWise128x128 if q.block == WEIGHT_BLOCK else F.ScalingType.BlockWise1x128
+            return F.scaled_mm(qa.data, qb.data.t(), qa.inv_scale, kind(qa), qb.inv_scale, kind(qb),
+                               output_dtype=out_dtype, use_fast_accum=fast)
+        sb = qb.inv_scale.t() if qb.inv_scale.dim() == 2 else qb.inv_scale
+        return torch._scaled_mm(qa.data, qb.data.t(), scale_a=qa.inv_scale, scale_b=sb, out_dtype=out_dtype,
+                                use_fast_accum=fast)
+
+
+def fp8_gemm(a: torch.Tensor, b: torch.Tensor, role: GemmRole, recipe: Recipe) -> torch.Tensor:
+    opt_a, opt_b = recipe.role_options(role)
+    return scaled_gemm(quantize_operand(a, recipe, opt_a), quantize_operand(b, recipe, opt_b), recipe)
+
+
+class _ScaledMMLinearFn(torch.autograd.Function):
+    """Y = X Wᵀ with all three GEMMs in FP8 through scaled_mm; casts in eager torch."""
+
+    @staticmethod
+    def forward(ctx, x, w, recipe):  # type: ignore[override]
+        ctx.save_for_backward(x, w)
+        ctx.recipe = recipe
+        return fp8_gemm(x, w, GemmRole.FPROP, recipe)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        dx = fp8_gemm(dy, w.t(), GemmRole.DGRAD, ctx.recipe)
+        dw = fp8_gemm(dy.t().contiguous(), x.t().contiguous(), GemmRole.WGRAD, ctx.recipe)
+        return dx, dw, None
+
+
+class ScaledMMBackend(Backend):
+    name = "torch"
+    workloads = frozenset({"gemm", "quantize", "linear"})
+
+    def supports(self, workload, recipe, device):
+        ok, why = super().supports(workload, recipe, device)
+        if not ok:
+            return ok, why
+        if recipe.backend_cfg.fast_accum and device.type != "cuda":
+            return False, "backend.fast_accum is a cuBLASLt option; this device is a CPU"
+        return True, ""
+
+    def gemm(self, a, b, role, recipe):
+        if recipe.format is Format.BF16:
+            a16, b16 = a.bfloat16(), b.bfloat16()
+            return GemmOp(with_quant=lambda: a16 @ b16.t(), kernel_only=lambda: a16 @ b16.t())
+        opt_a, opt_b = recipe.role_options(role)
+        qa, qb = quantize_operand(a, recipe, opt_a), quantize_operand(b, recipe, opt_b)
+        return GemmOp(with_quant=lambda: fp8_gemm(a, b, role, recipe), kernel_only=lambda: scaled_gemm(qa, qb, recipe))
+
+    def quantize(self, x, recipe, is_weight):
+        opt = recipe.options(is_weight=is_weight)
+        q = quantize_operand(x, recipe, opt)
+        scale_bytes = q.inv_scale.numel() * 4
+        return QuantizeOp(run=lambda: quantize_operand(x, recipe, opt),
+                          dequantized=lambda: quantize_operand(x, recipe, opt).dequantize(),
+                          bytes_moved=x.numel() * x.element_size() + x.numel() + scale_bytes)
+
+    def linear(self, x, w, dy, recipe):
+        x = x.bfloat16().detach().requires_grad_(True)
+        w = w.bfloat16().detach().requires_grad_(True)
+        dy = dy.bfloat16()
+        state = {}
+        if recipe.format is Format.BF16:
+            def forward():
+                return x @ w.t()
+        else:
+            def forward():
+                return _ScaledMMLinearFn.apply(x, w, recipe)
+
+        def step():
+            x.grad = w.grad = None
+            y = forward()
+            y.backward(dy)
+            state["y"] = y.detach()
+
+        def outputs():
+            step()
+            return state["y"].float(), x.grad.float(), w.grad.float()
+
+        return LinearOp(step=step, outputs=outputs)

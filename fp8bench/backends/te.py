@@ -1,0 +1,102 @@
+"""`te`: Transformer Engine modules under `te.autocast(recipe=...)`.
+
+Recipes: DelayedScaling (E4M3 or HYBRID; amax history length/algorithm and margin from `scaling.*`),
+Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling. Where TE refuses a recipe on
+this GPU, TE's own reason is recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from fp8bench.backends.base import Backend, LinearOp, Recipe, import_probe
+from fp8bench.types import Format, Scaling
+
+
+def te_recipe(recipe: Recipe):
+    """The TE recipe object for (format, scaling), or None for BF16."""
+    from transformer_engine.common import recipe as R
+
+    fmt = R.Format.HYBRID if recipe.format is Format.HYBRID else R.Format.E4M3
+    sc = recipe.scaling_cfg
+    if recipe.format is Format.BF16:
+        return None
+    if recipe.scaling is Scaling.DELAYED:
+        return R.DelayedScaling(fp8_format=fmt, amax_history_len=sc.amax_history_len,
+                                amax_compute_algo=sc.amax_compute_algo, margin=sc.margin)
+    if recipe.scaling is Scaling.CURRENT:
+        return R.Float8CurrentScaling(fp8_format=fmt)
+    if recipe.scaling is Scaling.BLOCKWISE:
+        return R.Float8BlockScaling(fp8_format=fmt)
+    if recipe.scaling is Scaling.MX:
+        return R.MXFP8BlockScaling()
+    if recipe.scaling is Scaling.NVFP4:
+        return R.NVFP4BlockScaling()
+    raise ValueError(f"Transformer Engine has no {recipe.format.value}/{recipe.scaling.value} recipe")
+
+
+def autocast(recipe: Recipe) -> contextlib.AbstractContextManager:
+    import transformer_engine.pytorch as te
+
+    r = te_recipe(recipe)
+    if r is None:
+        return contextlib.nullcontext()
+    if hasattr(te, "autocast"):  # TE >= 2.8
+        return te.autocast(enabled=True, recipe=r)
+    return te.fp8_autocast(enabled=True, fp8_recipe=r)
+
+
+def te_reason(recipe: Recipe) -> tuple[bool, str]:
+    """TE's own availability verdict for the recipe's scaling family on this GPU."""
+    import transformer_engine.pytorch as te
+
+    probe = {Scaling.MX: "is_mxfp8_available", Scaling.NVFP4: "is_nvfp4_available",
+             Scaling.BLOCKWISE: "is_fp8_block_scaling_available"}.get(recipe.scaling, "is_fp8_available")
+    fn = getattr(te, probe, None)
+    if fn is None:
+        return True, ""
+    ok, reason = fn(return_reason=True)
+    return bool(ok), f"Transformer Engine: {reason}" if not ok else ""
+
+
+class TEBackend(Backend):
+    name = "te"
+    workloads = frozenset({"linear"})
+
+    def available(self):
+        if not torch.cuda.is_available():
+            return False, "Transformer Engine needs a CUDA GPU; this device is a CPU"
+        return import_probe("transformer_engine.pytorch", "gpu")
+
+    def supports(self, workload, recipe, device):
+        ok, why = super().supports(workload, recipe, device)
+        if not ok or recipe.format is Format.BF16:
+            return ok, why
+        return te_reason(recipe)
+
+    def linear(self, x, w, dy, recipe):
+        import transformer_engine.pytorch as te
+
+        out_f, in_f = w.shape
+        lin = te.Linear(in_f, out_f, bias=False, params_dtype=torch.bfloat16, device=w.device)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+        x = x.bfloat16().detach().requires_grad_(True)
+        dy = dy.bfloat16()
+        state = {}
+
+        def step():
+            x.grad = None
+            lin.weight.grad = None
+            with autocast(recipe):
+                y = lin(x)
+            y.backward(dy)
+            state["y"] = y.detach()
+
+        def outputs():
+            step()
+            return state["y"].float(), x.grad.float(), lin.weight.grad.float()
+
+        return LinearOp(step=step, outputs=outputs)

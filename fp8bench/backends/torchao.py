@@ -1,0 +1,80 @@
+"""`torchao`: torchao float8 training (`Float8Linear` via `convert_to_float8_training`).
+
+Recipes, labelled by what they really do (torchao 0.18 Float8LinearConfig.from_recipe_name):
+- tensorwise: E4M3 activations/weights and E5M2 gradients, dynamic tensorwise scales → format=hybrid
+  scaling=current;
+- rowwise: E4M3 everywhere, per-row scales rounded to powers of two → format=e4m3 scaling=rowwise;
+- rowwise_with_gw_hp: rowwise, weight-gradient GEMM in high precision → rowwise + `backend.gw_hp=true`.
+torchao is built to run under torch.compile (`backend.compile=true`); eager shows what compile buys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from fp8bench.backends.base import Backend, LinearOp, Recipe, import_probe
+from fp8bench.types import Format, Scaling
+
+
+def recipe_name(recipe: Recipe) -> str | None:
+    if recipe.format is Format.HYBRID and recipe.scaling is Scaling.CURRENT:
+        return "tensorwise"
+    if recipe.format is Format.E4M3 and recipe.scaling is Scaling.ROWWISE:
+        return "rowwise_with_gw_hp" if recipe.backend_cfg.gw_hp else "rowwise"
+    return None
+
+
+class TorchaoBackend(Backend):
+    name = "torchao"
+    workloads = frozenset({"linear"})
+
+    def available(self):
+        return import_probe("torchao.float8", "gpu")
+
+    def supports(self, workload, recipe, device):
+        ok, why = super().supports(workload, recipe, device)
+        if not ok:
+            return ok, why
+        if recipe.format is not Format.BF16 and recipe_name(recipe) is None:
+            return False, (f"torchao float8 has no {recipe.format.value}/{recipe.scaling.value} recipe; it offers "
+                           "hybrid/current (tensorwise), e4m3/rowwise (rowwise, rowwise_with_gw_hp)")
+        if recipe.backend_cfg.gw_hp and recipe.scaling is not Scaling.ROWWISE:
+            return False, "backend.gw_hp applies to the rowwise recipe only"
+        return True, ""
+
+    def effective_recipe(self, recipe):
+        if recipe.scaling is Scaling.ROWWISE:  # torchao's rowwise recipes round scales to powers of two
+            return dataclasses.replace(recipe, scaling_cfg=dataclasses.replace(recipe.scaling_cfg, pow2_scales=True))
+        return recipe
+
+    def linear(self, x, w, dy, recipe):
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        out_f, in_f = w.shape
+        module = torch.nn.Sequential(torch.nn.Linear(in_f, out_f, bias=False, device=w.device, dtype=torch.bfloat16))
+        with torch.no_grad():
+            module[0].weight.copy_(w)
+        name = recipe_name(recipe)
+        if recipe.format is not Format.BF16:
+            convert_to_float8_training(module, config=Float8LinearConfig.from_recipe_name(name))
+            if type(module[0]).__name__ != "Float8Linear":  # never measure BF16 under an FP8 label
+                raise RuntimeError(f"torchao did not convert the linear to Float8Linear (got {type(module[0]).__name__})")
+        run = torch.compile(module) if recipe.backend_cfg.compile else module
+        x = x.bfloat16().detach().requires_grad_(True)
+        dy = dy.bfloat16()
+        state = {}
+
+        def step():
+            x.grad = None
+            module[0].weight.grad = None
+            y = run(x)
+            y.backward(dy)
+            state["y"] = y.detach()
+
+        def outputs():
+            step()
+            return state["y"].float(), x.grad.float(), module[0].weight.grad.float()
+
+        return LinearOp(step=step, outputs=outputs, notes={"recipe": name or "bf16"})

@@ -1,0 +1,209 @@
+"""The `fp8bench` command: run, plan, ingest, export, doctor.
+
+Bad input exits with code 2 and one message naming the field, the value and the valid choices; never a
+traceback, and never at the cost of anything already recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from fp8bench.config.schema import ConfigError
+
+console = Console(stderr=True)
+out = Console()
+COMMANDS = ("run", "plan", "ingest", "export", "doctor")
+USAGE = """usage: fp8bench COMMAND [ARGS]
+
+  run [-m] [hydra overrides]   run a point or a sweep preset (sweep=quick); -m uses Hydra's multirun
+  plan [hydra overrides]       list the cases with runnable / skipped: reason; runs nothing
+  ingest [PATHS...] [--db DB]  load run folders, shards or Parquet exports into DuckDB (idempotent)
+  export RUN_ID... --out DIR   write runs as Parquet (one file per table) to commit under results/
+  doctor                       device, versions, backends and the capability matrix
+"""
+
+
+class UsageError(ValueError):
+    """Bad command-line usage: exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage and exit 2 itself; keep one message format
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _db_path(arg: str | None, results_dir: str = "results") -> Path:
+    return Path(arg) if arg else Path(results_dir) / "fp8bench.duckdb"
+
+
+def _ingest_into(db: Path, paths: list[Path]) -> None:
+    from fp8bench import store
+
+    con = store.connect(db)
+    try:
+        rep = store.ingest(con, paths)
+    finally:
+        con.close()
+    for p in rep.problems:
+        console.print(f"[yellow]warning:[/] skipped {p.path}" + (f" line {p.line}" if p.line else "") + f": {p.error}")
+    console.print(f"ingested {len(rep.runs)} run(s), {rep.cases} case record(s) into {db}")
+
+
+def cmd_run(args: list[str]) -> int:
+    from fp8bench.config.compose import check_combination, expand, multirun
+    from fp8bench.plan import plan, resolve_device
+    from fp8bench.records import read_run, write_manifest
+    from fp8bench.runner import check_resume, execute, manifest_for, new_run_id, run_dir_for, summary_table
+
+    is_multi = any(a in ("-m", "--multirun") for a in args)
+    overrides = [a for a in args if a not in ("-m", "--multirun")]
+    points, dropped = expand(overrides)
+    first = points[0]
+    check_resume(first)
+    device = resolve_device(first)
+    run_id = first.resume or first.run_id or new_run_id()
+    run_dir = run_dir_for(first, run_id)
+    if not (run_dir / "manifest.json").is_file():
+        write_manifest(run_dir, manifest_for(first, run_id, overrides, len(plan(points, device))))
+    if dropped:
+        console.print(f"dropped {dropped} impossible format×scaling combinations of the sweep")
+    if is_multi:
+        def job(point, num: str) -> None:
+            try:
+                check_combination(point)
+            except ConfigError:
+                return  # an impossible pair of the preset's cartesian product: nothing to measure
+            execute(plan([point], device), run_dir, run_id, device, job=f"job{num}", resume=bool(first.resume),
+                    console=console, progress=False)
+        code = multirun(overrides + [f"run_id={run_id}"], job)
+        if code:
+            return code
+    else:
+        execute(plan(points, device), run_dir, run_id, device, resume=bool(first.resume), console=console)
+    _, records, _ = read_run(run_dir)
+    out.print(summary_table(records))
+    out.print(f"run folder: {run_dir}")
+    if first.store.ingest:
+        try:
+            import duckdb  # noqa: F401
+        except ImportError:
+            console.print("duckdb is not installed here: shards kept; run `fp8bench ingest` where it is")
+            return 0
+        db = _db_path(first.store.db, first.results_dir)
+        _ingest_into(db, [run_dir])
+        out.print(f"DuckDB file: {db.resolve()}")
+    return 0
+
+
+def cmd_plan(args: list[str]) -> int:
+    from fp8bench.config.compose import expand
+    from fp8bench.plan import plan, resolve_device
+
+    points, dropped = expand(args)
+    cases = plan(points, resolve_device(points[0]))
+    table = Table(title=f"fp8bench plan: {len(cases)} cases", show_lines=False)
+    table.add_column("case_id")
+    table.add_column("status")
+    for c in cases:
+        table.add_row(c.case_id, "runnable" if c.runnable else f"skipped: {c.reason}")
+    out.print(table, soft_wrap=True)
+    n_ok = sum(c.runnable for c in cases)
+    models = sorted({c.config.model.name for c in cases})
+    formats = sorted({c.config.format.name for c in cases})
+    scalings = sorted({c.config.scaling.name for c in cases})
+    out.print(f"{len(cases)} cases: {n_ok} runnable, {len(cases) - n_ok} skipped; models {models}; "
+              f"formats {formats}; scalings {scalings}"
+              + (f"; dropped {dropped} impossible format×scaling combinations" if dropped else ""))
+    return 0
+
+
+def cmd_ingest(args: list[str]) -> int:
+    p = _Parser(prog="fp8bench ingest")
+    p.add_argument("paths", nargs="*", type=Path, default=[Path("results")])
+    p.add_argument("--db", default=None)
+    ns = p.parse_args(args)
+    _ingest_into(_db_path(ns.db), ns.paths)
+    return 0
+
+
+def cmd_export(args: list[str]) -> int:
+    from fp8bench import store
+
+    p = _Parser(prog="fp8bench export")
+    p.add_argument("run_ids", nargs="+")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--db", default=None)
+    ns = p.parse_args(args)
+    con = store.connect(_db_path(ns.db), read_only=True)
+    try:
+        files = store.export(con, ns.run_ids, ns.out)
+    finally:
+        con.close()
+    out.print(f"exported {len(ns.run_ids)} run(s) to {ns.out}: {', '.join(f.name for f in files)}")
+    return 0
+
+
+def cmd_doctor(args: list[str]) -> int:
+    from fp8bench.hardware import capability, describe, environment
+    from fp8bench.plan import _available
+    from fp8bench.types import VALID_SCALINGS, BackendName, Format
+
+    if args:
+        raise UsageError(f"fp8bench doctor takes no arguments (got {args})")
+    info, env = describe(), environment()
+    out.print(f"device: {info['device']['name']} ({info['device']['kind']}, {env['capability']}, CUDA {env['cuda']})")
+    out.print(f"spec sheet: {info['spec_sheet']}")
+    out.print("versions: " + ", ".join(f"{k[:-8]} {v}" for k, v in env.items() if k.endswith("_version")))
+    from fp8bench.hardware import detect_device
+
+    dev = detect_device()
+    table = Table(title="capability matrix on this device")
+    table.add_column("format/scaling")
+    for b in BackendName:
+        ok, why = _available(b.value)
+        table.add_column(b.value + ("" if ok else " (missing)"))
+    for fmt in Format:
+        for sc in sorted(VALID_SCALINGS[fmt], key=lambda s: s.value):
+            cells = []
+            for b in BackendName:
+                ok, why = _available(b.value)
+                if ok:
+                    ok, why = capability(b.value, fmt.value, sc.value, dev)
+                cells.append("yes" if ok else f"no: {why[:60]}")
+            table.add_row(f"{fmt.value}/{sc.value}", *cells)
+    out.print(table)
+    for b in BackendName:
+        ok, why = _available(b.value)
+        if not ok:
+            out.print(f"{b.value}: {why}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        out.print(USAGE, highlight=False)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "doctor": cmd_doctor}
+    from fp8bench.store import StoreError
+
+    try:
+        if cmd not in handlers:
+            raise UsageError(f"command {cmd!r} is unknown; choose one of {list(COMMANDS)}")
+        return handlers[cmd](rest)
+    except (ConfigError, UsageError, StoreError) as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        console.print("interrupted: every finished case is recorded; continue with resume=<run_id>")
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""Frozen, keyword-only dataclass schemas of every config group.
+
+Values live in `conf/*.yaml`; these classes say what keys exist, their types and what each means, and
+`__post_init__` rejects bad values with a message that names the field, the value and the valid choices.
+No hydra/omegaconf import here: `fp8bench.config.compose` is the only module that touches Hydra.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fp8bench.types import BackendName, Format, GemmRole, Scaling, WorkloadName, choices
+
+
+class ConfigError(ValueError):
+    """Bad user input in a config: always names the field, the bad value and the valid choices."""
+
+
+def _one_of(field_name: str, value: object, valid: list[str]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{field_name}={value!r} is not valid; choose one of {valid}")
+
+
+def _positive(field_name: str, value: float, allow_zero: bool = False) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{field_name}={value!r} must be a {'non-negative' if allow_zero else 'positive'} number")
+
+
+LINEARS = ("qkv", "o", "gate_up", "down")
+"""The distinct linears of a transformer block (gate/up fused as one GEMM, as TE's LayerNormMLP does)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape preset of a Llama/GPT-style decoder."""
+
+    name: str
+    hidden: int
+    """Model width d_model."""
+    ffn: int
+    """MLP inner width (per branch for SwiGLU)."""
+    heads: int
+    kv_heads: int
+    """Key/value heads (grouped-query attention when < heads)."""
+    layers: int
+    vocab: int
+    seq: int
+    """Context length of the preset."""
+    mlp: str = "swiglu"
+    """'swiglu' (gate and up projections) or 'gelu' (one up projection)."""
+    source: str = ""
+    """Where the dimensions come from."""
+
+    def __post_init__(self) -> None:
+        for f in ("hidden", "ffn", "heads", "kv_heads", "layers", "vocab", "seq"):
+            _positive(f"model.{f}", getattr(self, f))
+        _one_of("model.mlp", self.mlp, ["swiglu", "gelu"])
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ConfigError(f"model.heads={self.heads} must divide model.hidden={self.hidden} and be a "
+                              f"multiple of model.kv_heads={self.kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def linear_dims(self, linear: str) -> tuple[int, int]:
+        """(in_features, out_features) of one of LINEARS."""
+        kv = self.kv_heads * self.head_dim
+        mlp_branches = 2 if self.mlp == "swiglu" else 1
+        dims = {"qkv": (self.hidden, self.hidden + 2 * kv), "o": (self.hidden, self.hidden),
+                "gate_up": (self.hidden, mlp_branches * self.ffn), "down": (self.ffn, self.hidden)}
+        return dims[linear]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadConfig:
+    """What is measured for a model preset."""
+
+    name: str
+    tokens: int = 8192
+    """Tokens per step (batch x sequence): the M of fprop/dgrad, the K of wgrad."""
+    linears: list[str] = field(default_factory=lambda: list(LINEARS))
+    """gemm/linear: which of the block's linears."""
+    roles: list[str] = field(default_factory=lambda: ["fprop", "dgrad", "wgrad"])
+    """gemm: which GEMMs of each linear."""
+    shapes: list[list[int]] = field(default_factory=list)
+    """gemm: explicit (M, N, K) shapes measured in addition to the model's."""
+    tensors: list[str] = field(default_factory=lambda: ["activation", "weight"])
+    """quantize: the activation (tokens x hidden) and/or the largest weight (ffn x hidden)."""
+
+    def __post_init__(self) -> None:
+        _one_of("workload.name", self.name, choices(WorkloadName))
+        _positive("workload.tokens", self.tokens)
+        for lin in self.linears:
+            _one_of("workload.linears", lin, list(LINEARS))
+        for role in self.roles:
+            _one_of("workload.roles", role, choices(GemmRole))
+        for t in self.tensors:
+            _one_of("workload.tensors", t, ["activation", "weight"])
+        for shape in self.shapes:
+            if len(shape) != 3:
+                raise ConfigError(f"workload.shapes entry {list(shape)!r} must be [M, N, K]")
+            for d in shape:
+                _positive("workload.shapes", d)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FormatConfig:
+    name: str
+
+    def __post_init__(self) -> None:
+        _one_of("format", self.name, choices(Format))
+
+    @property
+    def format(self) -> Format:
+        return Format(self.name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalingConfig:
+    name: str
+    amax_history_len: int = 1024
+    """delayed: amax history length (TE DelayedScaling default 1024)."""
+    amax_compute_algo: str = "max"
+    """delayed: 'max' or 'most_recent'."""
+    margin: int = 0
+    """delayed: scale backs off by 2**margin."""
+    pow2_scales: bool = False
+    """blockwise/current: round scales down to powers of two."""
+
+    def __post_init__(self) -> None:
+        _one_of("scaling", self.name, choices(Scaling))
+        _positive("scaling.amax_history_len", self.amax_history_len)
+        _one_of("scaling.amax_compute_algo", self.amax_compute_algo, ["max", "most_recent"])
+        _positive("scaling.margin", self.margin, allow_zero=True)
+
+    @property
+    def scaling(self) -> Scaling:
+        return Scaling(self.name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendConfig:
+    """One backend and its knobs (each knob says which backend reads it)."""
+
+    name: str
+    fast_accum: bool = False
+    """torch (CUDA): FP8 GEMMs with cuBLASLt fast accumulation."""
+    cpu_onednn: bool = False
+    """torch (CPU): let oneDNN run FP8 _scaled_mm. Without FP8 hardware its path is a slow reference."""
+    compile: bool = False
+    """torchao: wrap the module in torch.compile (how torchao float8 is meant to run on GPU)."""
+    gw_hp: bool = False
+    """torchao rowwise: keep the weight-gradient GEMM in high precision (recipe rowwise_with_gw_hp)."""
+
+    def __post_init__(self) -> None:
+        _one_of("backend", self.name, choices(BackendName))
+
+    def variant(self) -> str:
+        """Short suffix naming non-default knobs, so case ids of variants differ."""
+        parts = [k for k in ("fast_accum", "cpu_onednn", "compile", "gw_hp") if getattr(self, k)]
+        return "+".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureConfig:
+    """How every case is timed (fp8bench.measure)."""
+
+    warmup: int = 3
+    """Untimed iterations first (compilation, autotuning, allocator warm-up)."""
+    iters: int = 50
+    """Timed iterations (samples) at most."""
+    min_samples: int = 3
+    max_time_s: float = 2.0
+    """Stop sampling after this much time, once min_samples exist."""
+    flush_l2: bool = True
+    """CUDA: overwrite a buffer larger than L2 between iterations (outside the timed region)."""
+    cuda_graph: bool = False
+    """CUDA: time replays of a captured graph (for launch-bound shapes)."""
+
+    def __post_init__(self) -> None:
+        _positive("measure.warmup", self.warmup, allow_zero=True)
+        _positive("measure.iters", self.iters)
+        _positive("measure.min_samples", self.min_samples)
+        _positive("measure.max_time_s", self.max_time_s)
+        if self.min_samples > self.iters:
+            raise ConfigError(f"measure.min_samples={self.min_samples} exceeds measure.iters={self.iters}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    ingest: bool = True
+    """Ingest into DuckDB at the end of `run` (when duckdb is importable)."""
+    db: str | None = None
+    """DuckDB path; default <results_dir>/fp8bench.duckdb."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """One point of a sweep: what `fp8bench run` executes."""
+
+    workload: WorkloadConfig
+    model: ModelConfig
+    format: FormatConfig
+    scaling: ScalingConfig
+    backend: BackendConfig
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    results_dir: str = "results"
+    """Where runs/, the DuckDB file and the site go."""
+    run_id: str | None = None
+    """Name of this run; default a UTC timestamp."""
+    resume: str | None = None
+    """Run id to continue: cases already recorded there are skipped."""
+    seed: int = 0
+    device: str = "auto"
+    """'auto' (CUDA if present), 'cpu' or 'cuda'."""
+    sweep_name: str | None = None
+    """Name of the sweep preset this point belongs to (set by conf/sweep/*.yaml)."""
+    fail_on: str | None = None
+    """Test-only: a case id substring whose cases raise at run time (exercises failure isolation)."""
+
+    def __post_init__(self) -> None:
+        _one_of("device", self.device, ["auto", "cpu", "cuda"])
+        if self.seed < 0:
+            raise ConfigError(f"seed={self.seed!r} must be >= 0")

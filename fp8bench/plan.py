@@ -1,0 +1,94 @@
+"""Sweep points → cases, each marked runnable or skipped with a reason a user can act on."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from fp8bench.backends import Recipe, get_backend
+from fp8bench.config.schema import Config, ConfigError
+from fp8bench.hardware import DeviceInfo, capability, detect_device
+from fp8bench.types import Format, Scaling
+from fp8bench.workloads import get_workload
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement: a sweep point narrowed to one shape."""
+
+    config: Config
+    shape_name: str
+    shape: dict
+    runnable: bool
+    reason: str
+
+    @property
+    def recipe(self) -> Recipe:
+        c = self.config
+        return Recipe(format=Format(c.format.name), scaling=Scaling(c.scaling.name), scaling_cfg=c.scaling,
+                      backend_cfg=c.backend)
+
+    @property
+    def case_id(self) -> str:
+        c = self.config
+        base = f"{c.workload.name}.{c.model.name}.{self.shape_name}.{c.format.name}.{c.scaling.name}.{c.backend.name}"
+        variant = c.backend.variant()
+        return f"{base}+{variant}" if variant else base
+
+    @property
+    def params(self) -> dict:
+        c = self.config
+        p = {"tokens": c.workload.tokens, **{k: v for k, v in vars(c.backend).items() if k != "name"}}
+        if c.scaling.name == "delayed":
+            p.update(amax_history_len=c.scaling.amax_history_len, amax_compute_algo=c.scaling.amax_compute_algo,
+                     margin=c.scaling.margin)
+        if c.scaling.pow2_scales:
+            p["pow2_scales"] = True
+        return p
+
+
+def resolve_device(config: Config) -> DeviceInfo:
+    dev = detect_device()
+    if config.device == "cuda" and not dev.is_cuda:
+        raise ConfigError("device='cuda' but no CUDA device is visible; choose one of ['auto', 'cpu']")
+    if config.device == "cpu" and dev.is_cuda:
+        return DeviceInfo("cpu", "cpu (forced)", None, None)
+    return dev
+
+
+@functools.cache
+def _available(backend: str) -> tuple[bool, str]:
+    return get_backend(backend).available()
+
+
+def verdict(config: Config, device: DeviceInfo) -> tuple[bool, str]:
+    """Runnable here? Installation first, then the device capability matrix, then the adapter's own limits."""
+    b = config.backend.name
+    ok, why = _available(b)
+    if not ok:
+        return False, why
+    fmt, sc = config.format.name, config.scaling.name
+    if config.workload.name == "quantize" and fmt == "bf16":
+        return False, "quantize measures casts to a low-precision format; BF16 inputs need none"
+    ok, why = capability(b, fmt, sc, device)
+    if not ok:
+        return False, why
+    recipe = Case(config, "", {}, True, "").recipe
+    return get_backend(b).supports(config.workload.name, recipe, device.torch_device)
+
+
+def plan(points: list[Config], device: DeviceInfo | None = None) -> list[Case]:
+    device = device or detect_device()
+    cases: dict[str, Case] = {}
+    for point in points:
+        ok, why = verdict(point, device)
+        for shape_name, shape in get_workload(point.workload.name).shapes(point):
+            case = Case(point, shape_name, shape, ok, "" if ok else why)
+            cases.setdefault(case.case_id, case)
+    return list(cases.values())
+
+
+def torch_device(device: DeviceInfo) -> torch.device:
+    return device.torch_device

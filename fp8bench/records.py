@@ -1,0 +1,169 @@
+"""Result records and their on-disk shards (no torch, no duckdb: every machine can read and write them).
+
+A run lives in `<results_dir>/runs/<run_id>/`: `manifest.json` (config, git state, environment) and one
+or more `shard-*.jsonl` files holding one JSON record per case. Each record is appended, flushed and
+fsync'ed as soon as its case ends, so a crash or SIGKILL loses at most the case in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+SHARD_GLOB = "shard-*.jsonl"
+RECORD_VERSION = 1
+
+# metric name → (unit, direction). Names carry their unit (DESIGN.md "Contract").
+METRICS: dict[str, tuple[str, str]] = {
+    "time_ms": ("ms", "lower"),
+    "time_ms_kernel": ("ms", "lower"),
+    "tflops": ("TFLOPS", "higher"),
+    "speedup_vs_bf16": ("x", "higher"),
+    "pct_of_peak": ("%", "higher"),
+    "gbps": ("GB/s", "higher"),
+    "peak_mem_bytes": ("bytes", "lower"),
+    "sqnr_db": ("dB", "higher"),
+    "dgrad_sqnr_db": ("dB", "higher"),
+    "wgrad_sqnr_db": ("dB", "higher"),
+    "rel_err": ("1", "lower"),
+    "sqnr_vs_emulated_db": ("dB", "higher"),
+    "loss_final": ("nats", "lower"),
+    "loss_gap_vs_bf16": ("nats", "lower"),
+    "tokens_per_s": ("tokens/s", "higher"),
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    value: float
+    unit: str
+    direction: str
+
+    @classmethod
+    def of(cls, name: str, value: float) -> Metric:
+        unit, direction = METRICS[name]
+        return cls(name, float(value), unit, direction)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaseRecord:
+    """Everything known about one case after it ran (or was skipped, or failed)."""
+
+    run_id: str
+    case_id: str
+    workload: str
+    model: str
+    format: str
+    scaling: str
+    backend: str
+    shape_name: str
+    shape: dict
+    params: dict = field(default_factory=dict)
+    status: str
+    reason: str = ""
+    metrics: list[Metric] = field(default_factory=list)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    started_at: float = 0.0
+    duration_s: float = 0.0
+    record_version: int = RECORD_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), allow_nan=True, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CaseRecord:
+        d = dict(d)
+        d["metrics"] = [Metric(**m) for m in d.get("metrics", [])]
+        return cls(**d)
+
+    def metric(self, name: str) -> float | None:
+        return next((m.value for m in self.metrics if m.name == name), None)
+
+
+class ShardWriter:
+    """Append-only JSONL shard; every record is flushed and fsync'ed before `write` returns."""
+
+    def __init__(self, run_dir: Path, job: str = "") -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        suffix = f"-{job}" if job else ""
+        self.path = run_dir / f"shard-{stamp}-{os.getpid()}{suffix}.jsonl"
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: CaseRecord) -> None:
+        self._f.write(record.to_json() + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class ShardProblem:
+    """A line or file that could not be read; reported, never fatal."""
+
+    path: str
+    line: int
+    error: str
+
+
+def read_shard(path: Path) -> tuple[list[CaseRecord], list[ShardProblem]]:
+    """Records of one shard; a corrupt or truncated line is reported and skipped, the rest kept."""
+    records: list[CaseRecord] = []
+    problems: list[ShardProblem] = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="strict")
+    except (OSError, UnicodeDecodeError) as exc:
+        return [], [ShardProblem(str(path), 0, f"unreadable: {exc}")]
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(CaseRecord.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, TypeError, KeyError) as exc:
+            problems.append(ShardProblem(str(path), i, f"corrupt record: {str(exc)[:120]}"))
+    return records, problems
+
+
+def read_run(run_dir: Path) -> tuple[dict | None, list[CaseRecord], list[ShardProblem]]:
+    """(manifest, records, problems) of one run folder; a later record of the same case wins."""
+    manifest, problems = None, []
+    mpath = run_dir / MANIFEST
+    if mpath.is_file():
+        try:
+            manifest = json.loads(mpath.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            problems.append(ShardProblem(str(mpath), 0, f"corrupt manifest: {exc}"))
+    by_case: dict[str, CaseRecord] = {}
+    for shard in sorted(run_dir.glob(SHARD_GLOB)):
+        recs, probs = read_shard(shard)
+        problems += probs
+        for r in recs:
+            by_case[r.case_id] = r
+    return manifest, list(by_case.values()), problems
+
+
+def write_manifest(run_dir: Path, manifest: dict) -> None:
+    """Atomic write (tmp + rename), so a reader never sees half a manifest."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, run_dir / MANIFEST)
+
+
+def done_case_ids(run_dir: Path) -> set[str]:
+    """Cases a run already finished (ok or skipped): what `resume=` skips. Failed cases run again."""
+    _, records, _ = read_run(run_dir)
+    return {r.case_id for r in records if r.status != "failed"}

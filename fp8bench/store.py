@@ -1,0 +1,237 @@
+"""The only importer of duckdb: schema, idempotent ingest of shards and Parquet exports, exports, queries.
+
+Ingest replaces each run it sees as a whole (the run folder or export is the source of truth), so running
+it twice changes nothing. The file is created with storage version v1.4.0 so DuckDB 1.4 and later open it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from fp8bench.records import MANIFEST, SHARD_GLOB, CaseRecord, Metric, ShardProblem, read_run
+
+STORAGE_VERSION = "v1.4.0"
+TABLES = ("runs", "environments", "cases", "measurements", "samples")
+EXPORT_MARKER = "cases.parquet"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  run_id VARCHAR PRIMARY KEY, started_at TIMESTAMP, git_commit VARCHAR, git_dirty BOOLEAN,
+  device_name VARCHAR, env_id VARCHAR, config JSON, source VARCHAR);
+CREATE TABLE IF NOT EXISTS environments (
+  env_id VARCHAR PRIMARY KEY, device_kind VARCHAR, device_name VARCHAR, capability VARCHAR, cuda VARCHAR,
+  driver VARCHAR, python VARCHAR, torch VARCHAR, triton VARCHAR, transformer_engine VARCHAR, torchao VARCHAR,
+  details JSON);
+CREATE TABLE IF NOT EXISTS cases (
+  run_id VARCHAR, case_id VARCHAR, workload VARCHAR, model VARCHAR, format VARCHAR, scaling VARCHAR,
+  backend VARCHAR, shape_name VARCHAR, shape JSON, params JSON, status VARCHAR, reason VARCHAR,
+  started_at DOUBLE, duration_s DOUBLE, PRIMARY KEY (run_id, case_id));
+CREATE TABLE IF NOT EXISTS measurements (
+  run_id VARCHAR, case_id VARCHAR, metric VARCHAR, value DOUBLE, unit VARCHAR, direction VARCHAR,
+  derived BOOLEAN, PRIMARY KEY (run_id, case_id, metric));
+CREATE TABLE IF NOT EXISTS samples (
+  run_id VARCHAR, case_id VARCHAR, metric VARCHAR, i INTEGER, value DOUBLE,
+  PRIMARY KEY (run_id, case_id, metric, i));
+"""
+
+
+class StoreError(ValueError):
+    """Bad input to the store (missing path, unreadable database): exit code 2 at the CLI."""
+
+
+def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    db = Path(db)
+    if read_only and not db.is_file():
+        raise StoreError(f"--db {str(db)!r} does not exist; run `fp8bench ingest` first")
+    db.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        con = duckdb.connect(str(db), read_only=read_only,
+                             config={} if read_only else {"storage_compatibility_version": STORAGE_VERSION})
+    except duckdb.Error as exc:
+        raise StoreError(f"--db {str(db)!r} cannot be opened: {str(exc).splitlines()[0]}") from None
+    if not read_only:
+        con.execute(SCHEMA)
+    return con
+
+
+def storage_version(con: duckdb.DuckDBPyConnection) -> str:
+    """The storage version tag of the main database file (e.g. 'v1.4.0+')."""
+    row = con.execute("SELECT tags FROM duckdb_databases() WHERE NOT internal AND path IS NOT NULL").fetchone()
+    return (row[0] or {}).get("storage_version", "") if row else ""
+
+
+@dataclass
+class IngestReport:
+    runs: list[str] = field(default_factory=list)
+    cases: int = 0
+    problems: list[ShardProblem] = field(default_factory=list)
+
+
+def find_sources(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(run folders, Parquet export folders) under `paths`; a missing path is an error."""
+    runs, exports = set(), set()
+    for p in paths:
+        if not p.exists():
+            raise StoreError(f"path {str(p)!r} does not exist; give a run folder, a shard, or a folder of exports")
+        if p.is_file():
+            if p.name == EXPORT_MARKER:
+                exports.add(p.parent)
+            elif p.suffix == ".jsonl" or p.name == MANIFEST:
+                runs.add(p.parent)
+            else:
+                raise StoreError(f"path {str(p)!r} is neither a shard (*.jsonl), a manifest nor {EXPORT_MARKER}")
+            continue
+        if (p / EXPORT_MARKER).is_file():
+            exports.add(p)
+        if (p / MANIFEST).is_file() or any(p.glob(SHARD_GLOB)):
+            runs.add(p)
+        for sub in p.rglob(EXPORT_MARKER):
+            exports.add(sub.parent)
+        for sub in list(p.rglob(MANIFEST)) + list(p.rglob(SHARD_GLOB)):
+            runs.add(sub.parent)
+    return sorted(runs), sorted(exports)
+
+
+def ingest(con: duckdb.DuckDBPyConnection, paths: list[Path]) -> IngestReport:
+    report = IngestReport()
+    run_dirs, exports = find_sources(paths)
+    for export in exports:
+        report.runs += _ingest_export(con, export)
+    for run_dir in run_dirs:
+        manifest, records, problems = read_run(run_dir)
+        report.problems += problems
+        if not records and manifest is None:
+            continue
+        run_id = manifest["run_id"] if manifest else records[0].run_id
+        _replace_run(con, run_id, manifest, records, source=str(run_dir))
+        report.runs.append(run_id)
+        report.cases += len(records)
+    return report
+
+
+def _delete_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    for t in ("samples", "measurements", "cases", "runs"):
+        con.execute(f"DELETE FROM {t} WHERE run_id = ?", [run_id])
+
+
+def _replace_run(con, run_id: str, manifest: dict | None, records: list[CaseRecord], source: str) -> None:
+    import pyarrow as pa
+
+    con.execute("BEGIN TRANSACTION")
+    try:
+        _delete_run(con, run_id)
+        env = (manifest or {}).get("env") or {}
+        if env.get("env_id"):
+            con.execute("DELETE FROM environments WHERE env_id = ?", [env["env_id"]])
+            con.execute("INSERT INTO environments VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", [
+                env["env_id"], env.get("device_kind"), env.get("device_name"), env.get("capability"),
+                env.get("cuda"), env.get("driver"), env.get("python"), env.get("torch_version"),
+                env.get("triton_version"), env.get("transformer_engine_version"), env.get("torchao_version"),
+                json.dumps(env)])
+        m = manifest or {}
+        con.execute("INSERT INTO runs VALUES (?, to_timestamp(?), ?, ?, ?, ?, ?, ?)", [
+            run_id, m.get("started_at") or min((r.started_at for r in records if r.started_at), default=0.0),
+            m.get("git_commit"), m.get("git_dirty"), m.get("device_name"), env.get("env_id"),
+            json.dumps(m.get("config")), source])
+        derived = derive_speedups(records)
+        cases = pa.table({k: [getattr(r, k) if k not in ("shape", "params") else json.dumps(getattr(r, k))
+                              for r in records]
+                          for k in ("run_id", "case_id", "workload", "model", "format", "scaling", "backend",
+                                    "shape_name", "shape", "params", "status", "reason", "started_at",
+                                    "duration_s")})
+        con.register("cases_in", cases)
+        con.execute("INSERT INTO cases SELECT * FROM cases_in")
+        rows = [(r.run_id, r.case_id, mt.name, mt.value, mt.unit, mt.direction, d)
+                for r, metrics, d in [(r, r.metrics, False) for r in records] + derived for mt in metrics]
+        meas = pa.table(list(zip(*rows, strict=False)) if rows else [[]] * 7,
+                        names=["run_id", "case_id", "metric", "value", "unit", "direction", "derived"])
+        con.register("meas_in", meas)
+        con.execute("INSERT INTO measurements SELECT run_id, case_id, metric, CAST(value AS DOUBLE), unit, "
+                    "direction, CAST(derived AS BOOLEAN) FROM meas_in")
+        srows = [(r.run_id, r.case_id, name, i, v) for r in records for name, vals in r.samples.items()
+                 for i, v in enumerate(vals)]
+        samp = pa.table(list(zip(*srows, strict=False)) if srows else [[]] * 5, names=["run_id", "case_id", "metric", "i", "value"])
+        con.register("samp_in", samp)
+        con.execute("INSERT INTO samples SELECT run_id, case_id, metric, CAST(i AS INTEGER), CAST(value AS DOUBLE) "
+                    "FROM samp_in")
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        for name in ("cases_in", "meas_in", "samp_in"):
+            try:
+                con.unregister(name)
+            except Exception:
+                pass
+
+
+def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
+    """speedup_vs_bf16 = time of the BF16 case of the same workload, model, shape, backend and variant in
+    the same run / this case's time. The emulator is not a kernel and gets none."""
+    def key(r: CaseRecord) -> tuple:
+        variant = r.case_id.split("+", 1)[1] if "+" in r.case_id else ""
+        return (r.workload, r.model, r.shape_name, r.backend, variant, r.params.get("tokens"))
+
+    base = {key(r): r.metric("time_ms") for r in records if r.format == "bf16" and r.status == "ok"}
+    out = []
+    for r in records:
+        t = r.metric("time_ms")
+        b = base.get(key(r))
+        if r.format != "bf16" and r.status == "ok" and r.backend != "emulated" and t and b:
+            out.append((r, [Metric.of("speedup_vs_bf16", b / t)], True))
+    return out
+
+
+def _ingest_export(con, folder: Path) -> list[str]:
+    """Load a Parquet export (one file per table) written by `export`, replacing the runs it holds."""
+    missing = [t for t in TABLES if not (folder / f"{t}.parquet").is_file()]
+    if missing:
+        raise StoreError(f"export {str(folder)!r} lacks {[m + '.parquet' for m in missing]}")
+    run_ids = [r[0] for r in con.execute("SELECT DISTINCT run_id FROM read_parquet(?)",
+                                         [str(folder / "runs.parquet")]).fetchall()]
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for rid in run_ids:
+            _delete_run(con, rid)
+        con.execute("DELETE FROM environments WHERE env_id IN (SELECT env_id FROM read_parquet(?))",
+                    [str(folder / "environments.parquet")])
+        for t in TABLES:
+            con.execute(f"INSERT INTO {t} SELECT * FROM read_parquet(?)", [str(folder / f"{t}.parquet")])
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return run_ids
+
+
+def export(con, run_ids: list[str], out: Path) -> list[Path]:
+    """Write the given runs as one Parquet file per table (zstd): small enough to commit."""
+    known = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
+    unknown = [r for r in run_ids if r not in known]
+    if unknown:
+        raise StoreError(f"run {unknown[0]!r} is not in the database; choose from {sorted(known)[-10:]}")
+    out.mkdir(parents=True, exist_ok=True)
+    ids = ", ".join("'" + r.replace("'", "''") + "'" for r in run_ids)
+    files = []
+    for t in TABLES:
+        where = (f"env_id IN (SELECT env_id FROM runs WHERE run_id IN ({ids}))" if t == "environments"
+                 else f"run_id IN ({ids})")
+        path = out / f"{t}.parquet"
+        con.execute(f"COPY (SELECT * FROM {t} WHERE {where}) TO '{path}' (FORMAT parquet, COMPRESSION zstd)")
+        files.append(path)
+    return files
+
+
+def metric_table(con, run_id: str | None = None):
+    """Cases with their measurements pivoted wide (one row per case), as a pandas DataFrame."""
+    where = "WHERE c.run_id = ?" if run_id else ""
+    return con.execute(f"""
+        SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend, c.status, c.reason,
+               m.metric, m.value
+        FROM cases c LEFT JOIN measurements m USING (run_id, case_id) {where}
+        ORDER BY c.case_id""", [run_id] if run_id else []).fetchdf()

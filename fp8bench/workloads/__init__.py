@@ -1,0 +1,20 @@
+"""Workloads: each module gives `shapes(config)` (the cases of one sweep point) and `run(case_input)`."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from fp8bench.types import WorkloadName, choices
+
+
+def get_workload(name: str) -> ModuleType:
+    if name == "gemm":
+        from fp8bench.workloads import gemm as mod
+    elif name == "quantize":
+        from fp8bench.workloads import quantize as mod
+    elif name == "linear":
+        from fp8bench.workloads import linear as mod
+    else:
+        raise ValueError(f"workload={name!r} is not implemented; choose one of "
+                         f"{[w for w in choices(WorkloadName) if w in ('gemm', 'quantize', 'linear')]}")
+    return mod

@@ -1,0 +1,62 @@
+"""What every workload shares: the case being run, seeded inputs, and the emulator cross-check."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from fp8bench.backends.base import Backend, Recipe
+from fp8bench.config.schema import Config, MeasureConfig
+from fp8bench.numerics import TOLERANCE
+from fp8bench.records import Metric
+from fp8bench.types import Format
+
+
+class NumericsMismatch(RuntimeError):
+    """A real backend disagreed with the emulator beyond the tolerance table: the case is `failed`."""
+
+
+@dataclass(frozen=True)
+class CaseInput:
+    """What a workload's `run` receives."""
+
+    config: Config
+    shape_name: str
+    shape: dict
+    recipe: Recipe
+    backend: Backend
+    device: torch.device
+
+    @property
+    def measure(self) -> MeasureConfig:
+        return self.config.measure
+
+
+@dataclass
+class CaseOutput:
+    metrics: list[Metric]
+    samples: dict[str, list[float]]
+
+
+def generator(config: Config, shape_name: str, device: torch.device) -> torch.Generator:
+    """Same inputs for every format and backend of one shape: speedups and emulator checks compare like
+    with like. Seeded from (seed, model, workload, shape)."""
+    key = f"{config.seed}|{config.model.name}|{config.workload.name}|{shape_name}".encode()
+    seed = int.from_bytes(hashlib.sha256(key).digest()[:6], "little")
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def randn(shape: tuple[int, ...], g: torch.Generator, device: torch.device, scale: float = 1.0) -> torch.Tensor:
+    """Gaussian BF16 (never zeros: they hide unwritten outputs and run faster than real data)."""
+    return (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * scale).bfloat16()
+
+
+def check_against_emulator(fmt: Format, sqnr_vs_emulated: float, what: str) -> None:
+    tol = TOLERANCE[fmt]
+    if not sqnr_vs_emulated >= tol.min_sqnr_db:  # also catches NaN
+        raise NumericsMismatch(f"{what} differs from the emulator: SQNR {sqnr_vs_emulated:.1f} dB < "
+                               f"{tol.min_sqnr_db} dB ({tol.source})")

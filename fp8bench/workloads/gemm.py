@@ -1,0 +1,76 @@
+"""`gemm`: the fprop, dgrad and wgrad GEMMs of every distinct linear of a model, or explicit M×N×K."""
+
+from __future__ import annotations
+
+import torch
+
+from fp8bench.backends.emulated import emulated_gemm
+from fp8bench.config.schema import Config
+from fp8bench.hardware import detect_device, spec_sheet
+from fp8bench.measure import peak_memory_bytes, reset_peak_memory, time_fn
+from fp8bench.numerics import rel_err, sqnr_db
+from fp8bench.records import Metric
+from fp8bench.types import Format, GemmRole
+from fp8bench.workloads.common import CaseInput, CaseOutput, check_against_emulator, generator, randn
+
+
+def role_shape(role: GemmRole, tokens: int, in_f: int, out_f: int) -> tuple[int, int, int]:
+    """(M, N, K) of one GEMM of Y[tokens, out] = X[tokens, in] · W[out, in]ᵀ."""
+    return {GemmRole.FPROP: (tokens, out_f, in_f), GemmRole.DGRAD: (tokens, in_f, out_f),
+            GemmRole.WGRAD: (out_f, in_f, tokens)}[role]
+
+
+def shapes(config: Config) -> list[tuple[str, dict]]:
+    out = []
+    for lin in config.workload.linears:
+        in_f, out_f = config.model.linear_dims(lin)
+        for role in config.workload.roles:
+            m, n, k = role_shape(GemmRole(role), config.workload.tokens, in_f, out_f)
+            out.append((f"{role}_{lin}", {"m": m, "n": n, "k": k, "role": role, "linear": lin}))
+    for m, n, k in config.workload.shapes:
+        out.append((f"{m}x{n}x{k}", {"m": m, "n": n, "k": k, "role": "fprop", "linear": None}))
+    return out
+
+
+def flops(shape: dict) -> float:
+    return 2.0 * shape["m"] * shape["n"] * shape["k"]
+
+
+def run(case: CaseInput) -> CaseOutput:
+    s, dev, ms = case.shape, case.device, case.measure
+    g = generator(case.config, case.shape_name, dev)
+    a = randn((s["m"], s["k"]), g, dev)
+    b = randn((s["n"], s["k"]), g, dev)
+    role = GemmRole(s["role"])
+    reset_peak_memory(dev)
+    op = case.backend.gemm(a, b, role, case.recipe)
+    timer = dict(device=dev, warmup=ms.warmup, iters=ms.iters, min_samples=ms.min_samples,
+                 max_time_s=ms.max_time_s, flush_l2=ms.flush_l2, cuda_graph=ms.cuda_graph)
+    timing = time_fn(op.with_quant, **timer)
+    metrics = [Metric.of("time_ms", timing.median_ms)]
+    samples = {"time_ms": timing.samples_ms}
+    peak = peak_memory_bytes(dev)
+    if peak is not None:
+        metrics.append(Metric.of("peak_mem_bytes", peak))
+    if op.real_kernel:
+        metrics.append(Metric.of("tflops", flops(s) / timing.median_ms / 1e9))
+        if op.kernel_only is not None and case.recipe.format is not Format.BF16:
+            kt = time_fn(op.kernel_only, **timer)
+            metrics.append(Metric.of("time_ms_kernel", kt.median_ms))
+            samples["time_ms_kernel"] = kt.samples_ms
+        sheet = spec_sheet(detect_device()) if dev.type == "cuda" else None
+        if sheet:
+            peak_tflops = sheet.bf16_tflops if case.recipe.format is Format.BF16 else sheet.fp8_tflops
+            metrics.append(Metric.of("pct_of_peak", 100.0 * flops(s) / timing.median_ms / 1e9 / peak_tflops))
+    out = op.with_quant().float()
+    ref = a.double() @ b.double().t()
+    metrics += [Metric.of("sqnr_db", sqnr_db(ref, out)), Metric.of("rel_err", rel_err(ref, out))]
+    if op.real_kernel and case.recipe.format is not Format.BF16:
+        emu = emulated_gemm(a, b, role, case.backend.effective_recipe(case.recipe))
+        vs = sqnr_db(emu, out)
+        metrics.append(Metric.of("sqnr_vs_emulated_db", vs))
+        check_against_emulator(case.recipe.format, vs, f"{case.backend.name} GEMM output")
+    del op
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return CaseOutput(metrics, samples)

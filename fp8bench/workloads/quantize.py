@@ -1,0 +1,36 @@
+"""`quantize`: cast kernels on the activation (tokens × hidden) and the largest weight; GB/s."""
+
+from __future__ import annotations
+
+from fp8bench.config.schema import Config
+from fp8bench.measure import time_fn
+from fp8bench.numerics import fake_quant, rel_err, sqnr_db
+from fp8bench.records import Metric
+from fp8bench.workloads.common import CaseInput, CaseOutput, check_against_emulator, generator, randn
+
+
+def shapes(config: Config) -> list[tuple[str, dict]]:
+    m = config.model
+    rows = {"activation": (config.workload.tokens, m.hidden), "weight": m.linear_dims("gate_up")[::-1]}
+    return [(t, {"rows": rows[t][0], "cols": rows[t][1], "tensor": t}) for t in config.workload.tensors]
+
+
+def run(case: CaseInput) -> CaseOutput:
+    s, dev, ms = case.shape, case.device, case.measure
+    g = generator(case.config, case.shape_name, dev)
+    x = randn((s["rows"], s["cols"]), g, dev)
+    is_weight = s["tensor"] == "weight"
+    op = case.backend.quantize(x, case.recipe, is_weight)
+    timing = time_fn(op.run, device=dev, warmup=ms.warmup, iters=ms.iters, min_samples=ms.min_samples,
+                     max_time_s=ms.max_time_s, flush_l2=ms.flush_l2, cuda_graph=False)
+    deq = op.dequantized()
+    metrics = [Metric.of("time_ms", timing.median_ms),
+               Metric.of("gbps", op.bytes_moved / timing.median_ms / 1e6),
+               Metric.of("sqnr_db", sqnr_db(x, deq)), Metric.of("rel_err", rel_err(x, deq))]
+    if case.backend.name != "emulated":
+        eff = case.backend.effective_recipe(case.recipe)
+        emu = fake_quant(x, eff.format, eff.scaling, eff.options(is_weight=is_weight))
+        vs = sqnr_db(emu, deq)
+        metrics.append(Metric.of("sqnr_vs_emulated_db", vs))
+        check_against_emulator(case.recipe.format, vs, f"{case.backend.name} cast")
+    return CaseOutput(metrics, {"time_ms": timing.samples_ms})

@@ -1,0 +1,32 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fp8bench(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (what users run), capturing output."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "fp8bench", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, env=env, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    return fp8bench
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests skip on CPU with the probe's reason (run them with `pytest -m gpu` on the GPU box)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device: torch.cuda.is_available() is False")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

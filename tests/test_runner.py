@@ -1,0 +1,83 @@
+"""Runs are crash-safe: records are fsync'ed per case, failures are isolated, SIGKILL + resume loses nothing."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+
+from fp8bench.config.compose import expand
+from fp8bench.hardware import detect_device
+from fp8bench.plan import plan
+from fp8bench.records import read_run
+from fp8bench.runner import execute
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SWEEP = ["sweep=quick", "model=tiny", "workload=gemm", "backend=emulated"]
+
+
+def test_failure_is_recorded_and_the_sweep_goes_on(tmp_path):
+    points, _ = expand(["workload=gemm", "backend=torch", "workload.linears=[qkv,o]", "fail_on=fprop_o",
+                        "measure.iters=3", f"results_dir={tmp_path}"])
+    records = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
+    by_status = {r.case_id: r for r in records}
+    failed = [r for r in records if r.status == "failed"]
+    assert [r.case_id for r in failed] == ["gemm.tiny.fprop_o.e4m3.current.torch"]
+    assert "injected failure" in failed[0].reason
+    assert by_status["gemm.tiny.wgrad_o.e4m3.current.torch"].status == "ok"
+    assert len(records) == 6
+
+
+def test_every_ok_case_has_time_samples_and_numerics(tmp_path):
+    points, _ = expand(["sweep=quick", "model=tiny", "workload=gemm", "backend=torch", "workload.linears=[o]",
+                        f"results_dir={tmp_path}"])
+    records = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
+    ok = [r for r in records if r.status == "ok"]
+    assert len(ok) >= 7 * 3  # bf16 + e4m3/hybrid × current/delayed/rowwise, 3 GEMMs each
+    for r in ok:
+        assert r.metric("time_ms") > 0 and len(r.samples["time_ms"]) >= 3
+        assert r.metric("sqnr_db") is not None and r.metric("rel_err") is not None
+        if r.format != "bf16":
+            assert r.metric("sqnr_vs_emulated_db") >= 35.0
+    bf16 = [r.metric("sqnr_db") for r in ok if r.format == "bf16"]
+    e4m3 = [r.metric("sqnr_db") for r in ok if (r.format, r.scaling) == ("e4m3", "current")]
+    assert min(bf16) > 40.0 and all(25.0 < s < 33.0 for s in e4m3)
+
+
+def _shard_lines(run_dir: Path) -> list[str]:
+    return [line for p in run_dir.glob("shard-*.jsonl") for line in p.read_text().splitlines() if line.strip()]
+
+
+def test_sigkill_midway_then_resume_records_every_case_once(tmp_path):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    args = [sys.executable, "-m", "fp8bench", "run", *SWEEP, "run_id=killed", f"results_dir={tmp_path}",
+            "store.ingest=false"]
+    run_dir = tmp_path / "runs" / "killed"
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not run_dir.exists() or len(_shard_lines(run_dir)) < 25):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = len(_shard_lines(run_dir))
+    points, _ = expand(SWEEP)
+    total = len(plan(points))
+    assert 25 <= before < total, f"kill landed at {before} of {total}"
+
+    res = subprocess.run([sys.executable, "-m", "fp8bench", "run", *SWEEP, "resume=killed", f"results_dir={tmp_path}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert f"{before} cases already recorded" in res.stderr or f"{before - 1} cases already recorded" in res.stderr
+
+    ids = [json.loads(line)["case_id"] for line in _shard_lines(run_dir) if line.endswith("}")]
+    assert len(ids) == len(set(ids)) == total  # every case exactly once across both shards
+    con = duckdb.connect(str(tmp_path / "fp8bench.duckdb"), read_only=True)
+    rows = con.execute("SELECT count(*), count(DISTINCT case_id) FROM cases WHERE run_id = 'killed'").fetchone()
+    assert rows == (total, total)
+    _, records, _ = read_run(run_dir)
+    assert len(records) == total

@@ -1,0 +1,85 @@
+"""DuckDB store: idempotent ingest, corrupt shards reported and skipped, Parquet round trip, storage version."""
+
+import json
+
+import duckdb
+import pytest
+
+from fp8bench import store
+from fp8bench.records import CaseRecord, Metric, ShardWriter, write_manifest
+
+
+def _record(run_id, case_id, fmt="e4m3", t=1.0, backend="torch", status="ok"):
+    return CaseRecord(run_id=run_id, case_id=case_id, workload="gemm", model="tiny", format=fmt,
+                      scaling="none" if fmt == "bf16" else "current", backend=backend, shape_name=case_id.split(".")[2],
+                      shape={"m": 1}, params={"tokens": 16}, status=status,
+                      metrics=[Metric.of("time_ms", t), Metric.of("sqnr_db", 30.0)],
+                      samples={"time_ms": [t, t * 1.1, t * 0.9]})
+
+
+def _make_run(tmp_path, run_id="r1"):
+    run_dir = tmp_path / "runs" / run_id
+    write_manifest(run_dir, {"run_id": run_id, "started_at": 1.7e9, "git_commit": "abc", "git_dirty": False,
+                             "device_name": "cpu", "env": {"env_id": "e1", "device_name": "cpu"}, "config": {}})
+    with ShardWriter(run_dir) as w:
+        w.write(_record(run_id, "gemm.tiny.fprop_o.bf16.none.torch", "bf16", 2.0))
+        w.write(_record(run_id, "gemm.tiny.fprop_o.e4m3.current.torch", "e4m3", 1.0))
+        w.write(_record(run_id, "gemm.tiny.fprop_o.e4m3.current.emulated", "e4m3", 5.0, backend="emulated"))
+    return run_dir
+
+
+def _counts(con):
+    return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in store.TABLES}
+
+
+def test_ingest_is_idempotent_and_derives_speedup(tmp_path):
+    run_dir = _make_run(tmp_path)
+    con = store.connect(tmp_path / "db.duckdb")
+    store.ingest(con, [tmp_path])
+    first = _counts(con)
+    store.ingest(con, [run_dir])
+    assert _counts(con) == first
+    assert first["cases"] == 3 and first["samples"] == 9 and first["runs"] == 1
+    speedups = con.execute("SELECT case_id, value FROM measurements WHERE metric='speedup_vs_bf16'").fetchall()
+    assert speedups == [("gemm.tiny.fprop_o.e4m3.current.torch", 2.0)]  # the emulator gets none
+
+
+def test_corrupt_and_truncated_shards_are_reported_and_skipped(tmp_path):
+    run_dir = _make_run(tmp_path)
+    (run_dir / "shard-garbage.jsonl").write_bytes(b"\x00\xff not json\n")
+    good = _record("r1", "gemm.tiny.fprop_qkv.e4m3.current.torch").to_json()
+    (run_dir / "shard-truncated.jsonl").write_text(good + "\n" + good[: len(good) // 2])
+    con = store.connect(tmp_path / "db.duckdb")
+    rep = store.ingest(con, [tmp_path])
+    assert len(rep.problems) == 2
+    assert {p.path.split("/")[-1] for p in rep.problems} == {"shard-garbage.jsonl", "shard-truncated.jsonl"}
+    assert _counts(con)["cases"] == 4
+
+
+def test_missing_path_is_a_store_error(tmp_path):
+    con = store.connect(tmp_path / "db.duckdb")
+    with pytest.raises(store.StoreError, match="does not exist"):
+        store.ingest(con, [tmp_path / "nope"])
+
+
+def test_parquet_export_round_trip(tmp_path):
+    _make_run(tmp_path)
+    con = store.connect(tmp_path / "a.duckdb")
+    store.ingest(con, [tmp_path / "runs"])
+    files = store.export(con, ["r1"], tmp_path / "export")
+    assert {f.name for f in files} == {f"{t}.parquet" for t in store.TABLES}
+    con2 = store.connect(tmp_path / "b.duckdb")
+    store.ingest(con2, [tmp_path / "export"])
+    store.ingest(con2, [tmp_path / "export"])
+    assert _counts(con2) == _counts(con)
+    config = con2.execute("SELECT config FROM runs").fetchone()[0]
+    assert json.loads(config) == {}
+
+
+def test_storage_version_is_pinned_for_duckdb_1_4(tmp_path):
+    con = store.connect(tmp_path / "db.duckdb")
+    assert store.storage_version(con) == "v1.4.0+"
+    con.close()
+    raw = duckdb.connect(str(tmp_path / "db.duckdb"), read_only=True)
+    tags = raw.execute("SELECT tags FROM duckdb_databases() WHERE NOT internal AND path IS NOT NULL").fetchone()[0]
+    assert tags["storage_version"].startswith("v1.4.0")
