@@ -24,7 +24,7 @@ plan: $(STAMP)
 	$(BIN)/fp8bench plan sweep=$(SWEEP)
 
 test: $(STAMP)
-	$(BIN)/ruff check fp8bench tests kernels benchmarks
+	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts
 	$(BIN)/python -m pytest -q -m "not gpu"
 
 clean:

@@ -56,7 +56,7 @@ def _ingest_into(db: Path, paths: list[Path]) -> None:
 
 def cmd_run(args: list[str]) -> int:
     from fp8bench.config.compose import check_combination, expand, multirun
-    from fp8bench.plan import plan, resolve_device
+    from fp8bench.plan import execution_order, plan, resolve_device
     from fp8bench.records import read_run, write_manifest
     from fp8bench.runner import check_resume, execute, manifest_for, new_run_id, run_dir_for, summary_table
 
@@ -84,7 +84,8 @@ def cmd_run(args: list[str]) -> int:
         if code:
             return code
     else:
-        execute(plan(points, device), run_dir, run_id, device, resume=bool(first.resume), console=console)
+        execute(execution_order(plan(points, device)), run_dir, run_id, device, resume=bool(first.resume),
+                console=console)
     _, records, _ = read_run(run_dir)
     out.print(summary_table(records))
     out.print(f"run folder: {run_dir}")
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "doctor": cmd_doctor}
-    from fp8bench.store import StoreError
+    from fp8bench.records import StoreError
 
     try:
         if cmd not in handlers:

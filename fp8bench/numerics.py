@@ -99,8 +99,9 @@ def _as_2d(x: torch.Tensor) -> torch.Tensor:
 
 
 def quant_dequant_scaled(x: torch.Tensor, element: Element, scale: torch.Tensor) -> torch.Tensor:
-    """(x * scale) rounded to `element` with saturation, then divided by scale (float32)."""
-    return round_to_element(x.float() * scale, element, saturate=True) / scale
+    """(x * scale) rounded to `element` with saturation, then multiplied by 1/scale (float32), as the GEMM
+    epilogue applies the inverse scales that scaled_mm, TE and torchao pass."""
+    return round_to_element(x.float() * scale, element, saturate=True) * scale.reciprocal()
 
 
 def _blockwise(x2: torch.Tensor, element: Element, block: tuple[int, int], pow2_scale: bool) -> torch.Tensor:

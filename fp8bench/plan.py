@@ -90,5 +90,13 @@ def plan(points: list[Config], device: DeviceInfo | None = None) -> list[Case]:
     return list(cases.values())
 
 
+def execution_order(cases: list[Case]) -> list[Case]:
+    """Group a shape's cases together (BF16 first): its baseline and recipes then run back to back."""
+    def key(c: Case):
+        cfg = c.config
+        return (cfg.workload.name, cfg.model.name, c.shape_name, cfg.backend.name, cfg.format.name != "bf16")
+    return sorted(cases, key=key)
+
+
 def torch_device(device: DeviceInfo) -> torch.device:
     return device.torch_device

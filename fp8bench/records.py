@@ -37,6 +37,11 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
+class StoreError(ValueError):
+    """Bad input to ingest/export (missing path, unreadable database): exit code 2 at the CLI.
+    Defined here, not in store.py, so that catching it never imports duckdb."""
+
+
 @dataclass(frozen=True)
 class Metric:
     name: str

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import duckdb
 
-from fp8bench.records import MANIFEST, SHARD_GLOB, CaseRecord, Metric, ShardProblem, read_run
+from fp8bench.records import MANIFEST, SHARD_GLOB, CaseRecord, Metric, ShardProblem, StoreError, read_run
 
 STORAGE_VERSION = "v1.4.0"
 TABLES = ("runs", "environments", "cases", "measurements", "samples")
@@ -37,10 +37,6 @@ CREATE TABLE IF NOT EXISTS samples (
   run_id VARCHAR, case_id VARCHAR, metric VARCHAR, i INTEGER, value DOUBLE,
   PRIMARY KEY (run_id, case_id, metric, i));
 """
-
-
-class StoreError(ValueError):
-    """Bad input to the store (missing path, unreadable database): exit code 2 at the CLI."""
 
 
 def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:

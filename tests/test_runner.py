@@ -38,7 +38,7 @@ def test_every_ok_case_has_time_samples_and_numerics(tmp_path):
                         f"results_dir={tmp_path}"])
     records = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
     ok = [r for r in records if r.status == "ok"]
-    assert len(ok) >= 7 * 3  # bf16 + e4m3/hybrid × current/delayed/rowwise, 3 GEMMs each
+    assert len(ok) == 5 * 3  # bf16 + e4m3/hybrid × current/rowwise, 3 GEMMs each (blockwise needs sm_90)
     for r in ok:
         assert r.metric("time_ms") > 0 and len(r.samples["time_ms"]) >= 3
         assert r.metric("sqnr_db") is not None and r.metric("rel_err") is not None

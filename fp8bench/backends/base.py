@@ -59,11 +59,41 @@ class QuantizeOp:
 
 @dataclass
 class LinearOp:
-    """A prepared linear layer: `step()` runs forward and backward once; `outputs()` gives (y, dx, dw)."""
+    """A prepared module: `step()` runs forward and backward once; `outputs()` gives (y, dx, dw) as float32
+    (dw None for a whole layer); `reference_outputs()` the same module's BF16 outputs where it has them."""
 
     step: Callable[[], object]
-    outputs: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    outputs: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    reference_outputs: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None = None
     notes: dict = field(default_factory=dict)
+
+
+def module_op(params: list[torch.nn.Parameter], forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+              dy: torch.Tensor, reference_forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              notes: dict | None = None, context: Callable[[], object] | None = None) -> LinearOp:
+    """fwd+bwd of `forward` on `x` with upstream gradient `dy`, clearing gradients each step; `context()`
+    (if given) wraps forward and backward both."""
+    import contextlib
+
+    x = x.detach().requires_grad_(True)
+    state: dict = {}
+
+    def run(fwd):
+        x.grad = None
+        for p in params:
+            p.grad = None
+        with context() if context else contextlib.nullcontext():
+            y = fwd(x)
+            y.backward(dy)
+        state["y"] = y.detach()
+
+    def results(fwd):
+        run(fwd)
+        return state["y"].float(), x.grad.float(), None
+
+    return LinearOp(step=lambda: run(forward), outputs=lambda: results(forward),
+                    reference_outputs=(lambda: results(reference_forward)) if reference_forward else None,
+                    notes=notes or {})
 
 
 class Backend:
@@ -71,6 +101,8 @@ class Backend:
 
     name: str = ""
     workloads: frozenset[str] = frozenset()
+    timed: bool = True
+    """False for the emulator: its cases run once (their time is what emulation costs, not a kernel's)."""
 
     def available(self) -> tuple[bool, str]:
         """Is the backend's software importable here? (ok, reason with the fix)."""
@@ -95,6 +127,20 @@ class Backend:
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, recipe: Recipe) -> LinearOp:
         raise NotImplementedError(f"backend {self.name!r} has no linear")
+
+    def layer(self, model, x: torch.Tensor, dy: torch.Tensor, recipe: Recipe) -> LinearOp:
+        """One transformer block of `model` on x (batch, seq, hidden); see fp8bench.workloads.layer."""
+        raise NotImplementedError(f"backend {self.name!r} has no layer")
+
+
+def cpu_scaled_mm_path(recipe: Recipe, device: torch.device):
+    """On CPU, torch's _scaled_mm goes through oneDNN only when `backend.cpu_onednn` is set: without FP8
+    units oneDNN's FP8 GEMM is a slow reference (~0.1 GFLOPS on 2 cores) and torch's own path is not."""
+    import contextlib
+
+    if device.type == "cpu":
+        return torch.backends.mkldnn.flags(enabled=recipe.backend_cfg.cpu_onednn)
+    return contextlib.nullcontext()
 
 
 def import_probe(module: str, extra: str) -> tuple[bool, str]:

@@ -13,10 +13,14 @@ from fp8bench.numerics import fake_quant
 from fp8bench.types import GemmRole
 
 
-def emulated_gemm(a: torch.Tensor, b: torch.Tensor, role: GemmRole, recipe: Recipe) -> torch.Tensor:
-    """fake_quant(A) · fake_quant(B)ᵀ in float32 (TN layout: both operands have K last)."""
+def emulated_gemm(a: torch.Tensor, b: torch.Tensor, role: GemmRole, recipe: Recipe,
+                  rows: int | None = None) -> torch.Tensor:
+    """fake_quant(A) · fake_quant(B)ᵀ in float32 (TN layout: both operands have K last).
+
+    `rows` keeps only the first rows of the result (A is still quantized whole: its scales see every row)."""
     opt_a, opt_b = recipe.role_options(role)
-    return fake_quant(a, recipe.format, recipe.scaling, opt_a) @ fake_quant(b, recipe.format, recipe.scaling, opt_b).t()
+    aq = fake_quant(a, recipe.format, recipe.scaling, opt_a)
+    return (aq if rows is None else aq[:rows]) @ fake_quant(b, recipe.format, recipe.scaling, opt_b).t()
 
 
 class _EmulatedLinearFn(torch.autograd.Function):
@@ -38,7 +42,8 @@ class _EmulatedLinearFn(torch.autograd.Function):
 
 class EmulatedBackend(Backend):
     name = "emulated"
-    workloads = frozenset({"gemm", "quantize", "linear"})
+    timed = False
+    workloads = frozenset({"gemm", "quantize", "linear", "layer"})
 
     def gemm(self, a, b, role, recipe):
         opt_a, opt_b = recipe.role_options(role)
@@ -71,3 +76,28 @@ class EmulatedBackend(Backend):
             return state["y"], x.grad, w.grad
 
         return LinearOp(step=step, outputs=outputs)
+
+    def layer(self, model, x, dy, recipe):
+        from fp8bench.backends.base import module_op
+        from fp8bench.workloads.block import LlamaBlock, swap_linears
+
+        ref = LlamaBlock(model, device=x.device, dtype=torch.float32)
+        if recipe.format.value == "bf16":
+            return module_op(list(ref.parameters()), ref, x.float(), dy.float())
+        import copy
+
+        block = swap_linears(copy.deepcopy(ref), lambda lin: EmulatedLinear(lin, recipe))
+        return module_op(list(block.parameters()), block, x.float(), dy.float(), reference_forward=ref)
+
+
+class EmulatedLinear(torch.nn.Module):
+    """nn.Linear replacement that fake-quantizes every GEMM operand (float32 math)."""
+
+    def __init__(self, linear: torch.nn.Linear, recipe: Recipe) -> None:
+        super().__init__()
+        self.weight = linear.weight
+        self.recipe = recipe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _EmulatedLinearFn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe)
+        return y.reshape(*x.shape[:-1], y.shape[-1])

@@ -8,11 +8,9 @@ its own fallback.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe
+from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe, cpu_scaled_mm_path
 from fp8bench.numerics import ACT_BLOCK, WEIGHT_BLOCK, QuantOptions, amax_to_scale
 from fp8bench.types import Format, GemmRole, Scaling
 
@@ -48,7 +46,9 @@ def quantize_operand(x: torch.Tensor, recipe: Recipe, opt: QuantOptions) -> Quan
     """Eager-torch cast of one GEMM operand (K last), with the same scale math as fp8bench.numerics."""
     element = recipe.format.element(opt.is_grad)
     dtype = element.spec.torch_dtype
-    xf = x.float()
+    # cuBLASLt FP8 GEMMs are TN only: each operand must be K-major, so a transposed view (dgrad's Wᵀ,
+    # wgrad's Xᵀ) costs a real transposed copy here, as it does in every FP8 training recipe on Hopper.
+    xf = x.contiguous().float()
     if recipe.scaling in (Scaling.CURRENT, Scaling.DELAYED):
         scale = amax_to_scale(xf.abs().amax(), element, opt.pow2_scale, opt.margin)
         inv = scale.reciprocal()
@@ -77,16 +77,10 @@ def quantize_operand(x: torch.Tensor, recipe: Recipe, opt: QuantOptions) -> Quan
     return Quantized(data, inv)
 
 
-def _onednn(recipe: Recipe, device: torch.device) -> contextlib.AbstractContextManager:
-    if device.type == "cpu":
-        return torch.backends.mkldnn.flags(enabled=recipe.backend_cfg.cpu_onednn)
-    return contextlib.nullcontext()
-
-
 def scaled_gemm(qa: Quantized, qb: Quantized, recipe: Recipe, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """A · Bᵀ on quantized operands: B's data is (N, K) row-major, passed as the column-major (K, N)."""
     fast = recipe.backend_cfg.fast_accum and qa.data.is_cuda
-    with _onednn(recipe, qa.data.device):
+    with cpu_scaled_mm_path(recipe, qa.data.device):
         if recipe.scaling is Scaling.BLOCKWISE:
             import torch.nn.functional as F
 
@@ -121,9 +115,34 @@ class _ScaledMMLinearFn(torch.autograd.Function):
         return dx, dw, None
 
 
+class ScaledMMLinear(torch.nn.Module):
+    """nn.Linear replacement whose three GEMMs run through scaled_mm (weights stay BF16; cast each step)."""
+
+    def __init__(self, linear: torch.nn.Linear, recipe: Recipe) -> None:
+        super().__init__()
+        self.weight = linear.weight
+        self.recipe = recipe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _ScaledMMLinearFn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
 class ScaledMMBackend(Backend):
     name = "torch"
-    workloads = frozenset({"gemm", "quantize", "linear"})
+    workloads = frozenset({"gemm", "quantize", "linear", "layer"})
+
+    def layer(self, model, x, dy, recipe):
+        import copy
+
+        from fp8bench.backends.base import module_op
+        from fp8bench.workloads.block import LlamaBlock, swap_linears
+
+        ref = LlamaBlock(model, device=x.device)
+        if recipe.format is Format.BF16:
+            return module_op(list(ref.parameters()), ref, x, dy)
+        block = swap_linears(copy.deepcopy(ref), lambda lin: ScaledMMLinear(lin, recipe))
+        return module_op(list(block.parameters()), block, x, dy, reference_forward=ref)
 
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)

@@ -63,12 +63,19 @@ def te_reason(recipe: Recipe) -> tuple[bool, str]:
 
 class TEBackend(Backend):
     name = "te"
-    workloads = frozenset({"linear"})
+    workloads = frozenset({"linear", "layer"})
 
     def available(self):
         if not torch.cuda.is_available():
             return False, "Transformer Engine needs a CUDA GPU; this device is a CPU"
         return import_probe("transformer_engine.pytorch", "gpu")
+
+    def effective_recipe(self, recipe):
+        if recipe.scaling is Scaling.BLOCKWISE:  # Float8BlockScaling's QParams default to power-of-two scales
+            import dataclasses
+
+            return dataclasses.replace(recipe, scaling_cfg=dataclasses.replace(recipe.scaling_cfg, pow2_scales=True))
+        return recipe
 
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)
@@ -100,3 +107,39 @@ class TEBackend(Backend):
             return state["y"].float(), x.grad.float(), lin.weight.grad.float()
 
         return LinearOp(step=step, outputs=outputs)
+
+    def layer(self, model, x, dy, recipe):
+        import transformer_engine.pytorch as te
+
+        from fp8bench.backends.base import module_op
+
+        layer = te.TransformerLayer(
+            hidden_size=model.hidden, ffn_hidden_size=model.ffn, num_attention_heads=model.heads,
+            num_gqa_groups=model.kv_heads, layernorm_epsilon=1e-5, hidden_dropout=0.0, attention_dropout=0.0,
+            self_attn_mask_type="causal", normalization="RMSNorm",
+            activation="swiglu" if model.mlp == "swiglu" else "gelu", bias=False, params_dtype=torch.bfloat16,
+            device=x.device, attn_input_format="bshd", fuse_qkv_params=True)
+        rope = _rope(model.head_dim, x.shape[1], x.device)
+
+        def forward(inp):
+            with autocast(recipe):
+                return layer(inp, rotary_pos_emb=rope)
+
+        def reference(inp):
+            return layer(inp, rotary_pos_emb=rope)
+
+        return module_op(list(layer.parameters()), forward, x, dy,
+                         reference_forward=reference if recipe.format is not Format.BF16 else None,
+                         notes={"rope": rope is not None})
+
+
+def _rope(head_dim: int, seq: int, device):
+    """TE's rotary embedding table for `seq` positions (as Megatron passes it), where TE exposes it."""
+    try:
+        from transformer_engine.pytorch.attention.rope import RotaryPositionEmbedding
+    except ImportError:
+        try:
+            from transformer_engine.pytorch.attention import RotaryPositionEmbedding
+        except ImportError:
+            return None
+    return RotaryPositionEmbedding(head_dim)(max_seq_len=seq).to(device)

@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from fp8bench.backends.base import Backend, LinearOp, Recipe, import_probe
+from fp8bench.backends.base import Backend, LinearOp, Recipe, cpu_scaled_mm_path, import_probe
 from fp8bench.types import Format, Scaling
 
 
@@ -28,7 +28,7 @@ def recipe_name(recipe: Recipe) -> str | None:
 
 class TorchaoBackend(Backend):
     name = "torchao"
-    workloads = frozenset({"linear"})
+    workloads = frozenset({"linear", "layer"})
 
     def available(self):
         return import_probe("torchao.float8", "gpu")
@@ -69,8 +69,9 @@ class TorchaoBackend(Backend):
         def step():
             x.grad = None
             module[0].weight.grad = None
-            y = run(x)
-            y.backward(dy)
+            with cpu_scaled_mm_path(recipe, x.device):
+                y = run(x)
+                y.backward(dy)
             state["y"] = y.detach()
 
         def outputs():
@@ -78,3 +79,23 @@ class TorchaoBackend(Backend):
             return state["y"].float(), x.grad.float(), module[0].weight.grad.float()
 
         return LinearOp(step=step, outputs=outputs, notes={"recipe": name or "bf16"})
+
+    def layer(self, model, x, dy, recipe):
+        import copy
+
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        from fp8bench.backends.base import module_op
+        from fp8bench.workloads.block import LlamaBlock
+
+        ref = LlamaBlock(model, device=x.device)
+        compile_ = torch.compile if recipe.backend_cfg.compile else (lambda m: m)
+        if recipe.format is Format.BF16:
+            return module_op(list(ref.parameters()), compile_(ref), x, dy)
+        block = copy.deepcopy(ref)
+        convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name(recipe_name(recipe)))
+        converted = [type(m).__name__ for m in block.children() if "Linear" in type(m).__name__]
+        if any(name != "Float8Linear" for name in converted):  # never measure BF16 under an FP8 label
+            raise RuntimeError(f"torchao left linears unconverted: {converted}")
+        return module_op(list(block.parameters()), compile_(block), x, dy, reference_forward=ref,
+                         notes={"recipe": recipe_name(recipe)}, context=lambda: cpu_scaled_mm_path(recipe, x.device))

@@ -87,10 +87,16 @@ class WorkloadConfig:
     """gemm: explicit (M, N, K) shapes measured in addition to the model's."""
     tensors: list[str] = field(default_factory=lambda: ["activation", "weight"])
     """quantize: the activation (tokens x hidden) and/or the largest weight (ffn x hidden)."""
+    batch: int = 2
+    """layer: sequences per step."""
+    seq: int = 4096
+    """layer: tokens per sequence."""
 
     def __post_init__(self) -> None:
         _one_of("workload.name", self.name, choices(WorkloadName))
         _positive("workload.tokens", self.tokens)
+        _positive("workload.batch", self.batch)
+        _positive("workload.seq", self.seq)
         for lin in self.linears:
             _one_of("workload.linears", lin, list(LINEARS))
         for role in self.roles:
@@ -147,7 +153,7 @@ class BackendConfig:
     fast_accum: bool = False
     """torch (CUDA): FP8 GEMMs with cuBLASLt fast accumulation."""
     cpu_onednn: bool = False
-    """torch (CPU): let oneDNN run FP8 _scaled_mm. Without FP8 hardware its path is a slow reference."""
+    """torch, torchao (CPU): let oneDNN run FP8 _scaled_mm. Without FP8 hardware its path is a slow reference."""
     compile: bool = False
     """torchao: wrap the module in torch.compile (how torchao float8 is meant to run on GPU)."""
     gw_hp: bool = False

@@ -14,7 +14,9 @@ def get_workload(name: str) -> ModuleType:
         from fp8bench.workloads import quantize as mod
     elif name == "linear":
         from fp8bench.workloads import linear as mod
+    elif name == "layer":
+        from fp8bench.workloads import layer as mod
     else:
         raise ValueError(f"workload={name!r} is not implemented; choose one of "
-                         f"{[w for w in choices(WorkloadName) if w in ('gemm', 'quantize', 'linear')]}")
+                         f"{[w for w in choices(WorkloadName) if w in ('gemm', 'quantize', 'linear', 'layer')]}")
     return mod

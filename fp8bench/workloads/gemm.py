@@ -11,7 +11,15 @@ from fp8bench.measure import peak_memory_bytes, reset_peak_memory, time_fn
 from fp8bench.numerics import rel_err, sqnr_db
 from fp8bench.records import Metric
 from fp8bench.types import Format, GemmRole
-from fp8bench.workloads.common import CaseInput, CaseOutput, check_against_emulator, generator, randn
+from fp8bench.workloads.common import (
+    NUMERICS_ROWS,
+    CaseInput,
+    CaseOutput,
+    check_against_emulator,
+    generator,
+    randn,
+    timer_kwargs,
+)
 
 
 def role_shape(role: GemmRole, tokens: int, in_f: int, out_f: int) -> tuple[int, int, int]:
@@ -44,8 +52,7 @@ def run(case: CaseInput) -> CaseOutput:
     role = GemmRole(s["role"])
     reset_peak_memory(dev)
     op = case.backend.gemm(a, b, role, case.recipe)
-    timer = dict(device=dev, warmup=ms.warmup, iters=ms.iters, min_samples=ms.min_samples,
-                 max_time_s=ms.max_time_s, flush_l2=ms.flush_l2, cuda_graph=ms.cuda_graph)
+    timer = timer_kwargs(case, cuda_graph=ms.cuda_graph)
     timing = time_fn(op.with_quant, **timer)
     metrics = [Metric.of("time_ms", timing.median_ms)]
     samples = {"time_ms": timing.samples_ms}
@@ -62,11 +69,12 @@ def run(case: CaseInput) -> CaseOutput:
         if sheet:
             peak_tflops = sheet.bf16_tflops if case.recipe.format is Format.BF16 else sheet.fp8_tflops
             metrics.append(Metric.of("pct_of_peak", 100.0 * flops(s) / timing.median_ms / 1e9 / peak_tflops))
-    out = op.with_quant().float()
-    ref = a.double() @ b.double().t()
+    rows = min(NUMERICS_ROWS, s["m"])
+    out = (timing.last_result if timing.last_result is not None else op.with_quant())[:rows].float()
+    ref = a[:rows].double() @ b.double().t()
     metrics += [Metric.of("sqnr_db", sqnr_db(ref, out)), Metric.of("rel_err", rel_err(ref, out))]
     if op.real_kernel and case.recipe.format is not Format.BF16:
-        emu = emulated_gemm(a, b, role, case.backend.effective_recipe(case.recipe))
+        emu = emulated_gemm(a, b, role, case.backend.effective_recipe(case.recipe), rows=rows)
         vs = sqnr_db(emu, out)
         metrics.append(Metric.of("sqnr_vs_emulated_db", vs))
         check_against_emulator(case.recipe.format, vs, f"{case.backend.name} GEMM output")

@@ -6,7 +6,14 @@ from fp8bench.config.schema import Config
 from fp8bench.measure import time_fn
 from fp8bench.numerics import fake_quant, rel_err, sqnr_db
 from fp8bench.records import Metric
-from fp8bench.workloads.common import CaseInput, CaseOutput, check_against_emulator, generator, randn
+from fp8bench.workloads.common import (
+    CaseInput,
+    CaseOutput,
+    check_against_emulator,
+    generator,
+    randn,
+    timer_kwargs,
+)
 
 
 def shapes(config: Config) -> list[tuple[str, dict]]:
@@ -16,13 +23,12 @@ def shapes(config: Config) -> list[tuple[str, dict]]:
 
 
 def run(case: CaseInput) -> CaseOutput:
-    s, dev, ms = case.shape, case.device, case.measure
+    s, dev = case.shape, case.device
     g = generator(case.config, case.shape_name, dev)
     x = randn((s["rows"], s["cols"]), g, dev)
     is_weight = s["tensor"] == "weight"
     op = case.backend.quantize(x, case.recipe, is_weight)
-    timing = time_fn(op.run, device=dev, warmup=ms.warmup, iters=ms.iters, min_samples=ms.min_samples,
-                     max_time_s=ms.max_time_s, flush_l2=ms.flush_l2, cuda_graph=False)
+    timing = time_fn(op.run, **timer_kwargs(case))
     deq = op.dequantized()
     metrics = [Metric.of("time_ms", timing.median_ms),
                Metric.of("gbps", op.bytes_moved / timing.median_ms / 1e6),

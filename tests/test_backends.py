@@ -1,0 +1,72 @@
+"""Real CPU backends against the emulator: same quantized operands, so only accumulation and output rounding
+may differ."""
+
+import pytest
+import torch
+
+from fp8bench.backends import Recipe, get_backend
+from fp8bench.backends.emulated import emulated_gemm
+from fp8bench.config.schema import BackendConfig, ScalingConfig
+from fp8bench.numerics import fake_quant, sqnr_db
+from fp8bench.types import Format, GemmRole, Scaling
+
+
+def recipe(fmt, sc, **backend):
+    return Recipe(format=Format(fmt), scaling=Scaling(sc), scaling_cfg=ScalingConfig(name=sc),
+                  backend_cfg=BackendConfig(name=backend.pop("name", "torch"), **backend))
+
+
+def operands(m=64, n=96, k=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(m, k, generator=g).bfloat16(), torch.randn(n, k, generator=g).bfloat16()
+
+
+@pytest.mark.parametrize("fmt,sc", [("e4m3", "current"), ("e4m3", "rowwise"), ("hybrid", "delayed")])
+@pytest.mark.parametrize("role", list(GemmRole))
+def test_torch_scaled_mm_on_cpu_matches_emulator(fmt, sc, role):
+    a, b = operands()
+    op = get_backend("torch").gemm(a, b, role, recipe(fmt, sc))
+    out = op.with_quant().float()
+    assert out.dtype == torch.float32 and out.shape == (64, 96)
+    assert sqnr_db(emulated_gemm(a, b, role, recipe(fmt, sc)), out) > 45.0  # bf16 output rounding only
+    assert torch.equal(op.kernel_only(), op.with_quant())
+
+
+def test_onednn_and_fallback_paths_agree():
+    a, b = operands(16, 32, 64)
+    fast = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("e4m3", "current")).with_quant()
+    onednn = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("e4m3", "current", cpu_onednn=True)).with_quant()
+    assert sqnr_db(fast.float(), onednn.float()) > 45.0
+
+
+@pytest.mark.parametrize("sc", ["current", "rowwise", "blockwise"])
+def test_torch_cast_is_bit_exact_with_emulator(sc):
+    x = torch.randn(256, 512).bfloat16()
+    for is_weight in (False, True):
+        r = recipe("e4m3", sc)
+        op = get_backend("torch").quantize(x, r, is_weight)
+        assert torch.equal(op.dequantized(), fake_quant(x, "e4m3", sc, r.options(is_weight=is_weight)))
+
+
+def test_torchao_rowwise_linear_matches_emulator_with_pow2_scales():
+    pytest.importorskip("torchao")
+    be = get_backend("torchao")
+    x, w = operands(32, 64, 128)
+    dy = torch.randn(32, 64).bfloat16()
+    r = recipe("e4m3", "rowwise", name="torchao")
+    y, dx, dw = be.linear(x, w, dy, r).outputs()
+    emu, _, _ = get_backend("emulated").linear(x, w, dy, be.effective_recipe(r)).outputs()
+    assert sqnr_db(emu, y) > 45.0
+
+
+def test_torchao_has_no_e4m3_tensorwise_label():
+    ok, why = get_backend("torchao").supports("linear", recipe("e4m3", "current", name="torchao"), torch.device("cpu"))
+    assert not ok and "hybrid/current (tensorwise)" in why
+
+
+def test_unavailable_backends_say_why():
+    if not torch.cuda.is_available():
+        ok, why = get_backend("te").available()
+        assert not ok and "CUDA" in why
+        ok, why = get_backend("triton").available()
+        assert not ok and "CUDA" in why

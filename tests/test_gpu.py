@@ -1,0 +1,107 @@
+"""GPU paths, run on the H200 with `pytest -m gpu` (skipped on CPU with the probe's reason)."""
+
+import pytest
+import torch
+
+from fp8bench.backends import Recipe, get_backend
+from fp8bench.backends.emulated import emulated_gemm
+from fp8bench.config.compose import expand
+from fp8bench.config.schema import BackendConfig, ScalingConfig
+from fp8bench.hardware import detect_device
+from fp8bench.measure import time_fn
+from fp8bench.numerics import sqnr_db
+from fp8bench.plan import plan
+from fp8bench.runner import execute
+from fp8bench.types import Format, GemmRole, Scaling
+
+pytestmark = pytest.mark.gpu
+
+
+def recipe(fmt, sc, backend="torch", **kw):
+    return Recipe(format=Format(fmt), scaling=Scaling(sc), scaling_cfg=ScalingConfig(name=sc),
+                  backend_cfg=BackendConfig(name=backend, **kw))
+
+
+def operands(m, n, k):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return (torch.randn(m, k, device="cuda", generator=g).bfloat16(),
+            torch.randn(n, k, device="cuda", generator=g).bfloat16())
+
+
+@pytest.mark.parametrize("fmt,sc", [("e4m3", "current"), ("e4m3", "rowwise"), ("e4m3", "blockwise"),
+                                    ("hybrid", "current"), ("hybrid", "delayed")])
+@pytest.mark.parametrize("role", list(GemmRole))
+def test_cublaslt_gemm_matches_emulator(fmt, sc, role):
+    a, b = operands(1024, 2048, 4096)
+    r = recipe(fmt, sc)
+    out = get_backend("torch").gemm(a, b, role, r).with_quant().float()
+    assert sqnr_db(emulated_gemm(a, b, role, r), out) > 35.0
+
+
+def test_fast_accumulation_stays_within_tolerance():
+    a, b = operands(2048, 2048, 8192)
+    r = recipe("e4m3", "current", fast_accum=True)
+    out = get_backend("torch").gemm(a, b, GemmRole.FPROP, r).with_quant().float()
+    assert sqnr_db(emulated_gemm(a, b, GemmRole.FPROP, r), out) > 35.0
+
+
+def test_timer_matches_triton_do_bench_within_2_percent():
+    from triton.testing import do_bench
+
+    a, b = operands(8192, 8192, 8192)
+    op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("e4m3", "current"))
+    ours = time_fn(op.kernel_only, device=torch.device("cuda"), warmup=10, iters=100, min_samples=50,
+                   max_time_s=5.0, flush_l2=True).median_ms
+    theirs = do_bench(op.kernel_only, warmup=25, rep=200, return_mode="median")
+    assert abs(ours / theirs - 1) < 0.02, f"fp8bench {ours:.4f} ms vs do_bench {theirs:.4f} ms"
+
+
+@pytest.mark.parametrize("sc", ["delayed", "current", "blockwise"])
+@pytest.mark.parametrize("fmt", ["e4m3", "hybrid"])
+def test_te_linear_recipes_run_and_match_emulator(tmp_path, fmt, sc):
+    pytest.importorskip("transformer_engine.pytorch")
+    points, _ = expand(["workload=linear", "model=gpt-125m", "workload.tokens=2048", "workload.linears=[gate_up]",
+                        "backend=te", f"format={fmt}", f"scaling={sc}", "measure.iters=5"])
+    [rec] = execute(plan(points), tmp_path, "t", detect_device(), progress=False)
+    assert rec.status == "ok", rec.reason
+    assert rec.metric("sqnr_vs_emulated_db") > 35.0 and rec.metric("peak_mem_bytes") > 0
+
+
+@pytest.mark.parametrize("fmt,sc", [("mxfp8", "mx"), ("nvfp4", "nvfp4")])
+def test_te_blackwell_recipes_are_skipped_with_te_reason(fmt, sc):
+    pytest.importorskip("transformer_engine.pytorch")
+    if torch.cuda.get_device_capability() >= (10, 0):
+        pytest.skip("this GPU runs MXFP8/NVFP4")
+    points, _ = expand(["workload=linear", "backend=te", f"format={fmt}", f"scaling={sc}"])
+    cases = plan(points)
+    assert cases and all(not c.runnable for c in cases)
+    assert all("10.0" in c.reason for c in cases), cases[0].reason
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_torchao_linear_on_cuda(tmp_path, compile_):
+    pytest.importorskip("torchao")
+    points, _ = expand(["workload=linear", "model=gpt-125m", "workload.tokens=2048", "workload.linears=[qkv]",
+                        "backend=torchao", "format=e4m3", "scaling=rowwise", f"backend.compile={compile_}",
+                        "measure.iters=5"])
+    [rec] = execute(plan(points), tmp_path, "t", detect_device(), progress=False)
+    assert rec.status == "ok", rec.reason
+
+
+@pytest.mark.parametrize("backend,fmt,sc", [("te", "e4m3", "delayed"), ("te", "bf16", "none"),
+                                            ("torch", "e4m3", "rowwise"), ("torchao", "hybrid", "current"),
+                                            ("emulated", "mxfp8", "mx")])
+def test_layer_workload(tmp_path, backend, fmt, sc):
+    points, _ = expand(["workload=layer", "model=gpt-125m", "workload.seq=1024", "workload.batch=1",
+                        f"backend={backend}", f"format={fmt}", f"scaling={sc}", "measure.iters=5"])
+    [rec] = execute(plan(points), tmp_path, "t", detect_device(), progress=False)
+    assert rec.status == "ok", rec.reason
+    assert rec.metric("time_ms") > 0
+
+
+def test_blockwise_scaled_mm_reports_tflops_on_llama_shapes(tmp_path):
+    points, _ = expand(["workload=gemm", "model=llama2-7b", "backend=torch", "format=e4m3", "scaling=blockwise",
+                        "workload.linears=[qkv,down]", "measure.iters=10"])
+    recs = execute(plan(points), tmp_path, "t", detect_device(), progress=False)
+    assert all(r.status == "ok" for r in recs), [r.reason for r in recs if r.status != "ok"]
+    assert all(r.metric("tflops") > 300 for r in recs)
