@@ -193,7 +193,7 @@ _TENSORWISE = frozenset({"current", "delayed"})
 RULES: tuple[Rule, ...] = (
     Rule("torch", _FP8, _TENSORWISE | {"rowwise"}, (8, 9), None, True,
          "torch._scaled_mm: cuBLASLt FP8 needs sm_89+; on CPU torch implements it (oneDNN or fallback)"),
-    Rule("torch", _FP8, frozenset({"blockwise"}), (9, 0), (12, 9), False,
+    Rule("torch", frozenset({"e4m3"}), frozenset({"blockwise"}), (9, 0), (12, 9), False,
          "F.scaled_mm BlockWise1x128/128x128 runs on cuBLASLt for sm_90 with CUDA >= 12.9 only"),
     Rule("torch", frozenset({"mxfp8", "nvfp4"}), frozenset({"mx", "nvfp4"}), (10, 0), (12, 8), False,
          "MX/NVFP4 block-scaled GEMMs are Blackwell (sm_100) tensor-core instructions"),
@@ -213,8 +213,17 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+# Pairs a backend has no recipe for, with the reason seen (more specific than "no recipe").
+KNOWN_GAPS: dict[tuple[str, str, str], str] = {
+    ("torch", "hybrid", "blockwise"): ("F.scaled_mm blockwise takes E4M3 operands only: torch 2.11 on an H200 "
+                                       "rejected E5M2 gradients ('Invalid scaling configuration'); use e4m3"),
+}
+
+
 def capability(backend: str, fmt: str, scaling: str, device: DeviceInfo) -> tuple[bool, str]:
     """Can `backend` run (fmt, scaling) on `device`? (ok, reason a user can act on)."""
+    if (backend, fmt, scaling) in KNOWN_GAPS:
+        return False, KNOWN_GAPS[(backend, fmt, scaling)]
     if backend == "emulated":
         return True, "the emulator runs every format on any device"
     if fmt == "bf16":

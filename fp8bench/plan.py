@@ -64,7 +64,8 @@ def _available(backend: str) -> tuple[bool, str]:
 
 
 def verdict(config: Config, device: DeviceInfo) -> tuple[bool, str]:
-    """Runnable here? Installation first, then the device capability matrix, then the adapter's own limits."""
+    """Runnable here? Installation first, then the adapter's own verdict (TE answers with its own probes, so
+    its reason is the one recorded), then the device capability matrix."""
     b = config.backend.name
     ok, why = _available(b)
     if not ok:
@@ -72,11 +73,11 @@ def verdict(config: Config, device: DeviceInfo) -> tuple[bool, str]:
     fmt, sc = config.format.name, config.scaling.name
     if config.workload.name == "quantize" and fmt == "bf16":
         return False, "quantize measures casts to a low-precision format; BF16 inputs need none"
-    ok, why = capability(b, fmt, sc, device)
+    recipe = Case(config, "", {}, True, "").recipe
+    ok, why = get_backend(b).supports(config.workload.name, recipe, device.torch_device)
     if not ok:
         return False, why
-    recipe = Case(config, "", {}, True, "").recipe
-    return get_backend(b).supports(config.workload.name, recipe, device.torch_device)
+    return capability(b, fmt, sc, device)
 
 
 def plan(points: list[Config], device: DeviceInfo | None = None) -> list[Case]:

@@ -22,6 +22,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "time_ms": ("ms", "lower"),
     "time_ms_kernel": ("ms", "lower"),
     "tflops": ("TFLOPS", "higher"),
+    "tflops_kernel": ("TFLOPS", "higher"),
     "speedup_vs_bf16": ("x", "higher"),
     "pct_of_peak": ("%", "higher"),
     "gbps": ("GB/s", "higher"),

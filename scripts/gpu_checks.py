@@ -25,9 +25,22 @@ from fp8bench.types import Format, GemmRole, Scaling
 SHAPES = [(8192, 8192, 8192), (8192, 12288, 4096), (8192, 4096, 4096), (8192, 22016, 4096), (8192, 4096, 11008)]
 
 
-def fidelity() -> list[dict]:
+def compare_timers(fn, rounds: int = 5) -> tuple[float, float]:
+    """Median of fp8bench's timer and of do_bench over interleaved rounds: the H200's clocks drift with
+    power and temperature over seconds, so timing one method after the other compares two GPU states."""
     from triton.testing import do_bench
 
+    ours, theirs = [], []
+    for _ in range(rounds):
+        # Same time budget as do_bench's rep=300 ms (not an iteration cap): the GPU's duty cycle, and with
+        # it its clocks, must match for short kernels.
+        ours.append(time_fn(fn, device=torch.device("cuda"), warmup=10, iters=100_000, min_samples=50,
+                            max_time_s=0.3, flush_l2=True).median_ms)
+        theirs.append(do_bench(fn, warmup=25, rep=300, return_mode="median"))
+    return statistics.median(ours), statistics.median(theirs)
+
+
+def fidelity(rounds: int = 5) -> list[dict]:
     r = Recipe(format=Format.E4M3, scaling=Scaling.CURRENT, scaling_cfg=ScalingConfig(name="current"),
                backend_cfg=BackendConfig(name="torch"))
     rows = []
@@ -35,9 +48,7 @@ def fidelity() -> list[dict]:
         a = torch.randn(m, k, device="cuda").bfloat16()
         b = torch.randn(n, k, device="cuda").bfloat16()
         op = get_backend("torch").gemm(a, b, GemmRole.FPROP, r)
-        ours = time_fn(op.kernel_only, device=torch.device("cuda"), warmup=10, iters=200, min_samples=100,
-                       max_time_s=3.0, flush_l2=True).median_ms
-        theirs = do_bench(op.kernel_only, warmup=25, rep=300, return_mode="median")
+        ours, theirs = compare_timers(op.kernel_only, rounds)
         tflops = 2 * m * n * k / ours / 1e9
         rows.append({"shape": f"{m}x{n}x{k}", "fp8bench_ms": ours, "do_bench_ms": theirs,
                      "ratio": ours / theirs, "tflops": tflops})
@@ -63,9 +74,10 @@ def noise(results_dir: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=Path("results/gpu_checks"))
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timer rounds per shape")
     ns = p.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
-    fid = fidelity()
+    fid = fidelity(ns.rounds)
     print(f"{'shape':>20} {'fp8bench ms':>12} {'do_bench ms':>12} {'ratio':>7} {'TFLOPS':>7}")
     for r in fid:
         print(f"{r['shape']:>20} {r['fp8bench_ms']:12.4f} {r['do_bench_ms']:12.4f} {r['ratio']:7.4f} {r['tflops']:7.0f}")

@@ -163,9 +163,10 @@ class BackendConfig:
         _one_of("backend", self.name, choices(BackendName))
 
     def variant(self) -> str:
-        """Short suffix naming non-default knobs, so case ids of variants differ."""
-        parts = [k for k in ("fast_accum", "cpu_onednn", "compile", "gw_hp") if getattr(self, k)]
-        return "+".join(parts)
+        """Short suffix naming the non-default knobs this backend reads, so case ids of variants differ
+        (and a knob another backend ignores does not split one case into two)."""
+        reads = {"torch": ("fast_accum", "cpu_onednn"), "torchao": ("compile", "gw_hp", "cpu_onednn")}
+        return "+".join(k for k in reads.get(self.name, ()) if getattr(self, k))
 
 
 @dataclass(frozen=True, kw_only=True)

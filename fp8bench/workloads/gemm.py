@@ -64,6 +64,7 @@ def run(case: CaseInput) -> CaseOutput:
         if op.kernel_only is not None and case.recipe.format is not Format.BF16:
             kt = time_fn(op.kernel_only, **timer)
             metrics.append(Metric.of("time_ms_kernel", kt.median_ms))
+            metrics.append(Metric.of("tflops_kernel", flops(s) / kt.median_ms / 1e9))
             samples["time_ms_kernel"] = kt.samples_ms
         sheet = spec_sheet(detect_device()) if dev.type == "cuda" else None
         if sheet:

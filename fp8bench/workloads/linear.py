@@ -24,10 +24,13 @@ from fp8bench.workloads.common import (
 
 
 def shapes(config: Config) -> list[tuple[str, dict]]:
+    """The model's linears at `tokens`, plus `workload.shapes` entries read as [tokens, out, in] (M, N, K)."""
     out = []
     for lin in config.workload.linears:
         in_f, out_f = config.model.linear_dims(lin)
         out.append((lin, {"tokens": config.workload.tokens, "in": in_f, "out": out_f}))
+    for m, n, k in config.workload.shapes:
+        out.append((f"{k}to{n}x{m}", {"tokens": m, "in": k, "out": n}))
     return out
 
 
