@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev,cpu-extras]"
 	touch $(STAMP)
 
+# The sweep on this machine, then everything under results/ (the committed H200 exports too) into one DuckDB.
 run: $(STAMP)
 	$(BIN)/fp8bench run sweep=$(SWEEP)
+	$(BIN)/fp8bench ingest results
+	@echo "DuckDB file: $(CURDIR)/results/fp8bench.duckdb"
 
 plan: $(STAMP)
 	$(BIN)/fp8bench plan sweep=$(SWEEP)

@@ -107,12 +107,10 @@ def cmd_plan(args: list[str]) -> int:
 
     points, dropped = expand(args)
     cases = plan(points, resolve_device(points[0]))
-    table = Table(title=f"fp8bench plan: {len(cases)} cases", show_lines=False)
-    table.add_column("case_id")
-    table.add_column("status")
-    for c in cases:
-        table.add_row(c.case_id, "runnable" if c.runnable else f"skipped: {c.reason}")
-    out.print(table, soft_wrap=True)
+    width = max((len(c.case_id) for c in cases), default=0)
+    for c in cases:  # one line per case, so it greps and never truncates a case id
+        out.print(f"{c.case_id:<{width}}  " + ("runnable" if c.runnable else f"skipped: {c.reason}"),
+                  soft_wrap=True, highlight=False, markup=False)
     n_ok = sum(c.runnable for c in cases)
     models = sorted({c.config.model.name for c in cases})
     formats = sorted({c.config.format.name for c in cases})
