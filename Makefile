@@ -21,7 +21,9 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/fp8bench run sweep=$(SWEEP)
 	$(BIN)/fp8bench ingest results
+	$(BIN)/fp8bench report --out results/site
 	@echo "DuckDB file: $(CURDIR)/results/fp8bench.duckdb"
+	@echo "report: $(CURDIR)/results/site/index.html"
 
 plan: $(STAMP)
 	$(BIN)/fp8bench plan sweep=$(SWEEP)

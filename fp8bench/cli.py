@@ -17,13 +17,14 @@ from fp8bench.config.schema import ConfigError
 
 console = Console(stderr=True)
 out = Console()
-COMMANDS = ("run", "plan", "ingest", "export", "doctor")
+COMMANDS = ("run", "plan", "ingest", "export", "report", "doctor")
 USAGE = """usage: fp8bench COMMAND [ARGS]
 
   run [-m] [hydra overrides]   run a point or a sweep preset (sweep=quick); -m uses Hydra's multirun
   plan [hydra overrides]       list the cases with runnable / skipped: reason; runs nothing
   ingest [PATHS...] [--db DB]  load run folders, shards or Parquet exports into DuckDB (idempotent)
   export RUN_ID... --out DIR   write runs as Parquet (one file per table) to commit under results/
+  report [--db DB] [--out DIR] build the static site (plotly, offline) from DuckDB
   doctor                       device, versions, backends and the capability matrix
 """
 
@@ -147,6 +148,26 @@ def cmd_export(args: list[str]) -> int:
     return 0
 
 
+def cmd_report(args: list[str]) -> int:
+    from fp8bench import store
+
+    p = _Parser(prog="fp8bench report")
+    p.add_argument("--db", default=None)
+    p.add_argument("--out", type=Path, default=Path("results/site"))
+    ns = p.parse_args(args)
+    try:
+        from fp8bench.report import build_site
+    except ImportError as exc:
+        raise UsageError(f"fp8bench report needs plotly and pandas ({exc}); pip install plotly pandas") from None
+    con = store.connect(_db_path(ns.db), read_only=True)
+    try:
+        pages = build_site(con, ns.out)
+    finally:
+        con.close()
+    out.print(f"site: {len(pages)} pages in {ns.out.resolve()} (open {(ns.out / 'index.html').resolve()})")
+    return 0
+
+
 def cmd_doctor(args: list[str]) -> int:
     from fp8bench.hardware import capability, describe, environment
     from fp8bench.plan import _available
@@ -189,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         out.print(USAGE, highlight=False)
         return 0
     cmd, rest = argv[0], argv[1:]
-    handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "doctor": cmd_doctor}
+    handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
+                "doctor": cmd_doctor}
     from fp8bench.records import StoreError
 
     try:

@@ -1,0 +1,34 @@
+"""The static report site: `build_site(con, out)` writes one HTML page per question plus the shared
+`assets/plotly.min.js` (written once; pages refer to it by relative path, so the site works from file://)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from fp8bench.report import data, pages
+
+
+def plotly_asset() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def build_site(con, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "assets").mkdir(exist_ok=True)
+    asset = out / "assets" / "plotly.min.js"
+    src = plotly_asset()
+    if not asset.is_file() or asset.stat().st_size != src.stat().st_size:
+        shutil.copyfile(src, asset)
+    df, runs = data.cases(con), data.runs(con)
+    asv = out / "asv" / "index.html"
+    built = [pages.overview(df, runs), pages.gemm_page(df), pages.modules_page(df), pages.numerics_page(df),
+             pages.history_page(df, asv if asv.is_file() else None), pages.runs_page(runs)]
+    written = []
+    for page in built:
+        path = out / page.filename
+        path.write_text(page.render(), encoding="utf-8")
+        written.append(path)
+    return written

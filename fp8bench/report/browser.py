@@ -1,0 +1,82 @@
+"""Load the built site in headless Chromium (Debian's, driven by Playwright): console errors, drawn plots,
+links, and any request that is not a local file. Used by the tests and by `scripts/screenshot.py`."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def chromium_path() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@dataclass
+class PageCheck:
+    page: str
+    errors: list[str] = field(default_factory=list)
+    plots: int = 0
+    drawn_plots: int = 0
+    broken_links: list[str] = field(default_factory=list)
+    external_requests: list[str] = field(default_factory=list)
+
+
+def check_site(site: Path, screenshot: Path | None = None) -> list[PageCheck]:
+    from playwright.sync_api import sync_playwright
+
+    results = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        current: list[PageCheck] = []
+        page.on("console", lambda m: current[-1].errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: current[-1].errors.append(str(e)))
+
+        def route(r):  # the network is off: anything but a local file is recorded and refused
+            if r.request.url.startswith("file://"):
+                r.continue_()
+            else:
+                current[-1].external_requests.append(r.request.url)
+                r.abort()
+
+        page.route("**/*", route)
+        for html_file in sorted(site.glob("*.html")):
+            current.append(PageCheck(html_file.name))
+            page.goto(html_file.resolve().as_uri())
+            page.wait_for_load_state("load")
+            drawn = page.eval_on_selector_all(
+                ".plot", "els => els.map(e => { const s = e.querySelector('svg.main-svg');"
+                         " return s !== null && s.childElementCount > 0; })")
+            current[-1].plots, current[-1].drawn_plots = len(drawn), sum(drawn)
+            for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):
+                url = urlparse(href)
+                if url.scheme == "file" and not Path(unquote(url.path)).is_file():
+                    current[-1].broken_links.append(href)
+                elif url.scheme not in ("file", ""):
+                    current[-1].broken_links.append(href)
+            results.append(current[-1])
+        if screenshot is not None:
+            page.goto((site / "index.html").resolve().as_uri())
+            page.wait_for_load_state("load")
+            page.screenshot(path=str(screenshot), full_page=False)
+        browser.close()
+    return results
+
+
+def page_text(site: Path, name: str, script: str = "document.body.innerText") -> object:
+    """Evaluate `script` in a loaded page (e.g. read its text, or a global a planted script would set)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.goto((site / name).resolve().as_uri())
+        page.wait_for_load_state("load")
+        value = page.evaluate(script)
+        browser.close()
+    return value

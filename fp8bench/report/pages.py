@@ -1,0 +1,231 @@
+"""The pages of the site, each answering one of DESIGN.md's five questions from the wide case table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+from fp8bench.report.data import not_measured
+from fp8bench.report.html import Page, esc
+
+PLOT_H = 420
+
+
+def _real(df: pd.DataFrame) -> pd.DataFrame:
+    return df[(df["status"] == "ok") & (df["backend"] != "emulated")]
+
+
+def _with_bf16(df: pd.DataFrame, cols: tuple[str, ...] = ("time_ms", "peak_mem_bytes")) -> pd.DataFrame:
+    """Each ok case joined with its BF16 twin (same run, workload, model, shape, backend, variant)."""
+    key = ["run_id", "workload", "model", "shape_name", "backend", "variant"]
+    ok = df[df["status"] == "ok"]
+    base = ok[ok["format"] == "bf16"][key + list(cols)].rename(columns={c: f"bf16_{c}" for c in cols})
+    return ok.merge(base, on=key, how="left")
+
+
+# --------------------------------------------------------------------------- overview / advisor
+
+def advisor(df: pd.DataFrame) -> pd.DataFrame:
+    """Per device × model × workload × recipe: speedup, accuracy verdict, memory change; the best one marked."""
+    real = _with_bf16(_real(df))
+    real = real[real["workload"].isin(["linear", "layer", "gemm"]) & (real["format"] != "bf16")]
+    if real.empty:
+        return pd.DataFrame()
+    real = real.assign(mem_change=(real["peak_mem_bytes"] / real["bf16_peak_mem_bytes"] - 1) * 100)
+    g = real.groupby(["device", "model", "workload", "recipe"], dropna=False).agg(
+        speedup=("speedup", "median"), sqnr_db=("sqnr_db", "median"),
+        vs_emulator_db=("sqnr_vs_emulated_db", "min"), mem_change_pct=("mem_change", "median"),
+        shapes=("shape_name", "nunique")).reset_index()
+    g["accuracy"] = g.apply(_verdict, axis=1)
+    g["recommended"] = ""
+    for _, idx in g.groupby(["device", "model", "workload"]).groups.items():
+        sub = g.loc[idx]
+        good = sub[(sub["accuracy"] == "ok") & (sub["speedup"] > 1.0)]
+        if good.empty:
+            best = sub["speedup"].idxmax()
+            why = "beat it" if sub.loc[best, "speedup"] <= 1.0 else "beat it with accuracy ok"
+            g.loc[best, "recommended"] = f"BF16: no FP8 recipe {why} (fastest {sub.loc[best, 'speedup']:.2f}x)"
+            continue
+        best = good["speedup"].idxmax()
+        r = g.loc[best]
+        mem = "" if pd.isna(r["mem_change_pct"]) else f", peak memory {r['mem_change_pct']:+.0f}%"
+        g.loc[best, "recommended"] = f"use this: fastest with accuracy ok ({r['speedup']:.2f}x{mem})"
+    return g.sort_values(["device", "model", "workload", "speedup"], ascending=[True, True, True, False])
+
+
+def _verdict(row) -> str:
+    """The emulator agreement is the correctness check; the FP64 SQNR floor applies where sqnr_db is against
+    FP64 (gemm, linear). A layer's sqnr_db is against the same module's BF16 output: informative, not a gate."""
+    if pd.notna(row["vs_emulator_db"]) and row["vs_emulator_db"] < 30:
+        return "check: disagrees with emulator"
+    if row["workload"] in ("gemm", "linear") and pd.notna(row["sqnr_db"]) and row["sqnr_db"] < 15:
+        return "check: low SQNR vs FP64"
+    return "ok"
+
+
+def overview(df: pd.DataFrame, runs: pd.DataFrame) -> Page:
+    p = Page("index.html", "Overview: which FP8 recipe pays here?")
+    p.note("Every number on this site is a measurement from a recorded run (see Runs). Speedups compare each "
+           "recipe with the BF16 case of the same shape and backend in the same run; accuracy compares the "
+           "real kernel's output with the exact emulator on the same inputs (and with an FP64 reference).")
+    counts = df.groupby(["device", "status"]).size().unstack(fill_value=0).reset_index() if not df.empty else df
+    p.h2("What was measured")
+    p.table(counts)
+    adv = advisor(df)
+    p.h2("Advisor: recipes per device × model × workload")
+    if adv.empty:
+        p.note("No real-kernel FP8 cases yet: run a sweep on a GPU (or `make run` for the CPU study).")
+    else:
+        rec = adv[adv["recommended"] != ""][["device", "model", "workload", "recipe", "speedup", "accuracy",
+                                              "mem_change_pct", "recommended"]]
+        p.raw('<p class="note">The recommendation per row group: the fastest recipe whose numerics agree with '
+              'the emulator, if any beats BF16. Details: <a href="gemm.html">GEMMs</a>, '
+              '<a href="modules.html">modules</a>, <a href="numerics.html">numerics</a>.</p>')
+        p.table(rec, {"speedup": 2, "mem_change_pct": 0})
+        p.raw("<details><summary>All recipes</summary>")
+        p.table(adv.drop(columns=["recommended"]), {"speedup": 2, "sqnr_db": 1, "vs_emulator_db": 1,
+                                                    "mem_change_pct": 0})
+        p.raw("</details>")
+    p.h2("Not measured, and why")
+    p.note("Skipped cases are recipes this device or installation cannot run (the reason says what would); "
+           "failed cases raised or disagreed with the emulator.")
+    p.table(not_measured(df))
+    return p
+
+
+# --------------------------------------------------------------------------- GEMMs
+
+def gemm_page(df: pd.DataFrame) -> Page:
+    p = Page("gemm.html", "GEMMs: speedup per shape and recipe")
+    g = _with_bf16(df[df["workload"] == "gemm"], ("time_ms",))
+    g = g[(g["backend"] != "emulated") & (g["format"] != "bf16")]
+    if g.empty:
+        p.note("No real-kernel GEMM cases recorded.")
+    for device, d in g.groupby("device"):
+        d = d.assign(shape=d["model"] + " " + d["shape_name"],
+                     kernel_speedup=d["bf16_time_ms"] / d["time_ms_kernel"])
+        p.h2(f"{device}: speedup vs BF16 with quantization (what training pays)")
+        p.figure(_heatmap(d, "speedup"))
+        if d["kernel_speedup"].notna().any():
+            p.h2(f"{device}: speedup of the GEMM kernel alone (operands quantized up front)")
+            p.figure(_heatmap(d, "kernel_speedup"))
+        p.h2(f"{device}: TFLOPS, kernel only and with quantization")
+        cols = ["shape", "recipe", "tflops", "tflops_kernel", "pct_of_peak", "speedup", "kernel_speedup"]
+        p.table(d.sort_values(["shape", "tflops_kernel"], ascending=[True, False])[cols],
+                {"tflops": 0, "tflops_kernel": 0, "pct_of_peak": 1, "speedup": 2, "kernel_speedup": 2})
+    p.h2("Not measured, and why")
+    p.table(not_measured(df, ("gemm",)))
+    return p
+
+
+def _heatmap(d: pd.DataFrame, col: str) -> go.Figure:
+    pivot = d.pivot_table(index="shape", columns="recipe", values=col, aggfunc="median")
+    fig = go.Figure(go.Heatmap(z=pivot.values, x=list(pivot.columns), y=list(pivot.index), colorscale="RdYlGn",
+                               zmid=1.0, texttemplate="%{z:.2f}", colorbar={"title": "x vs BF16"}))
+    fig.update_layout(height=max(PLOT_H, 22 * len(pivot.index) + 160), margin={"l": 200, "b": 160})
+    return fig
+
+
+# --------------------------------------------------------------------------- modules and layers
+
+def modules_page(df: pd.DataFrame) -> Page:
+    p = Page("modules.html", "Modules and layers: fwd+bwd time per backend and recipe")
+    mods = _with_bf16(df[df["workload"].isin(["linear", "layer"])])
+    mods = mods[mods["backend"] != "emulated"]
+    for (device, workload), d in mods.groupby(["device", "workload"]):
+        d = d.assign(shape=d["model"] + " " + d["shape_name"])
+        p.h2(f"{device}: {workload} fwd+bwd time (ms)")
+        fig = px.bar(d.sort_values("recipe"), x="shape", y="time_ms", color="recipe", barmode="group", height=PLOT_H)
+        p.figure(fig)
+        if workload == "layer" and d["peak_mem_bytes"].notna().any():
+            p.h2(f"{device}: layer peak memory (GiB): FP8 often raises it")
+            p.figure(px.bar(d.assign(peak_gib=d["peak_mem_bytes"] / 2**30).sort_values("recipe"), x="shape",
+                            y="peak_gib", color="recipe", barmode="group", height=PLOT_H))
+        p.table(d.sort_values(["shape", "time_ms"])[["shape", "recipe", "time_ms", "tflops", "speedup",
+                                                     "peak_mem_bytes", "sqnr_db"]],
+                {"time_ms": 3, "tflops": 0, "speedup": 2, "peak_mem_bytes": 0, "sqnr_db": 1})
+    g = df[(df["workload"] == "gemm") & (df["status"] == "ok") & df["time_ms_kernel"].notna()]
+    if not g.empty:
+        p.h2("Where an FP8 GEMM's time goes: the kernel vs the casts around it")
+        p.note("Per recipe, summed over each model's GEMMs: time of the GEMM on pre-quantized operands, and the "
+               "rest of the with-quantization time (amax, scale, cast, transposed copies).")
+        s = g.groupby(["device", "model", "recipe"])[["time_ms", "time_ms_kernel"]].sum().reset_index()
+        s["casts_ms"] = s["time_ms"] - s["time_ms_kernel"]
+        long = s.melt(id_vars=["device", "model", "recipe"], value_vars=["time_ms_kernel", "casts_ms"],
+                      var_name="part", value_name="ms")
+        long["label"] = long["device"] + " · " + long["model"] + " · " + long["recipe"]
+        p.figure(px.bar(long, x="ms", y="label", color="part", orientation="h",
+                        height=max(PLOT_H, 18 * long["label"].nunique() + 120)))
+    p.h2("Not measured, and why")
+    p.table(not_measured(df, ("linear", "layer")))
+    return p
+
+
+# --------------------------------------------------------------------------- numerics
+
+def numerics_page(df: pd.DataFrame) -> Page:
+    p = Page("numerics.html", "Numerics: SQNR and relative error per format × scaling")
+    p.note("SQNR (dB) of each GEMM output against an FP64 reference on Gaussian inputs; higher is better, +6 dB "
+           "per extra mantissa bit. MXFP8 and NVFP4 come from the exact emulator where the GPU cannot run them.")
+    g = df[(df["workload"] == "gemm") & (df["status"] == "ok") & df["sqnr_db"].notna()]
+    g = g.assign(fmt_scaling=g["format"] + "/" + g["scaling"])
+    if g.empty:
+        p.note("No GEMM numerics recorded.")
+        return p
+    fig = px.box(g, x="fmt_scaling", y="sqnr_db", color="backend", points=False, height=PLOT_H)
+    fig.update_yaxes(title="SQNR (dB)")
+    p.figure(fig)
+    t = (g.groupby(["fmt_scaling", "backend"]).agg(sqnr_db=("sqnr_db", "median"), rel_err=("rel_err", "median"),
+                                                   vs_emulator_db=("sqnr_vs_emulated_db", "min"),
+                                                   cases=("case_id", "count")).reset_index())
+    p.table(t, {"sqnr_db": 1, "rel_err": 4, "vs_emulator_db": 1})
+    q = df[(df["workload"] == "quantize") & (df["status"] == "ok")]
+    if not q.empty:
+        p.h2("Casts: SQNR of the quantized tensor, and cast bandwidth")
+        p.table(q.groupby(["device", "format", "scaling", "backend"]).agg(
+            sqnr_db=("sqnr_db", "median"), gbps=("gbps", "median")).reset_index(), {"sqnr_db": 1, "gbps": 1})
+    return p
+
+
+# --------------------------------------------------------------------------- history and runs
+
+def history_page(df: pd.DataFrame, asv_index: Path | None) -> Page:
+    p = Page("history.html", "History: tracked series across runs")
+    if asv_index is not None:
+        p.raw('<p class="note">asv\'s own history of the curated suite: <a href="asv/index.html">asv site</a>.</p>')
+    else:
+        p.note("No asv results are published into this site yet (results/site/asv).")
+    ok = df[(df["status"] == "ok") & df["time_ms"].notna() & (df["backend"] != "emulated")]
+    counts = ok.groupby(["device", "case_id"])["run_id"].nunique()
+    tracked = counts[counts >= 2].sort_values(ascending=False).head(24)
+    if tracked.empty:
+        p.note("Every case so far was measured in a single run; a series appears once a case has two or more "
+               "runs on the same device (e.g. a re-run after a commit or a dependency bump).")
+        return p
+    sub = ok.set_index(["device", "case_id"]).loc[tracked.index].reset_index()
+    sub["series"] = sub["device"] + " · " + sub["case_id"]
+    fig = px.line(sub.sort_values("started_at"), x="started_at", y="time_ms", color="series", markers=True,
+                  hover_data=["git_commit", "run_id"], height=PLOT_H + 80)
+    p.figure(fig)
+    return p
+
+
+def runs_page(runs: pd.DataFrame) -> Page:
+    p = Page("runs.html", "Runs: every run with its environment and config")
+    cols = ["run_id", "started_at", "git_commit", "git_dirty", "device_name", "torch", "cuda", "driver",
+            "transformer_engine", "torchao", "triton", "n_cases", "n_ok", "n_failed", "source"]
+    p.table(runs[cols] if not runs.empty else runs)
+    for _, r in runs.iterrows():
+        cfg = r["config"]
+        try:
+            cfg = json.dumps(json.loads(cfg), indent=1, sort_keys=True) if isinstance(cfg, str) else str(cfg)
+        except json.JSONDecodeError:
+            cfg = str(cfg)
+        env = r["details"] if isinstance(r["details"], str) else ""
+        p.raw(f"<details><summary>{esc(r['run_id'])}: config and environment</summary>"
+              f"<pre>{esc(cfg)}</pre><pre>{esc(env)}</pre></details>")
+    return p

@@ -1,0 +1,91 @@
+"""The static site, checked in a real headless Chromium: every page loads with no console error, every plot
+draws, links resolve, nothing is fetched from the network, planted markup renders as text."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fp8bench import store
+from fp8bench.records import CaseRecord, Metric, ShardWriter, write_manifest
+from fp8bench.report import build_site
+from fp8bench.report.browser import check_site, chromium_path, page_text
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANTED = "<script>window.__pwned = 1</script>"
+
+if chromium_path() is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must install Debian's chromium (.ci/run does) for the report tests")
+    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+
+def _planted_run(root: Path) -> None:
+    run_dir = root / "runs" / "planted"
+    write_manifest(run_dir, {"run_id": "planted", "started_at": 1.8e9, "git_commit": PLANTED, "git_dirty": False,
+                             "device_name": "cpu " + PLANTED, "env": {"env_id": "planted", "device_name": "cpu"},
+                             "config": {"overrides": [f"fail_on={PLANTED}"]}})
+    with ShardWriter(run_dir) as w:
+        for fmt, t in (("bf16", 2.0), ("e4m3", 1.0)):
+            w.write(CaseRecord(run_id="planted", case_id=f"gemm.tiny.fprop_o.{fmt}.x.torch", workload="gemm",
+                               model="tiny", format=fmt, scaling="none" if fmt == "bf16" else "current",
+                               backend="torch", shape_name="fprop_o", shape={"m": 1}, params={"tokens": 16},
+                               status="ok", metrics=[Metric.of("time_ms", t), Metric.of("sqnr_db", 30.0),
+                                                     Metric.of("tflops", 1.0)], samples={"time_ms": [t]}))
+        w.write(CaseRecord(run_id="planted", case_id="gemm.tiny.fprop_o.nvfp4.nvfp4.torch", workload="gemm",
+                           model="tiny", format="nvfp4", scaling="nvfp4", backend="torch", shape_name="fprop_o",
+                           shape={}, status="failed", reason=f"RuntimeError: {PLANTED}"))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("site")
+    _planted_run(tmp)
+    con = store.connect(tmp / "db.duckdb")
+    store.ingest(con, [ROOT / "results", tmp / "runs"])  # the committed H200 exports and the planted run
+    out = tmp / "site"
+    build_site(con, out)
+    con.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def checks(site):
+    return check_site(site, screenshot=site / "overview.png")
+
+
+def test_every_page_loads_without_console_errors_and_draws_its_plots(checks):
+    assert {c.page for c in checks} == {"index.html", "gemm.html", "modules.html", "numerics.html",
+                                        "history.html", "runs.html"}
+    for c in checks:
+        assert c.errors == [], (c.page, c.errors)
+        assert c.drawn_plots == c.plots, (c.page, c.plots, c.drawn_plots)
+    assert sum(c.plots for c in checks) >= 5  # the H200 exports give the GEMM, module and numerics pages plots
+
+
+def test_links_resolve_and_nothing_leaves_the_machine(checks):
+    for c in checks:
+        assert c.broken_links == [], (c.page, c.broken_links)
+        assert c.external_requests == [], (c.page, c.external_requests)
+
+
+def test_planted_markup_renders_as_text(site):
+    assert PLANTED in page_text(site, "runs.html")
+    assert page_text(site, "runs.html", "typeof window.__pwned") == "undefined"
+    assert page_text(site, "index.html", "typeof window.__pwned") == "undefined"
+    assert PLANTED in page_text(site, "index.html")  # the failed case's reason, in "Not measured"
+
+
+def test_pages_are_small_and_share_one_plotly_asset(site):
+    assert (site / "assets" / "plotly.min.js").stat().st_size > 1_000_000
+    for page in site.glob("*.html"):
+        text = page.read_text()
+        assert page.stat().st_size < 1_000_000, page.name
+        assert '<script src="assets/plotly.min.js"></script>' in text
+        assert "cdn.plot.ly" not in text and "https://" not in text
+
+
+def test_skipped_recipes_are_visible_with_reasons(site):
+    text = page_text(site, "index.html")
+    assert "Not measured, and why" in text
+    assert "compute capability 10.0" in text  # MXFP8/NVFP4 on the H200
