@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-
 from fp8bench.backends import Recipe, get_backend
 from fp8bench.config.schema import Config, ConfigError
 from fp8bench.hardware import DeviceInfo, capability, detect_device
@@ -98,6 +96,3 @@ def execution_order(cases: list[Case]) -> list[Case]:
         return (cfg.workload.name, cfg.model.name, c.shape_name, cfg.backend.name, cfg.format.name != "bf16")
     return sorted(cases, key=key)
 
-
-def torch_device(device: DeviceInfo) -> torch.device:
-    return device.torch_device

@@ -70,3 +70,22 @@ def test_unavailable_backends_say_why():
         assert not ok and "CUDA" in why
         ok, why = get_backend("triton").available()
         assert not ok and "CUDA" in why
+
+
+@pytest.mark.parametrize("backend,fmt,sc", [("torch", "e4m3", "current"), ("torchao", "hybrid", "current"),
+                                            ("emulated", "nvfp4", "nvfp4"), ("torch", "bf16", "none")])
+def test_layer_workload_on_cpu(tmp_path, backend, fmt, sc):
+    from fp8bench.config.compose import expand
+    from fp8bench.hardware import detect_device
+    from fp8bench.plan import plan
+    from fp8bench.runner import execute
+
+    if backend == "torchao":
+        pytest.importorskip("torchao")
+    points, _ = expand(["workload=layer", "model=tiny", "workload.batch=1", "workload.seq=64", f"backend={backend}",
+                        f"format={fmt}", f"scaling={sc}", "measure.iters=3"])
+    [rec] = execute(plan(points), tmp_path, "t", detect_device(), progress=False)
+    assert rec.status == "ok", rec.reason
+    assert rec.metric("time_ms") > 0
+    if fmt != "bf16":  # the block's output under the recipe against the same block in high precision
+        assert 20.0 < rec.metric("sqnr_db") < 80.0

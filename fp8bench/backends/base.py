@@ -96,6 +96,21 @@ def module_op(params: list[torch.nn.Parameter], forward: Callable[[torch.Tensor]
                     notes=notes or {})
 
 
+class RecipeLinear(torch.nn.Module):
+    """nn.Linear replacement whose forward and backward are one backend's autograd.Function
+    `fn.apply(x_2d, weight, recipe)`: how the torch and emulated backends swap the linears of a block."""
+
+    def __init__(self, linear: torch.nn.Linear, fn: type[torch.autograd.Function], recipe: Recipe) -> None:
+        super().__init__()
+        self.weight = linear.weight
+        self.fn = fn
+        self.recipe = recipe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
 class Backend:
     """Base of the adapters. Subclasses override what they support."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe
+from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe, RecipeLinear
 from fp8bench.numerics import fake_quant
 from fp8bench.types import GemmRole
 
@@ -86,18 +86,6 @@ class EmulatedBackend(Backend):
             return module_op(list(ref.parameters()), ref, x.float(), dy.float())
         import copy
 
-        block = swap_linears(copy.deepcopy(ref), lambda lin: EmulatedLinear(lin, recipe))
+        block = swap_linears(copy.deepcopy(ref), lambda lin: RecipeLinear(lin, _EmulatedLinearFn, recipe))
         return module_op(list(block.parameters()), block, x.float(), dy.float(), reference_forward=ref)
 
-
-class EmulatedLinear(torch.nn.Module):
-    """nn.Linear replacement that fake-quantizes every GEMM operand (float32 math)."""
-
-    def __init__(self, linear: torch.nn.Linear, recipe: Recipe) -> None:
-        super().__init__()
-        self.weight = linear.weight
-        self.recipe = recipe
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _EmulatedLinearFn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe)
-        return y.reshape(*x.shape[:-1], y.shape[-1])

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe, cpu_scaled_mm_path
+from fp8bench.backends.base import (
+    Backend,
+    GemmOp,
+    LinearOp,
+    QuantizeOp,
+    Recipe,
+    RecipeLinear,
+    cpu_scaled_mm_path,
+)
 from fp8bench.numerics import ACT_BLOCK, WEIGHT_BLOCK, QuantOptions, amax_to_scale
 from fp8bench.types import Format, GemmRole, Scaling
 
@@ -115,19 +123,6 @@ class _ScaledMMLinearFn(torch.autograd.Function):
         return dx, dw, None
 
 
-class ScaledMMLinear(torch.nn.Module):
-    """nn.Linear replacement whose three GEMMs run through scaled_mm (weights stay BF16; cast each step)."""
-
-    def __init__(self, linear: torch.nn.Linear, recipe: Recipe) -> None:
-        super().__init__()
-        self.weight = linear.weight
-        self.recipe = recipe
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _ScaledMMLinearFn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
 class ScaledMMBackend(Backend):
     name = "torch"
     workloads = frozenset({"gemm", "quantize", "linear", "layer"})
@@ -141,7 +136,7 @@ class ScaledMMBackend(Backend):
         ref = LlamaBlock(model, device=x.device)
         if recipe.format is Format.BF16:
             return module_op(list(ref.parameters()), ref, x, dy)
-        block = swap_linears(copy.deepcopy(ref), lambda lin: ScaledMMLinear(lin, recipe))
+        block = swap_linears(copy.deepcopy(ref), lambda lin: RecipeLinear(lin, _ScaledMMLinearFn, recipe))
         return module_op(list(block.parameters()), block, x, dy, reference_forward=ref)
 
     def supports(self, workload, recipe, device):
