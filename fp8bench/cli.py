@@ -17,7 +17,7 @@ from fp8bench.config.schema import ConfigError
 
 console = Console(stderr=True)
 out = Console()
-COMMANDS = ("run", "plan", "ingest", "export", "report", "doctor")
+COMMANDS = ("run", "plan", "ingest", "export", "report", "compare", "history", "doctor")
 USAGE = """usage: fp8bench COMMAND [ARGS]
 
   run [-m] [hydra overrides]   run a point or a sweep preset (sweep=quick); -m uses Hydra's multirun
@@ -25,6 +25,10 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
   ingest [PATHS...] [--db DB]  load run folders, shards or Parquet exports into DuckDB (idempotent)
   export RUN_ID... --out DIR   write runs as Parquet (one file per table) to commit under results/
   report [--db DB] [--out DIR] build the static site (plotly, offline) from DuckDB
+  compare BASE HEAD [--db DB] [--markdown FILE]
+                               statistical A/B of two runs (run id, git commit or 'latest');
+                               exit 1 if anything regressed
+  history [--db DB]            change points of every tracked series, with the commit that made them
   doctor                       device, versions, backends and the capability matrix
 """
 
@@ -168,6 +172,63 @@ def cmd_report(args: list[str]) -> int:
     return 0
 
 
+def cmd_compare(args: list[str]) -> int:
+    from fp8bench import store
+    from fp8bench.compare import compare_runs, to_markdown
+
+    p = _Parser(prog="fp8bench compare")
+    p.add_argument("base")
+    p.add_argument("head")
+    p.add_argument("--db", default=None)
+    p.add_argument("--markdown", type=Path, default=None)
+    p.add_argument("--all", action="store_true", help="list unchanged series too")
+    ns = p.parse_args(args)
+    con = store.connect(_db_path(ns.db), read_only=True)
+    try:
+        cmp = compare_runs(con, ns.base, ns.head)
+    finally:
+        con.close()
+    table = Table(title=f"{cmp.base_run} → {cmp.head_run} on {cmp.device}")
+    for col in ("case", "metric", "base", "head", "change", "p", "floor", "verdict"):
+        table.add_column(col)
+    style = {"regression": "red", "improvement": "green"}
+    for c in cmp.changes:
+        if ns.all or c.verdict in style:
+            table.add_row(c.case_id, c.metric, f"{c.base:.4g}", f"{c.head:.4g}", f"{c.rel_change:+.2%}",
+                          "" if c.p_value is None else f"{c.p_value:.2g}",
+                          "" if c.floor is None else f"{c.floor:.1%}", f"[{style.get(c.verdict, '')}]{c.verdict}"
+                          if c.verdict in style else c.verdict)
+    out.print(table)
+    if cmp.env_changes:
+        out.print("environment changed (likely cause): " + "; ".join(cmp.env_changes))
+    counts = {v: sum(c.verdict == v for c in cmp.changes) for v in ("regression", "improvement", "unchanged",
+                                                                       "insufficient data")}
+    out.print(", ".join(f"{n} {v}" for v, n in counts.items()))
+    if ns.markdown:
+        ns.markdown.write_text(to_markdown(cmp))
+    return 1 if cmp.regressions else 0
+
+
+def cmd_history(args: list[str]) -> int:
+    from fp8bench import store
+    from fp8bench.compare import history_steps
+
+    p = _Parser(prog="fp8bench history")
+    p.add_argument("--db", default=None)
+    p.add_argument("--metric", default="time_ms")
+    ns = p.parse_args(args)
+    con = store.connect(_db_path(ns.db), read_only=True)
+    try:
+        steps = history_steps(con, ns.metric)
+    finally:
+        con.close()
+    for s in steps:
+        out.print(f"{s.series}: {s.before:.4g} → {s.after:.4g} ({s.rel_change:+.1%}) at commit {s.commit} "
+                  f"(run {s.run_id})", highlight=False, markup=False)
+    out.print(f"{len(steps)} change point(s) in {ns.metric}")
+    return 0
+
+
 def cmd_doctor(args: list[str]) -> int:
     from fp8bench.hardware import capability, describe, environment
     from fp8bench.plan import _available
@@ -211,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
-                "doctor": cmd_doctor}
+                "compare": cmd_compare, "history": cmd_history, "doctor": cmd_doctor}
     from fp8bench.records import StoreError
 
     try:

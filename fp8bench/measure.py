@@ -45,11 +45,47 @@ class _L2Flusher:
 
 
 def time_fn(fn: Callable[[], object], *, device: torch.device, warmup: int, iters: int, min_samples: int,
-            max_time_s: float, flush_l2: bool = False, cuda_graph: bool = False) -> Timing:
-    """Time `fn` per iteration: `warmup` untimed calls, then samples until `iters` or `max_time_s`."""
+            max_time_s: float, flush_l2: bool = False, cuda_graph: bool = False, slowdown: float = 0.0) -> Timing:
+    """Time `fn` per iteration: `warmup` untimed calls, then samples until `iters` or `max_time_s`.
+
+    `slowdown` (test-only) stretches every timed iteration by that fraction, inside the timed region."""
+    if slowdown:
+        fn = _slowed(fn, slowdown, device)
     if device.type == "cuda":
         return _time_cuda(fn, warmup, iters, min_samples, max_time_s, flush_l2, cuda_graph)
     return _time_cpu(fn, warmup, iters, min_samples, max_time_s)
+
+
+def _slowed(fn: Callable[[], object], fraction: float, device: torch.device) -> Callable[[], object]:
+    """fn followed by a wait of `fraction` x fn's own duration (a busy wait on CPU, a GPU spin on CUDA)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        fn_ms = start.elapsed_time(end)
+        start.record()
+        torch.cuda._sleep(1_000_000)
+        end.record()
+        end.synchronize()
+        cycles = int(fraction * fn_ms * 1_000_000 / max(start.elapsed_time(end), 1e-6))
+
+        def slowed_cuda():
+            out = fn()
+            torch.cuda._sleep(cycles)
+            return out
+        return slowed_cuda
+
+    def slowed_cpu():
+        t0 = time.perf_counter_ns()
+        out = fn()
+        until = time.perf_counter_ns() + (time.perf_counter_ns() - t0) * fraction
+        while time.perf_counter_ns() < until:
+            pass
+        return out
+    return slowed_cpu
 
 
 def _time_cpu(fn: Callable[[], object], warmup: int, iters: int, min_samples: int, max_time_s: float) -> Timing:

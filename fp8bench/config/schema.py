@@ -226,8 +226,26 @@ class Config:
     """Name of the sweep preset this point belongs to (set by conf/sweep/*.yaml)."""
     fail_on: str | None = None
     """Test-only: a case id substring whose cases raise at run time (exercises failure isolation)."""
+    slowdown: str | None = None
+    """Test-only: 'BACKEND:FRACTION' (e.g. 'torch:0.05') makes every timed iteration of that backend take
+    FRACTION longer, inside the timed region, to check that regression detection catches a known change."""
 
     def __post_init__(self) -> None:
         _one_of("device", self.device, ["auto", "cpu", "cuda"])
+        self.slowdown_for("")  # validates the format
         if self.seed < 0:
             raise ConfigError(f"seed={self.seed!r} must be >= 0")
+
+    def slowdown_for(self, backend: str) -> float:
+        """The injected slowdown fraction for `backend` (0 when none)."""
+        if not self.slowdown:
+            return 0.0
+        name, _, frac = self.slowdown.partition(":")
+        try:
+            fraction = float(frac)
+        except ValueError:
+            fraction = -1.0
+        if name not in choices(BackendName) or not 0.0 < fraction < 10.0:
+            raise ConfigError(f"slowdown={self.slowdown!r} must be BACKEND:FRACTION with BACKEND one of "
+                              f"{choices(BackendName)} and 0 < FRACTION < 10 (e.g. torch:0.05)")
+        return fraction if name == backend else 0.0

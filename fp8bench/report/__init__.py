@@ -22,10 +22,12 @@ def build_site(con, out: Path) -> list[Path]:
     src = plotly_asset()
     if not asset.is_file() or asset.stat().st_size != src.stat().st_size:
         shutil.copyfile(src, asset)
+    from fp8bench.compare import history_steps
+
     df, runs = data.cases(con), data.runs(con)
     asv = out / "asv" / "index.html"
     built = [pages.overview(df, runs), pages.gemm_page(df), pages.modules_page(df), pages.numerics_page(df),
-             pages.history_page(df, asv if asv.is_file() else None), pages.runs_page(runs)]
+             pages.history_page(df, asv if asv.is_file() else None, history_steps(con)), pages.runs_page(runs)]
     written = []
     for page in built:
         path = out / page.filename

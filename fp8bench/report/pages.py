@@ -193,8 +193,15 @@ def numerics_page(df: pd.DataFrame) -> Page:
 
 # --------------------------------------------------------------------------- history and runs
 
-def history_page(df: pd.DataFrame, asv_index: Path | None) -> Page:
+def history_page(df: pd.DataFrame, asv_index: Path | None, steps: list | None = None) -> Page:
     p = Page("history.html", "History: tracked series across runs")
+    p.h2("Persistent steps (fp8bench history)")
+    p.note("Each series of per-run medians is segmented; a step that persists is reported once, at the first "
+           "commit of the new level. Time going up is a regression.")
+    p.table(pd.DataFrame([{"series": s.series, "commit": s.commit, "run": s.run_id, "before_ms": s.before,
+                           "after_ms": s.after, "change_pct": 100 * s.rel_change,
+                           "verdict": "regression" if s.after > s.before else "improvement"} for s in steps or []]),
+            {"before_ms": 4, "after_ms": 4, "change_pct": 1})
     if asv_index is not None:
         p.raw('<p class="note">asv\'s own history of the curated suite: <a href="asv/index.html">asv site</a>.</p>')
     else:

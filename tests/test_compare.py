@@ -1,0 +1,118 @@
+"""Regression detection: A/A gives no verdicts, a 5% shift is found, exit codes, change points, the knob."""
+
+import random
+
+import pytest
+
+from fp8bench import store
+from fp8bench.compare import change_points, compare_runs, history_steps
+from fp8bench.records import CaseRecord, Metric, ShardWriter, StoreError, write_manifest
+
+N_CASES, N_SAMPLES = 40, 30
+
+
+def _run(root, run_id, commit, started, factor=1.0, seed=0, device="NVIDIA H200", torch_version="2.11.0",
+         sqnr=28.5, noise=0.01):
+    rng = random.Random(seed)
+    run_dir = root / "runs" / run_id
+    write_manifest(run_dir, {"run_id": run_id, "started_at": started, "git_commit": commit, "git_dirty": False,
+                             "device_name": device, "config": {},
+                             "env": {"env_id": f"env-{device}-{torch_version}", "device_name": device,
+                                     "torch_version": torch_version}})
+    with ShardWriter(run_dir) as w:
+        for i in range(N_CASES):
+            base = 1.0 + i / 10
+            samples = [base * factor * rng.lognormvariate(0, noise) for _ in range(N_SAMPLES)]
+            w.write(CaseRecord(run_id=run_id, case_id=f"gemm.m.s{i}.e4m3.current.torch", workload="gemm", model="m",
+                               format="e4m3", scaling="current", backend="torch", shape_name=f"s{i}", shape={},
+                               status="ok", metrics=[Metric.of("time_ms", sorted(samples)[N_SAMPLES // 2]),
+                                                     Metric.of("sqnr_db", sqnr)],
+                               samples={"time_ms": samples}))
+
+
+def _db(tmp_path):
+    con = store.connect(tmp_path / "db.duckdb")
+    store.ingest(con, [tmp_path / "runs"])
+    return con
+
+
+def test_a_a_comparisons_give_no_verdicts(tmp_path):
+    for k in range(20):
+        _run(tmp_path, f"a{k}", "c0", 1.0e9 + k, seed=100 + k)
+    con = _db(tmp_path)
+    for k in range(1, 20):
+        cmp = compare_runs(con, f"a{k - 1}", f"a{k}")
+        assert len(cmp.changes) == 2 * N_CASES
+        assert [c for c in cmp.changes if c.verdict != "unchanged"] == []
+
+
+@pytest.mark.parametrize("factor,verdict", [(1.05, "regression"), (0.95, "improvement")])
+def test_a_five_percent_shift_is_detected_in_every_case(tmp_path, factor, verdict):
+    _run(tmp_path, "base", "c0", 1.0e9, seed=1)
+    _run(tmp_path, "head", "c1", 1.1e9, seed=2, factor=factor)
+    cmp = compare_runs(_db(tmp_path), "base", "c1")  # a git commit resolves to its run
+    timed = [c for c in cmp.changes if c.metric == "time_ms"]
+    assert all(c.verdict == verdict for c in timed), [c for c in timed if c.verdict != verdict][:2]
+    assert all(abs(c.rel_change - (factor - 1)) < 0.01 for c in timed)
+
+
+def test_numerics_drop_is_a_regression_and_env_change_is_named(tmp_path):
+    _run(tmp_path, "base", "c0", 1.0e9, seed=1)
+    _run(tmp_path, "head", "c1", 1.1e9, seed=1, sqnr=26.0, torch_version="2.12.0")
+    cmp = compare_runs(_db(tmp_path), "base", "latest")
+    assert {c.verdict for c in cmp.changes if c.metric == "sqnr_db"} == {"regression"}
+    assert cmp.env_changes == ["torch 2.11.0 → 2.12.0"]
+
+
+def test_different_gpus_and_unknown_runs_are_refused(tmp_path):
+    _run(tmp_path, "h200", "c0", 1.0e9)
+    _run(tmp_path, "b200", "c1", 1.1e9, device="NVIDIA B200")
+    con = _db(tmp_path)
+    with pytest.raises(StoreError, match="different devices"):
+        compare_runs(con, "h200", "b200")
+    with pytest.raises(StoreError, match="recent runs"):
+        compare_runs(con, "h200", "nope")
+
+
+def test_cli_exit_codes_and_markdown(tmp_path, cli):
+    _run(tmp_path, "base", "c0", 1.0e9, seed=1)
+    _run(tmp_path, "same", "c1", 1.1e9, seed=2)
+    _run(tmp_path, "slow", "c2", 1.2e9, seed=3, factor=1.05)
+    _db(tmp_path).close()
+    db = str(tmp_path / "db.duckdb")
+    assert cli("compare", "base", "same", "--db", db).returncode == 0
+    slow = cli("compare", "base", "slow", "--db", db, "--markdown", str(tmp_path / "c.md"))
+    assert slow.returncode == 1 and f"{N_CASES} regression" in slow.stdout
+    assert "**regression**" in (tmp_path / "c.md").read_text()
+    bad = cli("compare", "base", "missing", "--db", db)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_change_point_names_the_commit_that_introduced_a_step(tmp_path):
+    for k in range(10):  # a persistent +8% step from commit c6 on, and a one-run blip at c2
+        factor = 1.08 if k >= 6 else (1.2 if k == 2 else 1.0)
+        _run(tmp_path, f"r{k}", f"c{k}", 1.0e9 + k, seed=k, factor=factor)
+    steps = history_steps(_db(tmp_path))
+    assert len(steps) == N_CASES
+    assert {s.commit for s in steps} == {"c6"}
+    assert all(0.06 < s.rel_change < 0.10 for s in steps)
+
+
+def test_change_points_ignore_noise_and_blips():
+    rng = random.Random(0)
+    flat = [1.0 + rng.gauss(0, 0.003) for _ in range(30)]
+    assert change_points(flat) == []
+    assert change_points([1.0] * 10 + [1.3] + [1.0] * 10) == []
+    assert change_points([1.0] * 8 + [1.05] * 8 + [1.15] * 8) == [8, 16]
+
+
+def test_injected_slowdown_is_caught_end_to_end(tmp_path, cli):
+    args = ["run", "workload=gemm", "backend=torch", "workload.linears=[gate_up]", "workload.roles=[fprop]",
+            "workload.tokens=64", "measure.iters=40", "measure.min_samples=30", "measure.max_time_s=5",
+            f"results_dir={tmp_path}"]
+    assert cli(*args, "run_id=fast").returncode == 0
+    slowed = cli(*args, "run_id=slow", "slowdown=torch:0.5")
+    assert slowed.returncode == 0, slowed.stderr
+    res = cli("compare", "fast", "slow", "--db", str(tmp_path / "fp8bench.duckdb"))
+    assert res.returncode == 1, res.stdout
+    assert "regression" in res.stdout
