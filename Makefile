@@ -8,7 +8,10 @@ SWEEP ?= quick
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint plan clean
+# asv: the machine name is the GPU model (or the CPU's), so histories of one GPU kind line up.
+ASV_MACHINE ?= $(shell $(BIN)/python -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '-') if torch.cuda.is_available() else 'cpu-' + __import__('platform').machine())" 2>/dev/null)
+
+.PHONY: run test lint plan clean asv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +34,12 @@ plan: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts
 	$(BIN)/python -m pytest -q -m "not gpu"
+
+# Record this commit's asv results for this machine and publish the asv site (offline) into results/site/asv.
+asv: $(STAMP)
+	$(BIN)/asv machine --yes --machine $(ASV_MACHINE)
+	$(BIN)/asv run --python=same --machine $(ASV_MACHINE) --set-commit-hash $$(git rev-parse HEAD) --show-stderr
+	$(BIN)/asv publish
 
 clean:
 	rm -rf $(VENV) results/runs results/hydra results/*.duckdb results/site

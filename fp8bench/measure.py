@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-MEASUREMENT_VERSION = 2  # 2: CUDA samples queued back to back, one sync (was: sync per iteration)
+from fp8bench.records import MEASUREMENT_VERSION  # noqa: F401  (re-exported: the timer owns the version)
+
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # > the 50-60 MB L2 of H100/H200/B200
 
 

@@ -9,7 +9,7 @@ from fp8bench.backends import Recipe, get_backend
 from fp8bench.config.schema import Config, ConfigError
 from fp8bench.hardware import DeviceInfo, capability, detect_device
 from fp8bench.types import Format, Scaling
-from fp8bench.workloads import get_workload
+from fp8bench.workloads import shapes
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,7 @@ class Case:
 
     @property
     def case_id(self) -> str:
-        c = self.config
-        base = f"{c.workload.name}.{c.model.name}.{self.shape_name}.{c.format.name}.{c.scaling.name}.{c.backend.name}"
-        variant = c.backend.variant()
-        return f"{base}+{variant}" if variant else base
+        return shapes.case_id(self.config, self.shape_name)
 
     @property
     def params(self) -> dict:
@@ -64,6 +61,8 @@ def _available(backend: str) -> tuple[bool, str]:
 def verdict(config: Config, device: DeviceInfo) -> tuple[bool, str]:
     """Runnable here? Installation first, then the adapter's own verdict (TE answers with its own probes, so
     its reason is the one recorded), then the device capability matrix."""
+    if config.device == "cuda" and not device.is_cuda:
+        return False, "this point asks for device=cuda; no CUDA device is visible here"
     b = config.backend.name
     ok, why = _available(b)
     if not ok:
@@ -83,7 +82,7 @@ def plan(points: list[Config], device: DeviceInfo | None = None) -> list[Case]:
     cases: dict[str, Case] = {}
     for point in points:
         ok, why = verdict(point, device)
-        for shape_name, shape in get_workload(point.workload.name).shapes(point):
+        for shape_name, shape in shapes.shapes(point):
             case = Case(point, shape_name, shape, ok, "" if ok else why)
             cases.setdefault(case.case_id, case)
     return list(cases.values())

@@ -16,6 +16,9 @@ from pathlib import Path
 MANIFEST = "manifest.json"
 SHARD_GLOB = "shard-*.jsonl"
 RECORD_VERSION = 1
+MEASUREMENT_VERSION = 2
+"""How fp8bench times (fp8bench.measure); a change starts new asv series on purpose.
+2: CUDA samples queued back to back and read after one sync (1: a sync per iteration)."""
 
 # metric name → (unit, direction). Names carry their unit (DESIGN.md "Contract").
 METRICS: dict[str, tuple[str, str]] = {
@@ -173,3 +176,20 @@ def done_case_ids(run_dir: Path) -> set[str]:
     """Cases a run already finished (ok or skipped): what `resume=` skips. Failed cases run again."""
     _, records, _ = read_run(run_dir)
     return {r.case_id for r in records if r.status != "failed"}
+
+
+def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
+    """speedup_vs_bf16 = time of the BF16 case of the same workload, model, shape, backend and variant in
+    the same run / this case's time. The emulator is not a kernel and gets none."""
+    def key(r: CaseRecord) -> tuple:
+        variant = r.case_id.split("+", 1)[1] if "+" in r.case_id else ""
+        return (r.workload, r.model, r.shape_name, r.backend, variant, r.params.get("tokens"))
+
+    base = {key(r): r.metric("time_ms") for r in records if r.format == "bf16" and r.status == "ok"}
+    out = []
+    for r in records:
+        t = r.metric("time_ms")
+        b = base.get(key(r))
+        if r.format != "bf16" and r.status == "ok" and r.backend != "emulated" and t and b:
+            out.append((r, [Metric.of("speedup_vs_bf16", b / t)], True))
+    return out

@@ -12,7 +12,15 @@ from pathlib import Path
 
 import duckdb
 
-from fp8bench.records import MANIFEST, SHARD_GLOB, CaseRecord, Metric, ShardProblem, StoreError, read_run
+from fp8bench.records import (
+    MANIFEST,
+    SHARD_GLOB,
+    CaseRecord,
+    ShardProblem,
+    StoreError,
+    derive_speedups,
+    read_run,
+)
 
 STORAGE_VERSION = "v1.4.0"
 TABLES = ("runs", "environments", "cases", "measurements", "samples")
@@ -164,23 +172,6 @@ def _replace_run(con, run_id: str, manifest: dict | None, records: list[CaseReco
                 con.unregister(name)
             except Exception:
                 pass
-
-
-def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
-    """speedup_vs_bf16 = time of the BF16 case of the same workload, model, shape, backend and variant in
-    the same run / this case's time. The emulator is not a kernel and gets none."""
-    def key(r: CaseRecord) -> tuple:
-        variant = r.case_id.split("+", 1)[1] if "+" in r.case_id else ""
-        return (r.workload, r.model, r.shape_name, r.backend, variant, r.params.get("tokens"))
-
-    base = {key(r): r.metric("time_ms") for r in records if r.format == "bf16" and r.status == "ok"}
-    out = []
-    for r in records:
-        t = r.metric("time_ms")
-        b = base.get(key(r))
-        if r.format != "bf16" and r.status == "ok" and r.backend != "emulated" and t and b:
-            out.append((r, [Metric.of("speedup_vs_bf16", b / t)], True))
-    return out
 
 
 def _ingest_export(con, folder: Path) -> list[str]:

@@ -1,4 +1,5 @@
-"""Closed vocabularies of fp8bench, as enums that carry their facts.
+"""Closed vocabularies of fp8bench, as enums that carry their facts (no torch import: config and case ids
+are built without it).
 
 Every other module speaks these names; the string values are the config names users type
 (`format=e4m3 scaling=current backend=torch`) and the short names inside a `case_id`.
@@ -8,8 +9,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-
-import torch
 
 
 @dataclass(frozen=True)
@@ -27,8 +26,15 @@ class ElementSpec:
     max: float
     """Largest finite magnitude."""
     has_inf: bool
-    torch_dtype: torch.dtype | None
-    """torch's storage dtype, where torch has one (None for E2M1 values held one per element)."""
+    torch_dtype_name: str | None
+    """Name of torch's storage dtype, where torch has one (None for E2M1 values held one per element).
+    A name, not the dtype, so that this module (and config, and case ids) never imports torch."""
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.torch_dtype_name) if self.torch_dtype_name else None
 
     @property
     def min_normal_exp(self) -> int:
@@ -47,10 +53,10 @@ class ElementSpec:
 class Element(enum.Enum):
     """Element types fp8bench quantizes to."""
 
-    E4M3 = ElementSpec("e4m3", 4, 3, 7, 448.0, False, torch.float8_e4m3fn)
-    E5M2 = ElementSpec("e5m2", 5, 2, 15, 57344.0, True, torch.float8_e5m2)
+    E4M3 = ElementSpec("e4m3", 4, 3, 7, 448.0, False, "float8_e4m3fn")
+    E5M2 = ElementSpec("e5m2", 5, 2, 15, 57344.0, True, "float8_e5m2")
     E2M1 = ElementSpec("e2m1", 2, 1, 1, 6.0, False, None)
-    BF16 = ElementSpec("bf16", 8, 7, 127, 3.3895313892515355e38, True, torch.bfloat16)
+    BF16 = ElementSpec("bf16", 8, 7, 127, 3.3895313892515355e38, True, "bfloat16")
 
     @property
     def spec(self) -> ElementSpec:

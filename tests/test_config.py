@@ -68,3 +68,10 @@ def test_explicit_gemm_shapes():
     points, _ = expand(["workload.shapes=[[256,512,128]]", "workload.linears=[qkv]", "workload.roles=[fprop]"])
     cases = plan(points, DeviceInfo("cpu", "cpu", None, None))
     assert [c.shape_name for c in cases] == ["fprop_qkv", "256x512x128"]
+
+
+def test_sweep_presets_override_the_primary_config():
+    quick = load(["sweep=quick"]).config
+    assert (quick.measure.iters, quick.measure.max_time_s, quick.workload.tokens) == (5, 0.1, 16)
+    assert load(["sweep=asv-hopper-gemm"]).config.device == "cuda"
+    assert load(["sweep=quick", "measure.iters=7"]).config.measure.iters == 7  # the command line still wins

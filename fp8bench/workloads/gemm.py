@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from fp8bench.backends.emulated import emulated_gemm
-from fp8bench.config.schema import Config
 from fp8bench.hardware import detect_device, spec_sheet
 from fp8bench.measure import peak_memory_bytes, reset_peak_memory, time_fn
 from fp8bench.numerics import rel_err, sqnr_db
 from fp8bench.records import Metric
 from fp8bench.types import Format, GemmRole
+from fp8bench.workloads import shapes as workload_shapes
 from fp8bench.workloads.common import (
     NUMERICS_ROWS,
     CaseInput,
@@ -21,23 +21,7 @@ from fp8bench.workloads.common import (
     timer_kwargs,
 )
 
-
-def role_shape(role: GemmRole, tokens: int, in_f: int, out_f: int) -> tuple[int, int, int]:
-    """(M, N, K) of one GEMM of Y[tokens, out] = X[tokens, in] · W[out, in]ᵀ."""
-    return {GemmRole.FPROP: (tokens, out_f, in_f), GemmRole.DGRAD: (tokens, in_f, out_f),
-            GemmRole.WGRAD: (out_f, in_f, tokens)}[role]
-
-
-def shapes(config: Config) -> list[tuple[str, dict]]:
-    out = []
-    for lin in config.workload.linears:
-        in_f, out_f = config.model.linear_dims(lin)
-        for role in config.workload.roles:
-            m, n, k = role_shape(GemmRole(role), config.workload.tokens, in_f, out_f)
-            out.append((f"{role}_{lin}", {"m": m, "n": n, "k": k, "role": role, "linear": lin}))
-    for m, n, k in config.workload.shapes:
-        out.append((f"{m}x{n}x{k}", {"m": m, "n": n, "k": k, "role": "fprop", "linear": None}))
-    return out
+shapes = workload_shapes.gemm
 
 
 def flops(shape: dict) -> float:

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.config.schema import Config
 from fp8bench.hardware import detect_device, spec_sheet
 from fp8bench.measure import peak_memory_bytes, reset_peak_memory, time_fn
 from fp8bench.numerics import rel_err, sqnr_db
 from fp8bench.records import Metric
 from fp8bench.types import Format
+from fp8bench.workloads import shapes as workload_shapes
 from fp8bench.workloads.block import block_flops
 from fp8bench.workloads.common import CaseInput, CaseOutput, generator, randn, timer_kwargs
 
-
-def shapes(config: Config) -> list[tuple[str, dict]]:
-    w = config.workload
-    return [(f"b{w.batch}s{w.seq}", {"batch": w.batch, "seq": w.seq, "hidden": config.model.hidden})]
+shapes = workload_shapes.layer
 
 
 def run(case: CaseInput) -> CaseOutput:

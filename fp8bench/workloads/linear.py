@@ -7,11 +7,11 @@ import math
 import torch
 
 from fp8bench.backends.emulated import emulated_gemm
-from fp8bench.config.schema import Config
 from fp8bench.measure import peak_memory_bytes, reset_peak_memory, time_fn
 from fp8bench.numerics import rel_err, sqnr_db
 from fp8bench.records import Metric
 from fp8bench.types import Format, GemmRole
+from fp8bench.workloads import shapes as workload_shapes
 from fp8bench.workloads.common import (
     NUMERICS_ROWS,
     CaseInput,
@@ -22,16 +22,7 @@ from fp8bench.workloads.common import (
     timer_kwargs,
 )
 
-
-def shapes(config: Config) -> list[tuple[str, dict]]:
-    """The model's linears at `tokens`, plus `workload.shapes` entries read as [tokens, out, in] (M, N, K)."""
-    out = []
-    for lin in config.workload.linears:
-        in_f, out_f = config.model.linear_dims(lin)
-        out.append((lin, {"tokens": config.workload.tokens, "in": in_f, "out": out_f}))
-    for m, n, k in config.workload.shapes:
-        out.append((f"{k}to{n}x{m}", {"tokens": m, "in": k, "out": n}))
-    return out
+shapes = workload_shapes.linear
 
 
 def flops(shape: dict) -> float:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fp8bench.config.schema import Config
 from fp8bench.measure import time_fn
 from fp8bench.numerics import fake_quant, rel_err, sqnr_db
 from fp8bench.records import Metric
+from fp8bench.workloads import shapes as workload_shapes
 from fp8bench.workloads.common import (
     CaseInput,
     CaseOutput,
@@ -15,11 +15,7 @@ from fp8bench.workloads.common import (
     timer_kwargs,
 )
 
-
-def shapes(config: Config) -> list[tuple[str, dict]]:
-    m = config.model
-    rows = {"activation": (config.workload.tokens, m.hidden), "weight": m.linear_dims("gate_up")[::-1]}
-    return [(t, {"rows": rows[t][0], "cols": rows[t][1], "tensor": t}) for t in config.workload.tensors]
+shapes = workload_shapes.quantize
 
 
 def run(case: CaseInput) -> CaseOutput:

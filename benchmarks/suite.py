@@ -1,0 +1,103 @@
+"""fp8bench's asv suite: thin, stable, append-only.
+
+The cases come from conf/ through Hydra's compose API: the sweep presets in TRACKED_SWEEPS are expanded
+exactly as `fp8bench plan sweep=...` expands them; no case list is written here. Only config is read at
+import time (no torch); every case is measured once per machine in `setup_cache`, with fp8bench's own timer
+(CUDA events on GPU), and the `track_*` methods read the results. A case this machine cannot run is skipped
+with the planner's reason. Append sweeps, never edit one: an edit starts new histories.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from fp8bench.records import MEASUREMENT_VERSION
+
+TRACKED_SWEEPS = ("asv-cpu", "asv-hopper-gemm", "asv-hopper-te", "asv-hopper-torchao")
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def _tracked_case_ids() -> list[str]:
+    """Expand the tracked sweeps (Hydra compose, ~1 s). asv imports this module in a fresh process for every
+    benchmark and parameter, so the list is cached on disk under a hash of conf/ and of fp8bench's shapes."""
+    from fp8bench.workloads import shapes as shapes_module
+
+    digest = hashlib.sha256(repr(TRACKED_SWEEPS).encode())
+    for f in sorted(CONF.rglob("*.yaml")) + [Path(shapes_module.__file__)]:
+        digest.update(f.read_bytes())
+    cache = Path(tempfile.gettempdir()) / f"fp8bench-asv-cases-{digest.hexdigest()[:16]}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    from fp8bench.config.compose import expand
+
+    ids = set()
+    for sweep in TRACKED_SWEEPS:
+        points, _ = expand([f"sweep={sweep}"])
+        ids |= {shapes_module.case_id(p, name) for p in points for name, _ in shapes_module.shapes(p)}
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(sorted(ids)))
+    os.replace(tmp, cache)
+    return sorted(ids)
+
+
+CASE_IDS = _tracked_case_ids()
+
+
+class FP8Cases:
+    params = [CASE_IDS]
+    param_names = ["case_id"]
+    timeout = 1800
+    version = f"fp8bench-measurement-{MEASUREMENT_VERSION}"
+
+    def setup_cache(self):
+        """Run every tracked case once on this machine; returns {case_id: {status, reason, metric: value}}."""
+        from fp8bench.config.compose import expand
+        from fp8bench.hardware import detect_device
+        from fp8bench.plan import execution_order, plan
+        from fp8bench.records import derive_speedups
+        from fp8bench.runner import run_case
+
+        device = detect_device()
+        points = [p for sweep in TRACKED_SWEEPS for p in expand([f"sweep={sweep}"])[0]]
+        records = [run_case(c, "asv", device) for c in execution_order(plan(points, device))]
+        out = {r.case_id: {"status": r.status, "reason": r.reason, **{m.name: m.value for m in r.metrics}}
+               for r in records}
+        for rec, metrics, _ in derive_speedups(records):
+            out[rec.case_id].update({m.name: m.value for m in metrics})
+        return out
+
+    def setup(self, results, case_id):
+        r = results.get(case_id)
+        if r is None or r["status"] != "ok":
+            raise NotImplementedError(f"{case_id}: {r['status'] + ': ' + r['reason'] if r else 'not planned'}")
+
+    def _metric(self, results, case_id, name):
+        return results[case_id].get(name, float("nan"))
+
+    def track_time_ms(self, results, case_id):
+        """Median time per iteration (the gated, lower-is-better series)."""
+        return self._metric(results, case_id, "time_ms")
+
+    track_time_ms.unit = "ms"
+
+    def track_tflops(self, results, case_id):
+        return self._metric(results, case_id, "tflops")
+
+    track_tflops.unit = "TFLOPS"
+
+    def track_speedup_vs_bf16(self, results, case_id):
+        return self._metric(results, case_id, "speedup_vs_bf16")
+
+    track_speedup_vs_bf16.unit = "x"
+
+    def track_sqnr_db(self, results, case_id):
+        return self._metric(results, case_id, "sqnr_db")
+
+    track_sqnr_db.unit = "dB"
+
+    def track_peak_mem_bytes(self, results, case_id):
+        return self._metric(results, case_id, "peak_mem_bytes")
+
+    track_peak_mem_bytes.unit = "bytes"

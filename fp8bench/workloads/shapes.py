@@ -1,0 +1,62 @@
+"""The shapes of every workload and the case id of each, from config alone (no torch import).
+
+The asv suite builds its parameter list from this at import time, so it must stay light.
+"""
+
+from __future__ import annotations
+
+from fp8bench.config.schema import Config
+from fp8bench.types import GemmRole
+
+
+def role_shape(role: GemmRole, tokens: int, in_f: int, out_f: int) -> tuple[int, int, int]:
+    """(M, N, K) of one GEMM of Y[tokens, out] = X[tokens, in] · W[out, in]ᵀ."""
+    return {GemmRole.FPROP: (tokens, out_f, in_f), GemmRole.DGRAD: (tokens, in_f, out_f),
+            GemmRole.WGRAD: (out_f, in_f, tokens)}[role]
+
+
+def gemm(config: Config) -> list[tuple[str, dict]]:
+    out = []
+    for lin in config.workload.linears:
+        in_f, out_f = config.model.linear_dims(lin)
+        for role in config.workload.roles:
+            m, n, k = role_shape(GemmRole(role), config.workload.tokens, in_f, out_f)
+            out.append((f"{role}_{lin}", {"m": m, "n": n, "k": k, "role": role, "linear": lin}))
+    for m, n, k in config.workload.shapes:
+        out.append((f"{m}x{n}x{k}", {"m": m, "n": n, "k": k, "role": "fprop", "linear": None}))
+    return out
+
+
+def quantize(config: Config) -> list[tuple[str, dict]]:
+    m = config.model
+    rows = {"activation": (config.workload.tokens, m.hidden), "weight": m.linear_dims("gate_up")[::-1]}
+    return [(t, {"rows": rows[t][0], "cols": rows[t][1], "tensor": t}) for t in config.workload.tensors]
+
+
+def linear(config: Config) -> list[tuple[str, dict]]:
+    """The model's linears at `tokens`, plus `workload.shapes` entries read as [tokens, out, in] (M, N, K)."""
+    out = []
+    for lin in config.workload.linears:
+        in_f, out_f = config.model.linear_dims(lin)
+        out.append((lin, {"tokens": config.workload.tokens, "in": in_f, "out": out_f}))
+    for m, n, k in config.workload.shapes:
+        out.append((f"{k}to{n}x{m}", {"tokens": m, "in": k, "out": n}))
+    return out
+
+
+def layer(config: Config) -> list[tuple[str, dict]]:
+    w = config.workload
+    return [(f"b{w.batch}s{w.seq}", {"batch": w.batch, "seq": w.seq, "hidden": config.model.hidden})]
+
+
+def shapes(config: Config) -> list[tuple[str, dict]]:
+    """(shape name, shape) of every case of one sweep point."""
+    return {"gemm": gemm, "quantize": quantize, "linear": linear, "layer": layer}[config.workload.name](config)
+
+
+def case_id(config: Config, shape_name: str) -> str:
+    """`workload.model.shape.format.scaling.backend[+variant]`: the DuckDB key, the asv parameter, the label."""
+    c = config
+    base = f"{c.workload.name}.{c.model.name}.{shape_name}.{c.format.name}.{c.scaling.name}.{c.backend.name}"
+    variant = c.backend.variant()
+    return f"{base}+{variant}" if variant else base
