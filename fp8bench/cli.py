@@ -7,6 +7,7 @@ traceback, and never at the cost of anything already recorded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -44,6 +45,18 @@ class _Parser(argparse.ArgumentParser):
 
 def _db_path(arg: str | None, results_dir: str = "results") -> Path:
     return Path(arg) if arg else Path(results_dir) / "fp8bench.duckdb"
+
+
+@contextlib.contextmanager
+def _reading(db_arg: str | None):
+    """A read-only connection to the DuckDB file, closed afterwards."""
+    from fp8bench import store
+
+    con = store.connect(_db_path(db_arg), read_only=True)
+    try:
+        yield con
+    finally:
+        con.close()
 
 
 def _ingest_into(db: Path, paths: list[Path]) -> None:
@@ -143,17 +156,13 @@ def cmd_export(args: list[str]) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--db", default=None)
     ns = p.parse_args(args)
-    con = store.connect(_db_path(ns.db), read_only=True)
-    try:
+    with _reading(ns.db) as con:
         files = store.export(con, ns.run_ids, ns.out)
-    finally:
-        con.close()
     out.print(f"exported {len(ns.run_ids)} run(s) to {ns.out}: {', '.join(f.name for f in files)}")
     return 0
 
 
 def cmd_report(args: list[str]) -> int:
-    from fp8bench import store
 
     p = _Parser(prog="fp8bench report")
     p.add_argument("--db", default=None)
@@ -163,17 +172,13 @@ def cmd_report(args: list[str]) -> int:
         from fp8bench.report import build_site
     except ImportError as exc:
         raise UsageError(f"fp8bench report needs plotly and pandas ({exc}); pip install plotly pandas") from None
-    con = store.connect(_db_path(ns.db), read_only=True)
-    try:
+    with _reading(ns.db) as con:
         pages = build_site(con, ns.out)
-    finally:
-        con.close()
     out.print(f"site: {len(pages)} pages in {ns.out.resolve()} (open {(ns.out / 'index.html').resolve()})")
     return 0
 
 
 def cmd_compare(args: list[str]) -> int:
-    from fp8bench import store
     from fp8bench.compare import compare_runs, to_markdown
 
     p = _Parser(prog="fp8bench compare")
@@ -183,11 +188,8 @@ def cmd_compare(args: list[str]) -> int:
     p.add_argument("--markdown", type=Path, default=None)
     p.add_argument("--all", action="store_true", help="list unchanged series too")
     ns = p.parse_args(args)
-    con = store.connect(_db_path(ns.db), read_only=True)
-    try:
+    with _reading(ns.db) as con:
         cmp = compare_runs(con, ns.base, ns.head)
-    finally:
-        con.close()
     table = Table(title=f"{cmp.base_run} → {cmp.head_run} on {cmp.device}")
     for col in ("case", "metric", "base", "head", "change", "p", "floor", "verdict"):
         table.add_column(col)
@@ -201,27 +203,21 @@ def cmd_compare(args: list[str]) -> int:
     out.print(table)
     if cmp.env_changes:
         out.print("environment changed (likely cause): " + "; ".join(cmp.env_changes))
-    counts = {v: sum(c.verdict == v for c in cmp.changes) for v in ("regression", "improvement", "unchanged",
-                                                                       "insufficient data")}
-    out.print(", ".join(f"{n} {v}" for v, n in counts.items()))
+    out.print(cmp.summary())
     if ns.markdown:
         ns.markdown.write_text(to_markdown(cmp))
     return 1 if cmp.regressions else 0
 
 
 def cmd_history(args: list[str]) -> int:
-    from fp8bench import store
     from fp8bench.compare import history_steps
 
     p = _Parser(prog="fp8bench history")
     p.add_argument("--db", default=None)
     p.add_argument("--metric", default="time_ms")
     ns = p.parse_args(args)
-    con = store.connect(_db_path(ns.db), read_only=True)
-    try:
+    with _reading(ns.db) as con:
         steps = history_steps(con, ns.metric)
-    finally:
-        con.close()
     for s in steps:
         out.print(f"{s.series}: {s.before:.4g} → {s.after:.4g} ({s.rel_change:+.1%}) at commit {s.commit} "
                   f"(run {s.run_id})", highlight=False, markup=False)

@@ -53,6 +53,11 @@ class Comparison:
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.verdict == "regression"]
 
+    def summary(self) -> str:
+        """e.g. '2 regression, 0 improvement, 78 unchanged, 0 insufficient data'."""
+        return ", ".join(f"{sum(c.verdict == v for c in self.changes)} {v}"
+                         for v in ("regression", "improvement", "unchanged", "insufficient data"))
+
 
 def resolve_run(con, spec: str) -> str:
     """A run id, a git commit (prefix; its latest run), or 'latest'."""
@@ -138,9 +143,7 @@ def to_markdown(cmp: Comparison) -> str:
     if cmp.env_changes:
         lines += ["Environment changed (a likely cause of any change below): " + "; ".join(cmp.env_changes), ""]
     shown = [c for c in cmp.changes if c.verdict in ("regression", "improvement")]
-    counts = {v: sum(c.verdict == v for c in cmp.changes) for v in ("regression", "improvement", "unchanged",
-                                                                       "insufficient data")}
-    lines.append(", ".join(f"{n} {v}" for v, n in counts.items()))
+    lines.append(cmp.summary())
     if shown:
         lines += ["", "| case | metric | base | head | change | p | floor | verdict |", "|---|---|---|---|---|---|---|---|"]
         for c in shown:
