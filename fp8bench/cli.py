@@ -80,7 +80,7 @@ def cmd_run(args: list[str]) -> int:
 
     is_multi = any(a in ("-m", "--multirun") for a in args)
     overrides = [a for a in args if a not in ("-m", "--multirun")]
-    points, dropped = expand(overrides)
+    points, dropped = expand(overrides, multirun=is_multi)
     first = points[0]
     check_resume(first)
     device = resolve_device(first)

@@ -81,3 +81,16 @@ def test_sigkill_midway_then_resume_records_every_case_once(tmp_path):
     assert rows == (total, total)
     _, records, _ = read_run(run_dir)
     assert len(records) == total
+
+
+def test_hydra_multirun_jobs_share_one_run_and_ingest_together(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "fp8bench", "run", "-m", "workload=gemm", "model=tiny",
+                          "format=bf16,e4m3", "scaling=none,current", "backend=emulated,torch",
+                          "workload.linears=[o]", "measure.iters=3", f"results_dir={tmp_path}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    shards = sorted(p.name for p in run_dir.glob("shard-*.jsonl"))
+    assert len(shards) == 4 and all("-job" in s for s in shards)  # 8 Hydra jobs, 4 impossible pairs dropped
+    con = duckdb.connect(str(tmp_path / "fp8bench.duckdb"), read_only=True)
+    assert con.execute("SELECT count(DISTINCT run_id), count(*) FROM cases").fetchone() == (1, 12)

@@ -209,18 +209,43 @@ def load(overrides: list[str] | tuple[str, ...] = ()) -> Composition:
     return Composition(to_config(raw), {str(k): str(v) for k, v in (params or {}).items()}, tuple(overrides))
 
 
-def expand(overrides: list[str] | tuple[str, ...] = ()) -> tuple[list[Config], int]:
+def _is_sweep_value(value: str) -> bool:
+    """a,b,c outside brackets and quotes (Hydra's sweep syntax); [a,b] is one list value."""
+    depth = 0
+    for ch in value:
+        depth += ch in "[({"
+        depth -= ch in "])}"
+        if ch == "," and depth == 0:
+            return True
+    return False
+
+
+def expand(overrides: list[str] | tuple[str, ...] = (), multirun: bool = False) -> tuple[list[Config], int]:
     """All points of the sweep preset named in `overrides` (one point when there is none).
 
-    An axis the user overrode on the command line replaces the preset's values (Hydra's own rule).
+    An axis the user overrode on the command line replaces the preset's values (Hydra's own rule); with
+    `multirun`, a command-line value a,b,c is an axis too (as `fp8bench run -m` passes it to Hydra).
     Impossible format×scaling pairs are dropped; their count comes back second.
     """
+    cli_axes: dict[str, list[str]] = {}
+    if multirun:
+        single = []
+        for o in overrides:
+            m = _KEY_RE.match(o)
+            if m and _is_sweep_value(m.group(3)):
+                cli_axes[m.group(1)] = _split_values(m.group(3))
+                single.append(f"{m.group(1)}={cli_axes[m.group(1)][0]}")
+            else:
+                single.append(o)
+        overrides = single
     base = load(overrides)
-    if not base.sweep_params:
+    if not base.sweep_params and not cli_axes:
         check_combination(base.config)
         return [base.config], 0
     user_keys = {_KEY_RE.match(o).group(1) for o in overrides if _KEY_RE.match(o)}
     axes = {k: _split_values(v) for k, v in base.sweep_params.items() if k not in user_keys}
+    axes.update(cli_axes)
+    overrides = [o for o in overrides if not (_KEY_RE.match(o) and _KEY_RE.match(o).group(1) in cli_axes)]
     for key, values in axes.items():
         for v in values:
             _check_override(f"{key}={v}")
