@@ -73,11 +73,12 @@ def run_case(case: Case, run_id: str, device: DeviceInfo) -> CaseRecord:
         out = get_workload(case.config.workload.name).run(inp)
         return _record(case, run_id, Status.OK, "", out, started)
     except Exception as exc:  # one case's failure never takes the sweep down
-        if device.is_cuda:
-            torch.cuda.empty_cache()
         where = traceback.extract_tb(exc.__traceback__)[-1]
         reason = f"{type(exc).__name__}: {str(exc)[:400]} (at {Path(where.filename).name}:{where.lineno})"
         return _record(case, run_id, Status.FAILED, reason, None, started)
+    finally:
+        if device.is_cuda:  # the next case starts from an empty caching allocator, ok or not
+            torch.cuda.empty_cache()
 
 
 def execute(cases: list[Case], run_dir: Path, run_id: str, device: DeviceInfo, *, job: str = "",

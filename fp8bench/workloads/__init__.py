@@ -1,4 +1,4 @@
-"""Workloads: each module gives `shapes(config)` (the cases of one sweep point) and `run(case_input)`."""
+"""Workloads: each module gives `run(case_input)`; the shapes of a sweep point are in `workloads.shapes`."""
 
 from __future__ import annotations
 

@@ -71,6 +71,27 @@ def randn(shape: tuple[int, ...], g: torch.Generator, device: torch.device, scal
     return (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * scale).bfloat16()
 
 
+def speed_metrics(case: CaseInput, timing, flops: float, pct_of_peak: bool = True) -> list[Metric]:
+    """time_ms, peak_mem_bytes (CUDA), and for real kernels TFLOPS and % of the spec-sheet peak of the
+    case's format (BF16 or FP8). The emulator's time is not a kernel's, so it gets neither."""
+    from fp8bench.hardware import detect_device, spec_sheet
+    from fp8bench.measure import peak_memory_bytes
+
+    metrics = [Metric.of("time_ms", timing.median_ms)]
+    peak = peak_memory_bytes(case.device)
+    if peak is not None:
+        metrics.append(Metric.of("peak_mem_bytes", peak))
+    if not case.backend.timed:
+        return metrics
+    tflops = flops / timing.median_ms / 1e9
+    metrics.append(Metric.of("tflops", tflops))
+    sheet = spec_sheet(detect_device()) if pct_of_peak and case.device.type == "cuda" else None
+    if sheet:
+        peak_tflops = sheet.bf16_tflops if case.recipe.format is Format.BF16 else sheet.fp8_tflops
+        metrics.append(Metric.of("pct_of_peak", 100.0 * tflops / peak_tflops))
+    return metrics
+
+
 def check_against_emulator(fmt: Format, sqnr_vs_emulated: float, what: str) -> None:
     tol = TOLERANCE[fmt]
     if not sqnr_vs_emulated >= tol.min_sqnr_db:  # also catches NaN

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import torch
-
 from fp8bench.backends.emulated import emulated_gemm
-from fp8bench.hardware import detect_device, spec_sheet
-from fp8bench.measure import peak_memory_bytes, reset_peak_memory, time_fn
+from fp8bench.measure import reset_peak_memory, time_fn
 from fp8bench.numerics import rel_err, sqnr_db
 from fp8bench.records import Metric
 from fp8bench.types import Format, GemmRole
-from fp8bench.workloads import shapes as workload_shapes
 from fp8bench.workloads.common import (
     NUMERICS_ROWS,
     CaseInput,
@@ -18,10 +14,9 @@ from fp8bench.workloads.common import (
     check_against_emulator,
     generator,
     randn,
+    speed_metrics,
     timer_kwargs,
 )
-
-shapes = workload_shapes.gemm
 
 
 def flops(shape: dict) -> float:
@@ -38,22 +33,13 @@ def run(case: CaseInput) -> CaseOutput:
     op = case.backend.gemm(a, b, role, case.recipe)
     timer = timer_kwargs(case, cuda_graph=ms.cuda_graph)
     timing = time_fn(op.with_quant, **timer)
-    metrics = [Metric.of("time_ms", timing.median_ms)]
+    metrics = speed_metrics(case, timing, flops(s))
     samples = {"time_ms": timing.samples_ms}
-    peak = peak_memory_bytes(dev)
-    if peak is not None:
-        metrics.append(Metric.of("peak_mem_bytes", peak))
-    if op.real_kernel:
-        metrics.append(Metric.of("tflops", flops(s) / timing.median_ms / 1e9))
-        if op.kernel_only is not None and case.recipe.format is not Format.BF16:
-            kt = time_fn(op.kernel_only, **timer)
-            metrics.append(Metric.of("time_ms_kernel", kt.median_ms))
-            metrics.append(Metric.of("tflops_kernel", flops(s) / kt.median_ms / 1e9))
-            samples["time_ms_kernel"] = kt.samples_ms
-        sheet = spec_sheet(detect_device()) if dev.type == "cuda" else None
-        if sheet:
-            peak_tflops = sheet.bf16_tflops if case.recipe.format is Format.BF16 else sheet.fp8_tflops
-            metrics.append(Metric.of("pct_of_peak", 100.0 * flops(s) / timing.median_ms / 1e9 / peak_tflops))
+    if op.real_kernel and op.kernel_only is not None and case.recipe.format is not Format.BF16:
+        kt = time_fn(op.kernel_only, **timer)
+        metrics.append(Metric.of("time_ms_kernel", kt.median_ms))
+        metrics.append(Metric.of("tflops_kernel", flops(s) / kt.median_ms / 1e9))
+        samples["time_ms_kernel"] = kt.samples_ms
     rows = min(NUMERICS_ROWS, s["m"])
     out = (timing.last_result if timing.last_result is not None else op.with_quant())[:rows].float()
     ref = a[:rows].double() @ b.double().t()
@@ -63,7 +49,4 @@ def run(case: CaseInput) -> CaseOutput:
         vs = sqnr_db(emu, out)
         metrics.append(Metric.of("sqnr_vs_emulated_db", vs))
         check_against_emulator(case.recipe.format, vs, f"{case.backend.name} GEMM output")
-    del op
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
     return CaseOutput(metrics, samples)

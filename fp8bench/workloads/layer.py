@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.hardware import detect_device, spec_sheet
-from fp8bench.measure import peak_memory_bytes, reset_peak_memory, time_fn
+from fp8bench.measure import reset_peak_memory, time_fn
 from fp8bench.numerics import rel_err, sqnr_db
 from fp8bench.records import Metric
 from fp8bench.types import Format
-from fp8bench.workloads import shapes as workload_shapes
 from fp8bench.workloads.block import block_flops
-from fp8bench.workloads.common import CaseInput, CaseOutput, generator, randn, timer_kwargs
-
-shapes = workload_shapes.layer
+from fp8bench.workloads.common import CaseInput, CaseOutput, generator, randn, speed_metrics, timer_kwargs
 
 
 def run(case: CaseInput) -> CaseOutput:
@@ -30,22 +26,9 @@ def run(case: CaseInput) -> CaseOutput:
     reset_peak_memory(dev)
     op = case.backend.layer(case.config.model, x, dy, case.recipe)
     timing = time_fn(op.step, **timer_kwargs(case))
-    metrics = [Metric.of("time_ms", timing.median_ms)]
-    peak = peak_memory_bytes(dev)
-    if peak is not None:
-        metrics.append(Metric.of("peak_mem_bytes", peak))
-    flops = block_flops(case.config.model, s["batch"], s["seq"])
-    if case.backend.name != "emulated":
-        metrics.append(Metric.of("tflops", flops / timing.median_ms / 1e9))
-        sheet = spec_sheet(detect_device()) if dev.type == "cuda" else None
-        if sheet:
-            peak_tf = sheet.bf16_tflops if case.recipe.format is Format.BF16 else sheet.fp8_tflops
-            metrics.append(Metric.of("pct_of_peak", 100.0 * flops / timing.median_ms / 1e9 / peak_tf))
+    metrics = speed_metrics(case, timing, block_flops(case.config.model, s["batch"], s["seq"]))
     if case.recipe.format is not Format.BF16:
         y, _, _ = op.outputs()
         y_hp, _, _ = op.reference_outputs()
         metrics += [Metric.of("sqnr_db", sqnr_db(y_hp, y)), Metric.of("rel_err", rel_err(y_hp, y))]
-    del op
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
     return CaseOutput(metrics, {"time_ms": timing.samples_ms})

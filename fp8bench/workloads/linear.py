@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from fp8bench.backends.emulated import emulated_gemm
-from fp8bench.measure import peak_memory_bytes, reset_peak_memory, time_fn
+from fp8bench.measure import reset_peak_memory, time_fn
 from fp8bench.numerics import rel_err, sqnr_db
 from fp8bench.records import Metric
 from fp8bench.types import Format, GemmRole
-from fp8bench.workloads import shapes as workload_shapes
 from fp8bench.workloads.common import (
     NUMERICS_ROWS,
     CaseInput,
@@ -19,10 +16,9 @@ from fp8bench.workloads.common import (
     check_against_emulator,
     generator,
     randn,
+    speed_metrics,
     timer_kwargs,
 )
-
-shapes = workload_shapes.linear
 
 
 def flops(shape: dict) -> float:
@@ -38,12 +34,7 @@ def run(case: CaseInput) -> CaseOutput:
     reset_peak_memory(dev)
     op = case.backend.linear(x, w, dy, case.recipe)
     timing = time_fn(op.step, **timer_kwargs(case))
-    metrics = [Metric.of("time_ms", timing.median_ms)]
-    peak = peak_memory_bytes(dev)
-    if peak is not None:
-        metrics.append(Metric.of("peak_mem_bytes", peak))
-    if case.backend.timed:
-        metrics.append(Metric.of("tflops", flops(s) / timing.median_ms / 1e9))
+    metrics = speed_metrics(case, timing, flops(s), pct_of_peak=False)
     y, dx, dw = op.outputs()
     # References on the first rows (tokens) of y and dx and the first output features of dW.
     r, c = min(NUMERICS_ROWS, s["tokens"]), min(NUMERICS_ROWS, s["out"])
@@ -57,7 +48,4 @@ def run(case: CaseInput) -> CaseOutput:
         vs = sqnr_db(y_emu, y[:r])
         metrics.append(Metric.of("sqnr_vs_emulated_db", vs))
         check_against_emulator(case.recipe.format, vs, f"{case.backend.name} linear output")
-    del op
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
     return CaseOutput(metrics, {"time_ms": timing.samples_ms})

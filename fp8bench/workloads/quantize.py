@@ -5,7 +5,6 @@ from __future__ import annotations
 from fp8bench.measure import time_fn
 from fp8bench.numerics import fake_quant, rel_err, sqnr_db
 from fp8bench.records import Metric
-from fp8bench.workloads import shapes as workload_shapes
 from fp8bench.workloads.common import (
     CaseInput,
     CaseOutput,
@@ -14,8 +13,6 @@ from fp8bench.workloads.common import (
     randn,
     timer_kwargs,
 )
-
-shapes = workload_shapes.quantize
 
 
 def run(case: CaseInput) -> CaseOutput:
