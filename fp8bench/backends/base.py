@@ -70,9 +70,10 @@ class LinearOp:
 
 def module_op(params: list[torch.nn.Parameter], forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
               dy: torch.Tensor, reference_forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
-              notes: dict | None = None, context: Callable[[], object] | None = None) -> LinearOp:
+              notes: dict | None = None, context: Callable[[], object] | None = None,
+              weight: torch.Tensor | None = None) -> LinearOp:
     """fwd+bwd of `forward` on `x` with upstream gradient `dy`, clearing gradients each step; `context()`
-    (if given) wraps forward and backward both."""
+    (if given) wraps forward and backward both. `outputs()` gives (y, dx, weight's gradient or None)."""
     import contextlib
 
     x = x.detach().requires_grad_(True)
@@ -89,7 +90,7 @@ def module_op(params: list[torch.nn.Parameter], forward: Callable[[torch.Tensor]
 
     def results(fwd):
         run(fwd)
-        return state["y"].float(), x.grad.float(), None
+        return state["y"].float(), x.grad.float(), None if weight is None else weight.grad.float()
 
     return LinearOp(step=lambda: run(forward), outputs=lambda: results(forward),
                     reference_outputs=(lambda: results(reference_forward)) if reference_forward else None,

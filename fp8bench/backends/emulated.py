@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe, RecipeLinear
+from fp8bench.backends.base import Backend, GemmOp, QuantizeOp, Recipe, RecipeLinear, module_op
 from fp8bench.numerics import fake_quant
 from fp8bench.types import GemmRole
 
@@ -60,25 +60,10 @@ class EmulatedBackend(Backend):
                           bytes_moved=x.numel() * x.element_size() + out_bytes)
 
     def linear(self, x, w, dy, recipe):
-        x = x.float().detach().requires_grad_(True)
         w = w.float().detach().requires_grad_(True)
-        dy = dy.float()
-        state = {}
-
-        def step():
-            x.grad = w.grad = None
-            y = _EmulatedLinearFn.apply(x, w, recipe)
-            y.backward(dy)
-            state["y"] = y.detach()
-
-        def outputs():
-            step()
-            return state["y"], x.grad, w.grad
-
-        return LinearOp(step=step, outputs=outputs)
+        return module_op([w], lambda inp: _EmulatedLinearFn.apply(inp, w, recipe), x.float(), dy.float(), weight=w)
 
     def layer(self, model, x, dy, recipe):
-        from fp8bench.backends.base import module_op
         from fp8bench.workloads.block import LlamaBlock, swap_linears
 
         ref = LlamaBlock(model, device=x.device, dtype=torch.float32)

@@ -13,11 +13,11 @@ import torch
 from fp8bench.backends.base import (
     Backend,
     GemmOp,
-    LinearOp,
     QuantizeOp,
     Recipe,
     RecipeLinear,
     cpu_scaled_mm_path,
+    module_op,
 )
 from fp8bench.numerics import ACT_BLOCK, WEIGHT_BLOCK, QuantOptions, amax_to_scale
 from fp8bench.types import Format, GemmRole, Scaling
@@ -130,7 +130,6 @@ class ScaledMMBackend(Backend):
     def layer(self, model, x, dy, recipe):
         import copy
 
-        from fp8bench.backends.base import module_op
         from fp8bench.workloads.block import LlamaBlock, swap_linears
 
         ref = LlamaBlock(model, device=x.device)
@@ -164,25 +163,11 @@ class ScaledMMBackend(Backend):
                           bytes_moved=x.numel() * x.element_size() + x.numel() + scale_bytes)
 
     def linear(self, x, w, dy, recipe):
-        x = x.bfloat16().detach().requires_grad_(True)
         w = w.bfloat16().detach().requires_grad_(True)
-        dy = dy.bfloat16()
-        state = {}
         if recipe.format is Format.BF16:
-            def forward():
-                return x @ w.t()
+            def forward(inp):
+                return inp @ w.t()
         else:
-            def forward():
-                return _ScaledMMLinearFn.apply(x, w, recipe)
-
-        def step():
-            x.grad = w.grad = None
-            y = forward()
-            y.backward(dy)
-            state["y"] = y.detach()
-
-        def outputs():
-            step()
-            return state["y"].float(), x.grad.float(), w.grad.float()
-
-        return LinearOp(step=step, outputs=outputs)
+            def forward(inp):
+                return _ScaledMMLinearFn.apply(inp, w, recipe)
+        return module_op([w], forward, x.bfloat16(), dy.bfloat16(), weight=w)

@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from fp8bench.backends.base import Backend, LinearOp, Recipe, import_probe
+from fp8bench.backends.base import Backend, Recipe, import_probe, module_op
 from fp8bench.types import Format, Scaling
 
 
@@ -90,28 +90,15 @@ class TEBackend(Backend):
         lin = te.Linear(in_f, out_f, bias=False, params_dtype=torch.bfloat16, device=w.device)
         with torch.no_grad():
             lin.weight.copy_(w)
-        x = x.bfloat16().detach().requires_grad_(True)
-        dy = dy.bfloat16()
-        state = {}
 
-        def step():
-            x.grad = None
-            lin.weight.grad = None
+        def forward(inp):
             with autocast(recipe):
-                y = lin(x)
-            y.backward(dy)
-            state["y"] = y.detach()
+                return lin(inp)
 
-        def outputs():
-            step()
-            return state["y"].float(), x.grad.float(), lin.weight.grad.float()
-
-        return LinearOp(step=step, outputs=outputs)
+        return module_op([lin.weight], forward, x.bfloat16(), dy.bfloat16(), weight=lin.weight)
 
     def layer(self, model, x, dy, recipe):
         import transformer_engine.pytorch as te
-
-        from fp8bench.backends.base import module_op
 
         layer = te.TransformerLayer(
             hidden_size=model.hidden, ffn_hidden_size=model.ffn, num_attention_heads=model.heads,

@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from fp8bench.backends.base import Backend, LinearOp, Recipe, cpu_scaled_mm_path, import_probe
+from fp8bench.backends.base import Backend, Recipe, cpu_scaled_mm_path, import_probe, module_op
 from fp8bench.types import Format, Scaling
 
 
@@ -62,30 +62,14 @@ class TorchaoBackend(Backend):
             if type(module[0]).__name__ != "Float8Linear":  # never measure BF16 under an FP8 label
                 raise RuntimeError(f"torchao did not convert the linear to Float8Linear (got {type(module[0]).__name__})")
         run = torch.compile(module) if recipe.backend_cfg.compile else module
-        x = x.bfloat16().detach().requires_grad_(True)
-        dy = dy.bfloat16()
-        state = {}
-
-        def step():
-            x.grad = None
-            module[0].weight.grad = None
-            with cpu_scaled_mm_path(recipe, x.device):
-                y = run(x)
-                y.backward(dy)
-            state["y"] = y.detach()
-
-        def outputs():
-            step()
-            return state["y"].float(), x.grad.float(), module[0].weight.grad.float()
-
-        return LinearOp(step=step, outputs=outputs, notes={"recipe": name or "bf16"})
+        return module_op([module[0].weight], run, x.bfloat16(), dy.bfloat16(), weight=module[0].weight,
+                         notes={"recipe": name or "bf16"}, context=lambda: cpu_scaled_mm_path(recipe, x.device))
 
     def layer(self, model, x, dy, recipe):
         import copy
 
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        from fp8bench.backends.base import module_op
         from fp8bench.workloads.block import LlamaBlock
 
         ref = LlamaBlock(model, device=x.device)
