@@ -56,7 +56,7 @@ class FP8Cases:
         from fp8bench.config.compose import expand
         from fp8bench.hardware import detect_device
         from fp8bench.plan import execution_order, plan
-        from fp8bench.records import derive_speedups
+        from fp8bench.records import derived_metrics
         from fp8bench.runner import run_case
 
         device = detect_device()
@@ -64,7 +64,7 @@ class FP8Cases:
         records = [run_case(c, "asv", device) for c in execution_order(plan(points, device))]
         out = {r.case_id: {"status": r.status, "reason": r.reason, **{m.name: m.value for m in r.metrics}}
                for r in records}
-        for rec, metrics, _ in derive_speedups(records):
+        for rec, metrics, _ in derived_metrics(records):
             out[rec.case_id].update({m.name: m.value for m in metrics})
         return out
 

@@ -121,10 +121,11 @@ def cmd_run(args: list[str]) -> int:
 
 def cmd_plan(args: list[str]) -> int:
     from fp8bench.config.compose import expand
-    from fp8bench.plan import plan, resolve_device
+    from fp8bench.hardware import detect_device
+    from fp8bench.plan import plan
 
     points, dropped = expand(args)
-    cases = plan(points, resolve_device(points[0]))
+    cases = plan(points, detect_device())  # a device=cuda point on a CPU is listed as skipped, with why
     width = max((len(c.case_id) for c in cases), default=0)
     for c in cases:  # one line per case, so it greps and never truncates a case id
         out.print(f"{c.case_id:<{width}}  " + ("runnable" if c.runnable else f"skipped: {c.reason}"),

@@ -123,7 +123,7 @@ def compare_runs(con, base_spec: str, head_spec: str) -> Comparison:
     cmp = Comparison(base, head, eb["device_name"] or "unknown device")
     cmp.env_changes = [f"{k} {eb[k]} → {eh[k]}" for k in ENV_KEYS if eb[k] != eh[k]]
     sb, sh = _samples(con, base), _samples(con, head)
-    for key in sorted(set(sb) & set(sh)):
+    for key in sorted(k for k in set(sb) & set(sh) if k[1] in METRICS):  # timings, not loss curves
         case_id, metric = key
         rel, p, floor, verdict = judge_samples(sb[key], sh[key], METRICS.get(metric, ("", "lower"))[1])
         cmp.changes.append(Change(case_id, metric, statistics.median(sb[key]), statistics.median(sh[key]), rel, p,

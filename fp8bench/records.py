@@ -36,8 +36,22 @@ METRICS: dict[str, tuple[str, str]] = {
     "rel_err": ("1", "lower"),
     "sqnr_vs_emulated_db": ("dB", "higher"),
     "loss_final": ("nats", "lower"),
+    "loss_initial": ("nats", "lower"),
     "loss_gap_vs_bf16": ("nats", "lower"),
+    "loss_gap_allowed": ("nats", "higher"),
+    "loss_area_gap_pct": ("%", "lower"),
+    "parity_pass": ("1", "higher"),
+    "quality_speedup": ("x", "higher"),
     "tokens_per_s": ("tokens/s", "higher"),
+    "mem_weights_bytes": ("bytes", "lower"),
+    "mem_grads_bytes": ("bytes", "lower"),
+    "mem_optimizer_bytes": ("bytes", "lower"),
+    "mem_persistent_other_bytes": ("bytes", "lower"),
+    "mem_activations_bytes": ("bytes", "lower"),
+    "mem_saved_fp8_bytes": ("bytes", "lower"),
+    "mem_saved_hp_bytes": ("bytes", "lower"),
+    "mem_transient_bytes": ("bytes", "lower"),
+    "mem_step_peak_bytes": ("bytes", "lower"),
 }
 
 
@@ -193,3 +207,10 @@ def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Me
         if r.format != "bf16" and r.status == "ok" and r.backend != "emulated" and t and b:
             out.append((r, [Metric.of("speedup_vs_bf16", b / t)], True))
     return out
+
+
+def derived_metrics(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
+    """Every metric computed from several cases of one run: speedups, and the training parity verdicts."""
+    from fp8bench.parity import derive_parity
+
+    return derive_speedups(records) + derive_parity(records)

@@ -25,7 +25,7 @@ from fp8bench.plan import Case
 from fp8bench.records import CaseRecord, ShardWriter, done_case_ids
 from fp8bench.types import Status
 from fp8bench.workloads import get_workload
-from fp8bench.workloads.common import CaseInput
+from fp8bench.workloads.common import CaseInput, Diverged
 
 
 def new_run_id() -> str:
@@ -69,9 +69,11 @@ def run_case(case: Case, run_id: str, device: DeviceInfo) -> CaseRecord:
             raise RuntimeError(f"injected failure (fail_on={case.config.fail_on!r})")
         torch.manual_seed(case.config.seed)
         inp = CaseInput(case.config, case.shape_name, case.shape, case.recipe, get_backend(case.config.backend.name),
-                        device.torch_device)
+                        device.torch_device, work_dir=run_dir_for(case.config, run_id) / "work" / case.case_id)
         out = get_workload(case.config.workload.name).run(inp)
         return _record(case, run_id, Status.OK, "", out, started)
+    except Diverged as exc:  # a finding about the recipe, with the curve up to the bad step
+        return _record(case, run_id, Status.DIVERGED, str(exc), exc.output, started)
     except Exception as exc:  # one case's failure never takes the sweep down
         where = traceback.extract_tb(exc.__traceback__)[-1]
         reason = f"{type(exc).__name__}: {str(exc)[:400]} (at {Path(where.filename).name}:{where.lineno})"
@@ -106,9 +108,10 @@ def execute(cases: list[Case], run_dir: Path, run_id: str, device: DeviceInfo, *
 def summary_table(records: list[CaseRecord]) -> Table:
     """Per workload × backend: how many ok/skipped/failed, and the median time of the ok ones."""
     table = Table(title="fp8bench run summary")
-    for col in ("workload", "backend", "ok", "skipped", "failed"):
-        table.add_column(col, justify="right" if col in ("ok", "skipped", "failed") else "left")
+    statuses = ("ok", "skipped", "failed") + (("diverged",) if any(r.status == "diverged" for r in records) else ())
+    for col in ("workload", "backend", *statuses):
+        table.add_column(col, justify="right" if col in statuses else "left")
     counts: Counter = Counter((r.workload, r.backend, r.status) for r in records)
     for wl, be in sorted({(r.workload, r.backend) for r in records}):
-        table.add_row(wl, be, *(str(counts[(wl, be, s)]) for s in ("ok", "skipped", "failed")))
+        table.add_row(wl, be, *(str(counts[(wl, be, s)]) for s in statuses))
     return table

@@ -18,7 +18,7 @@ from fp8bench.records import (
     CaseRecord,
     ShardProblem,
     StoreError,
-    derive_speedups,
+    derived_metrics,
     read_run,
 )
 
@@ -141,7 +141,7 @@ def _replace_run(con, run_id: str, manifest: dict | None, records: list[CaseReco
             run_id, m.get("started_at") or min((r.started_at for r in records if r.started_at), default=0.0),
             m.get("git_commit"), m.get("git_dirty"), m.get("device_name"), env.get("env_id"),
             json.dumps(m.get("config")), source])
-        derived = derive_speedups(records)
+        derived = derived_metrics(records)
         cases = pa.table({k: [getattr(r, k) if k not in ("shape", "params") else json.dumps(getattr(r, k))
                               for r in records]
                           for k in ("run_id", "case_id", "workload", "model", "format", "scaling", "backend",

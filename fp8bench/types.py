@@ -166,6 +166,8 @@ class Status(str, enum.Enum):
     OK = "ok"
     SKIPPED = "skipped"
     FAILED = "failed"
+    DIVERGED = "diverged"
+    """A training run whose loss became NaN/Inf: a result about the recipe, kept (not re-run on resume)."""
 
 
 def choices(enum_cls: type[enum.Enum]) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe
+from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe, TrainSetup
 from fp8bench.types import BackendName, choices
 
 
@@ -22,4 +22,4 @@ def get_backend(name: str) -> Backend:
     return cls()
 
 
-__all__ = ["Backend", "GemmOp", "LinearOp", "QuantizeOp", "Recipe", "get_backend"]
+__all__ = ["Backend", "GemmOp", "LinearOp", "QuantizeOp", "Recipe", "TrainSetup", "get_backend"]

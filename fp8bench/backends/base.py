@@ -97,9 +97,28 @@ def module_op(params: list[torch.nn.Parameter], forward: Callable[[torch.Tensor]
                     notes=notes or {})
 
 
+@dataclass
+class TrainSetup:
+    """A model made ready to train under a recipe: `forward_context()` wraps each forward pass (TE's
+    autocast), `step_context()` the whole step, backward included (torch's CPU FP8 GEMM path)."""
+
+    model: torch.nn.Module
+    forward_context: Callable[[], object]
+    step_context: Callable[[], object]
+    notes: dict = field(default_factory=dict)
+
+
+def no_context():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 class RecipeLinear(torch.nn.Module):
     """nn.Linear replacement whose forward and backward are one backend's autograd.Function
-    `fn.apply(x_2d, weight, recipe)`: how the torch and emulated backends swap the linears of a block."""
+    `fn.apply(x_2d, weight, recipe)`: how the torch and emulated backends swap the linears of a block.
+    Under torch.autocast the input is cast to the autocast dtype first, as an autocast nn.Linear (and TE)
+    would: the FP8 cast then starts from the same BF16 activations."""
 
     def __init__(self, linear: torch.nn.Linear, fn: type[torch.autograd.Function], recipe: Recipe) -> None:
         super().__init__()
@@ -108,6 +127,8 @@ class RecipeLinear(torch.nn.Module):
         self.recipe = recipe
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         y = self.fn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
@@ -148,13 +169,32 @@ class Backend:
         """One transformer block of `model` on x (batch, seq, hidden); see fp8bench.workloads.layer."""
         raise NotImplementedError(f"backend {self.name!r} has no layer")
 
+    def prepare_training(self, model: torch.nn.Module, recipe: Recipe) -> TrainSetup:
+        """`model` (a LlamaDecoder) with the linears of its blocks run by this backend under `recipe`; the
+        embedding and output head stay in high precision (fp8bench.workloads.train)."""
+        raise NotImplementedError(f"backend {self.name!r} has no train")
+
+
+def swap_block_linears(model: torch.nn.Module, make: Callable[[torch.nn.Linear], torch.nn.Module]) -> None:
+    """Replace every nn.Linear inside model.blocks by make(linear) (same weights, another implementation)."""
+    from fp8bench.workloads.block import swap_linears
+
+    for block in model.blocks:
+        swap_linears(block, make)
+
+
+def compile_blocks(model: torch.nn.Module) -> None:
+    """Regional compilation: each block compiled in place (identical blocks share one compiled graph)."""
+    for block in model.blocks:
+        block.compile()
+
 
 def cpu_scaled_mm_path(recipe: Recipe, device: torch.device):
     """On CPU, torch's _scaled_mm goes through oneDNN only when `backend.cpu_onednn` is set: without FP8
     units oneDNN's FP8 GEMM is a slow reference (~0.1 GFLOPS on 2 cores) and torch's own path is not."""
     import contextlib
 
-    if device.type == "cpu":
+    if device.type == "cpu" and recipe.format is not Format.BF16:  # BF16 matmuls need oneDNN to be fast
         return torch.backends.mkldnn.flags(enabled=recipe.backend_cfg.cpu_onednn)
     return contextlib.nullcontext()
 

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.backends.base import Backend, GemmOp, QuantizeOp, Recipe, RecipeLinear, module_op
+from fp8bench.backends.base import (
+    Backend,
+    GemmOp,
+    QuantizeOp,
+    Recipe,
+    RecipeLinear,
+    TrainSetup,
+    module_op,
+    no_context,
+    swap_block_linears,
+)
 from fp8bench.numerics import fake_quant
 from fp8bench.types import GemmRole
 
@@ -43,7 +53,7 @@ class _EmulatedLinearFn(torch.autograd.Function):
 class EmulatedBackend(Backend):
     name = "emulated"
     timed = False
-    workloads = frozenset({"gemm", "quantize", "linear", "layer"})
+    workloads = frozenset({"gemm", "quantize", "linear", "layer", "train"})
 
     def gemm(self, a, b, role, recipe):
         opt_a, opt_b = recipe.role_options(role)
@@ -74,3 +84,8 @@ class EmulatedBackend(Backend):
         block = swap_linears(copy.deepcopy(ref), lambda lin: RecipeLinear(lin, _EmulatedLinearFn, recipe))
         return module_op(list(block.parameters()), block, x.float(), dy.float(), reference_forward=ref)
 
+
+    def prepare_training(self, model, recipe):
+        if recipe.format.value != "bf16":
+            swap_block_linears(model, lambda lin: RecipeLinear(lin, _EmulatedLinearFn, recipe))
+        return TrainSetup(model, forward_context=no_context, step_context=no_context)

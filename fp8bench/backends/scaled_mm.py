@@ -16,8 +16,11 @@ from fp8bench.backends.base import (
     QuantizeOp,
     Recipe,
     RecipeLinear,
+    TrainSetup,
     cpu_scaled_mm_path,
     module_op,
+    no_context,
+    swap_block_linears,
 )
 from fp8bench.numerics import ACT_BLOCK, WEIGHT_BLOCK, QuantOptions, amax_to_scale
 from fp8bench.types import Format, GemmRole, Scaling
@@ -125,7 +128,7 @@ class _ScaledMMLinearFn(torch.autograd.Function):
 
 class ScaledMMBackend(Backend):
     name = "torch"
-    workloads = frozenset({"gemm", "quantize", "linear", "layer"})
+    workloads = frozenset({"gemm", "quantize", "linear", "layer", "train"})
 
     def layer(self, model, x, dy, recipe):
         import copy
@@ -171,3 +174,9 @@ class ScaledMMBackend(Backend):
             def forward(inp):
                 return _ScaledMMLinearFn.apply(inp, w, recipe)
         return module_op([w], forward, x.bfloat16(), dy.bfloat16(), weight=w)
+
+    def prepare_training(self, model, recipe):
+        if recipe.format is not Format.BF16:
+            swap_block_linears(model, lambda lin: RecipeLinear(lin, _ScaledMMLinearFn, recipe))
+        device = next(model.parameters()).device
+        return TrainSetup(model, forward_context=no_context, step_context=lambda: cpu_scaled_mm_path(recipe, device))

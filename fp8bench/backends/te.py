@@ -11,7 +11,15 @@ import contextlib
 
 import torch
 
-from fp8bench.backends.base import Backend, Recipe, import_probe, module_op
+from fp8bench.backends.base import (
+    Backend,
+    Recipe,
+    TrainSetup,
+    import_probe,
+    module_op,
+    no_context,
+    swap_block_linears,
+)
 from fp8bench.types import Format, Scaling
 
 
@@ -63,7 +71,7 @@ def te_reason(recipe: Recipe) -> tuple[bool, str]:
 
 class TEBackend(Backend):
     name = "te"
-    workloads = frozenset({"linear", "layer"})
+    workloads = frozenset({"linear", "layer", "train"})
 
     def available(self):
         if not torch.cuda.is_available():
@@ -96,6 +104,22 @@ class TEBackend(Backend):
                 return lin(inp)
 
         return module_op([lin.weight], forward, x.bfloat16(), dy.bfloat16(), weight=lin.weight)
+
+    def prepare_training(self, model, recipe):
+        """Each block linear becomes a te.Linear with the same weights (also for BF16: the baseline then
+        pays TE's module overheads too). TE's DelayedScaling cannot run under torch.compile, so no compile."""
+        import transformer_engine.pytorch as te
+
+        def to_te(lin: torch.nn.Linear) -> torch.nn.Module:
+            out = te.Linear(lin.in_features, lin.out_features, bias=False, params_dtype=lin.weight.dtype,
+                            device=lin.weight.device)
+            with torch.no_grad():
+                out.weight.copy_(lin.weight)
+            return out
+
+        swap_block_linears(model, to_te)
+        return TrainSetup(model, forward_context=lambda: autocast(recipe), step_context=no_context,
+                          notes={"te_module": "Linear"})
 
     def layer(self, model, x, dy, recipe):
         import transformer_engine.pytorch as te

@@ -14,7 +14,16 @@ import dataclasses
 
 import torch
 
-from fp8bench.backends.base import Backend, Recipe, cpu_scaled_mm_path, import_probe, module_op
+from fp8bench.backends.base import (
+    Backend,
+    Recipe,
+    TrainSetup,
+    compile_blocks,
+    cpu_scaled_mm_path,
+    import_probe,
+    module_op,
+    no_context,
+)
 from fp8bench.types import Format, Scaling
 
 
@@ -28,7 +37,7 @@ def recipe_name(recipe: Recipe) -> str | None:
 
 class TorchaoBackend(Backend):
     name = "torchao"
-    workloads = frozenset({"linear", "layer"})
+    workloads = frozenset({"linear", "layer", "train"})
 
     def available(self):
         return import_probe("torchao.float8", "gpu")
@@ -83,3 +92,19 @@ class TorchaoBackend(Backend):
             raise RuntimeError(f"torchao left linears unconverted: {converted}")
         return module_op(list(block.parameters()), compile_(block), x, dy, reference_forward=ref,
                          notes={"recipe": recipe_name(recipe)}, context=lambda: cpu_scaled_mm_path(recipe, x.device))
+
+    def prepare_training(self, model, recipe):
+        """convert_to_float8_training on the blocks (the output head stays high precision);
+        `backend.compile` compiles each block, as torchao float8 is meant to run."""
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        if recipe.format is not Format.BF16:
+            convert_to_float8_training(model.blocks, config=Float8LinearConfig.from_recipe_name(recipe_name(recipe)))
+            kinds = {type(m).__name__ for b in model.blocks for m in b.children() if "Linear" in type(m).__name__}
+            if kinds != {"Float8Linear"}:  # never measure BF16 under an FP8 label
+                raise RuntimeError(f"torchao left block linears unconverted: {sorted(kinds)}")
+        if recipe.backend_cfg.compile:
+            compile_blocks(model)
+        device = next(model.parameters()).device
+        return TrainSetup(model, forward_context=no_context, step_context=lambda: cpu_scaled_mm_path(recipe, device),
+                          notes={"recipe": recipe_name(recipe) or "bf16"})

@@ -8,6 +8,7 @@ No hydra/omegaconf import here: `fp8bench.config.compose` is the only module tha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fp8bench.types import BackendName, Format, GemmRole, Scaling, WorkloadName, choices
 
@@ -72,6 +73,55 @@ class ModelConfig:
         return dims[linear]
 
 
+@dataclass(kw_only=True)  # not frozen: OmegaConf makes a frozen dataclass nested in a group read-only
+class TrainConfig:
+    """`train` workload: optimiser, schedule, data and checkpoint settings (the stability knobs the FP8
+    guides insist on are all here: warm-up, clipping, loss scaling, master-weight precision)."""
+
+    steps: int = 200
+    lr: float = 1e-3
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at lr * min_lr_ratio."""
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0
+    """Max global gradient norm (0: no clipping)."""
+    loss_scale: float = 1.0
+    """Static loss scale (the loss is multiplied, the gradients divided back before clipping)."""
+    dynamic_loss_scale: bool = False
+    """Use torch.amp.GradScaler (skips steps with inf/NaN gradients and adapts the scale)."""
+    master_weights: str = "fp32"
+    """'fp32': FP32 parameters and optimiser state, compute under torch.autocast(bf16) (mixed precision);
+    'bf16': BF16 parameters and optimiser state."""
+    bf16_seeds: int = 3
+    """BF16 points train this many seeds (seed, seed+1, ...): the band FP8 runs are judged against."""
+    eval_every: int = 50
+    eval_batches: int = 8
+    ckpt_every: int = 0
+    """Checkpoint every N steps (0: never); a resumed run continues from the latest one."""
+    corpus: str = "stdlib"
+    """'stdlib' (the Python standard library's source files, present on every machine) or a text file or
+    folder (its *.py, *.txt and *.md files)."""
+    val_percent: int = 5
+    """Share of the corpus's files held out for validation (chosen by a hash of each file's path)."""
+
+    def __post_init__(self) -> None:
+        for f in ("steps", "eval_every", "eval_batches", "bf16_seeds", "lr", "loss_scale"):
+            _positive(f"workload.train.{f}", getattr(self, f))
+        for f in ("warmup_steps", "weight_decay", "grad_clip", "ckpt_every", "min_lr_ratio"):
+            _positive(f"workload.train.{f}", getattr(self, f), allow_zero=True)
+        _one_of("workload.train.master_weights", self.master_weights, ["fp32", "bf16"])
+        if self.corpus != "stdlib" and not Path(self.corpus).expanduser().exists():
+            raise ConfigError(f"workload.train.corpus={self.corpus!r} is neither 'stdlib' nor an existing file or "
+                              "folder of text")
+        if not 0 < self.val_percent < 100:
+            raise ConfigError(f"workload.train.val_percent={self.val_percent!r} must be in 1..99")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"workload.train.betas={list(self.betas)!r} must be two numbers in [0, 1)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkloadConfig:
     """What is measured for a model preset."""
@@ -88,9 +138,11 @@ class WorkloadConfig:
     tensors: list[str] = field(default_factory=lambda: ["activation", "weight"])
     """quantize: the activation (tokens x hidden) and/or the largest weight (ffn x hidden)."""
     batch: int = 2
-    """layer: sequences per step."""
+    """layer, train: sequences per step."""
     seq: int = 4096
-    """layer: tokens per sequence."""
+    """layer, train: tokens per sequence."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """train: optimiser, schedule, data, checkpoints."""
 
     def __post_init__(self) -> None:
         _one_of("workload.name", self.name, choices(WorkloadName))

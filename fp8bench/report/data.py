@@ -18,7 +18,23 @@ WITH m AS (
     max(value) FILTER (WHERE metric = 'peak_mem_bytes') AS peak_mem_bytes,
     max(value) FILTER (WHERE metric = 'sqnr_db') AS sqnr_db,
     max(value) FILTER (WHERE metric = 'rel_err') AS rel_err,
-    max(value) FILTER (WHERE metric = 'sqnr_vs_emulated_db') AS sqnr_vs_emulated_db
+    max(value) FILTER (WHERE metric = 'sqnr_vs_emulated_db') AS sqnr_vs_emulated_db,
+    max(value) FILTER (WHERE metric = 'tokens_per_s') AS tokens_per_s,
+    max(value) FILTER (WHERE metric = 'loss_initial') AS loss_initial,
+    max(value) FILTER (WHERE metric = 'loss_final') AS loss_final,
+    max(value) FILTER (WHERE metric = 'loss_gap_vs_bf16') AS loss_gap_vs_bf16,
+    max(value) FILTER (WHERE metric = 'loss_gap_allowed') AS loss_gap_allowed,
+    max(value) FILTER (WHERE metric = 'loss_area_gap_pct') AS loss_area_gap_pct,
+    max(value) FILTER (WHERE metric = 'parity_pass') AS parity_pass,
+    max(value) FILTER (WHERE metric = 'quality_speedup') AS quality_speedup,
+    max(value) FILTER (WHERE metric = 'mem_weights_bytes') AS mem_weights_bytes,
+    max(value) FILTER (WHERE metric = 'mem_optimizer_bytes') AS mem_optimizer_bytes,
+    max(value) FILTER (WHERE metric = 'mem_persistent_other_bytes') AS mem_persistent_other_bytes,
+    max(value) FILTER (WHERE metric = 'mem_activations_bytes') AS mem_activations_bytes,
+    max(value) FILTER (WHERE metric = 'mem_saved_fp8_bytes') AS mem_saved_fp8_bytes,
+    max(value) FILTER (WHERE metric = 'mem_saved_hp_bytes') AS mem_saved_hp_bytes,
+    max(value) FILTER (WHERE metric = 'mem_transient_bytes') AS mem_transient_bytes,
+    max(value) FILTER (WHERE metric = 'mem_step_peak_bytes') AS mem_step_peak_bytes
   FROM measurements GROUP BY run_id, case_id)
 SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.status,
        c.reason, r.device_name, r.started_at, r.git_commit,
@@ -37,6 +53,20 @@ def cases(con) -> pd.DataFrame:
     backend = df["backend"] + df["variant"].map(lambda v: f"+{v}" if v else "")
     df["recipe"] = df["format"] + "/" + df["scaling"] + " · " + backend
     return df
+
+
+def train_curves(con) -> pd.DataFrame:
+    """Loss curves of the training cases: one row per (run, case, step) with the training loss, and the
+    validation points (val_step, val_loss) as their own rows."""
+    return con.execute("""
+        WITH s AS (SELECT run_id, case_id, metric, i, value FROM samples
+                   WHERE metric IN ('loss', 'val_loss', 'val_step') AND case_id LIKE 'train.%'),
+             v AS (SELECT a.run_id, a.case_id, b.value AS step, a.value AS val_loss FROM s a JOIN s b
+                   ON a.run_id = b.run_id AND a.case_id = b.case_id AND a.i = b.i
+                   WHERE a.metric = 'val_loss' AND b.metric = 'val_step')
+        SELECT run_id, case_id, 'train' AS kind, i AS step, value AS loss FROM s WHERE metric = 'loss'
+        UNION ALL SELECT run_id, case_id, 'validation', step, val_loss FROM v
+        ORDER BY run_id, case_id, kind, step""").fetchdf()
 
 
 def runs(con) -> pd.DataFrame:

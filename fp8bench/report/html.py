@@ -13,6 +13,7 @@ import math
 import pandas as pd
 
 PAGES = [("index.html", "Overview"), ("gemm.html", "GEMMs"), ("modules.html", "Modules & layers"),
+         ("training.html", "Training"),
          ("numerics.html", "Numerics"), ("history.html", "History"), ("runs.html", "Runs")]
 
 CSS = """

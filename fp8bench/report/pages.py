@@ -32,12 +32,12 @@ def _with_bf16(df: pd.DataFrame, cols: tuple[str, ...] = ("time_ms", "peak_mem_b
 def advisor(df: pd.DataFrame) -> pd.DataFrame:
     """Per device × model × workload × recipe: speedup, accuracy verdict, memory change; the best one marked."""
     real = _with_bf16(_real(df))
-    real = real[real["workload"].isin(["linear", "layer", "gemm"]) & (real["format"] != "bf16")]
+    real = real[real["workload"].isin(["linear", "layer", "gemm", "train"]) & (real["format"] != "bf16")]
     if real.empty:
         return pd.DataFrame()
     real = real.assign(mem_change=(real["peak_mem_bytes"] / real["bf16_peak_mem_bytes"] - 1) * 100)
     g = real.groupby(["device", "model", "workload", "recipe"], dropna=False).agg(
-        speedup=("speedup", "median"), sqnr_db=("sqnr_db", "median"),
+        speedup=("speedup", "median"), sqnr_db=("sqnr_db", "median"), parity_pass=("parity_pass", "min"),
         vs_emulator_db=("sqnr_vs_emulated_db", "min"), mem_change_pct=("mem_change", "median"),
         shapes=("shape_name", "nunique")).reset_index()
     g["accuracy"] = g.apply(_verdict, axis=1)
@@ -64,6 +64,8 @@ def _verdict(row) -> str:
         return "check: disagrees with emulator"
     if row["workload"] in ("gemm", "linear") and pd.notna(row["sqnr_db"]) and row["sqnr_db"] < 15:
         return "check: low SQNR vs FP64"
+    if row["workload"] == "train" and row.get("parity_pass") == 0.0:
+        return "check: loss outside the BF16 band"
     return "ok"
 
 
@@ -162,6 +164,70 @@ def modules_page(df: pd.DataFrame) -> Page:
                         height=max(PLOT_H, 18 * long["label"].nunique() + 120)))
     p.h2("Not measured, and why")
     p.table(not_measured(df, ("linear", "layer")))
+    return p
+
+
+# --------------------------------------------------------------------------- training
+
+MEM_PARTS = [("mem_weights_bytes", "weights (master copy)"), ("mem_optimizer_bytes", "optimizer state"),
+             ("mem_persistent_other_bytes", "other persistent (data, workspaces, FP8 state)"),
+             ("mem_saved_fp8_bytes", "saved for backward: FP8"), ("saved_rest", "saved for backward: other"),
+             ("mem_transient_bytes", "backward transient (grads, temporaries)")]
+
+
+def _parity(row) -> str:
+    if row["status"] == "diverged":
+        return "diverged"
+    if row["format"] == "bf16":
+        return "BF16 (the band)"
+    if pd.isna(row["parity_pass"]):
+        return "no verdict (fewer than 3 BF16 seeds)"
+    return "pass" if row["parity_pass"] == 1.0 else "FAIL"
+
+
+def training_page(df: pd.DataFrame, curves: pd.DataFrame) -> Page:
+    p = Page("training.html", "Training: does FP8 keep BF16's loss, and what does it buy?")
+    p.note("Each run trains the same Llama-style decoder from the same initialisation per seed, on the same "
+           "byte-level corpus. Parity: the final validation loss must lie within the 95% prediction interval of "
+           "the BF16 seeds (gap ≤ allowed) and the training-loss curve's area within 1% of theirs. Quality-adjusted "
+           "speedup: BF16's time to its final loss over the recipe's time to reach that loss.")
+    train = df[df["workload"] == "train"]
+    t = pd.concat([_with_bf16(train), train[train["status"] == "diverged"]], ignore_index=True)
+    if t.empty:
+        p.note("No training runs recorded: `fp8bench run -m sweep=train-tiny` (CPU) or `sweep=hopper-train` (GPU).")
+        return p
+    t = t.assign(verdict=t.apply(_parity, axis=1),
+                 mem_change_pct=(t["peak_mem_bytes"] / t["bf16_peak_mem_bytes"] - 1) * 100,
+                 peak_gib=t["peak_mem_bytes"] / 2**30, label=t["recipe"] + " · " + t["shape_name"].str.split(".").str[-1])
+    for (device, model, run_id), d in t.groupby(["device", "model", "run_id"]):
+        p.h2(f"{device}: {model} (run {run_id})")
+        cols = ["label", "verdict", "tokens_per_s", "speedup", "quality_speedup", "peak_gib", "mem_change_pct",
+                "loss_final", "loss_gap_vs_bf16", "loss_gap_allowed", "loss_area_gap_pct"]
+        p.table(d.sort_values(["format", "label"])[cols],
+                {"tokens_per_s": 0, "speedup": 2, "quality_speedup": 2, "peak_gib": 2, "mem_change_pct": 0,
+                 "loss_final": 4, "loss_gap_vs_bf16": 4, "loss_gap_allowed": 4, "loss_area_gap_pct": 2})
+        c = curves[curves["case_id"].isin(d["case_id"]) & (curves["run_id"] == run_id)]
+        if not c.empty:
+            c = c.merge(d[["case_id", "label"]], on="case_id")
+            val = c[c["kind"] == "validation"]
+            p.figure(px.line(val, x="step", y="loss", color="label", markers=True, height=PLOT_H,
+                             labels={"loss": "validation loss (nats/byte)"}))
+            tr = c[c["kind"] == "train"].copy()
+            tr["loss"] = tr.groupby("label")["loss"].transform(lambda s: s.rolling(20, min_periods=1).mean())
+            p.figure(px.line(tr, x="step", y="loss", color="label", height=PLOT_H,
+                             labels={"loss": "training loss, 20-step mean"}))
+        m = d[d["mem_step_peak_bytes"].notna()].copy()
+        if not m.empty:
+            m["saved_rest"] = m["mem_activations_bytes"] - m["mem_saved_fp8_bytes"].fillna(0)
+            long = m.melt(id_vars=["label"], value_vars=[k for k, _ in MEM_PARTS], var_name="part", value_name="bytes")
+            long["GiB"] = long["bytes"] / 2**30
+            long["part"] = long["part"].map(dict(MEM_PARTS))
+            p.note("Memory at the peak of one training step, measured: resident before its forward, saved by the "
+                   "forward for backward (FP8 part from the saved tensors' dtypes), then the backward's transient.")
+            p.figure(px.bar(long, x="GiB", y="label", color="part", orientation="h",
+                            height=max(PLOT_H, 26 * m["label"].nunique() + 140)))
+    p.h2("Not measured, and why")
+    p.table(not_measured(df, ("train",)))
     return p
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -12,6 +13,14 @@ from fp8bench.config.schema import Config, MeasureConfig
 from fp8bench.numerics import TOLERANCE
 from fp8bench.records import Metric
 from fp8bench.types import Format
+
+
+class Diverged(RuntimeError):
+    """A training run's loss became NaN/Inf: recorded `diverged` with what it measured up to that step."""
+
+    def __init__(self, message: str, output: CaseOutput) -> None:
+        super().__init__(message)
+        self.output = output
 
 
 class NumericsMismatch(RuntimeError):
@@ -28,6 +37,8 @@ class CaseInput:
     recipe: Recipe
     backend: Backend
     device: torch.device
+    work_dir: Path | None = None
+    """A folder of this case inside its run (checkpoints); None when the case has nowhere to keep state."""
 
     @property
     def measure(self) -> MeasureConfig:

@@ -49,9 +49,27 @@ def layer(config: Config) -> list[tuple[str, dict]]:
     return [(f"b{w.batch}s{w.seq}", {"batch": w.batch, "seq": w.seq, "hidden": config.model.hidden})]
 
 
+TRAIN_VOCAB = 256
+"""Byte-level tokens (fp8bench.workloads.corpus.VOCAB; repeated here so that case ids need no torch)."""
+
+
+def train(config: Config) -> list[tuple[str, dict]]:
+    """One training run per seed: BF16 points train `train.bf16_seeds` seeds (the band FP8 is judged
+    against), other formats the configured seed."""
+    w, t = config.workload, config.workload.train
+    n_seeds = t.bf16_seeds if config.format.name == "bf16" else 1
+    out = []
+    for seed in range(config.seed, config.seed + n_seeds):
+        shape = {"batch": w.batch, "seq": w.seq, "steps": t.steps, "seed": seed, "vocab": TRAIN_VOCAB,
+                 "tokens_per_step": w.batch * w.seq}
+        out.append((f"b{w.batch}s{w.seq}n{t.steps}.seed{seed}", shape))
+    return out
+
+
 def shapes(config: Config) -> list[tuple[str, dict]]:
     """(shape name, shape) of every case of one sweep point."""
-    return {"gemm": gemm, "quantize": quantize, "linear": linear, "layer": layer}[config.workload.name](config)
+    return {"gemm": gemm, "quantize": quantize, "linear": linear, "layer": layer,
+            "train": train}[config.workload.name](config)
 
 
 def case_id(config: Config, shape_name: str) -> str:

@@ -1,0 +1,314 @@
+"""`train`: a Llama-style decoder trained for N steps on real text, under one recipe.
+
+Loss per step, validation loss, step time, tokens/s, peak memory and its breakdown go into the record; the
+verdict against the BF16 seeds (fp8bench.parity) is derived at ingest, where every case of the run is known.
+
+Mixed precision by default: FP32 master weights and AdamW state, forward under torch.autocast(bf16), the
+recipe's FP8 (or the emulator's fake-quant) inside the blocks' linears. Checkpoints (every
+`train.ckpt_every` steps) hold model, optimiser, loss-scaler and curve state; batches are a function of
+(seed, step), so a resumed run continues exactly where the killed one would have gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from fp8bench.measure import peak_memory_bytes, reset_peak_memory
+from fp8bench.records import Metric
+from fp8bench.workloads import corpus as corpus_mod
+from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged, speed_metrics
+from fp8bench.workloads.decoder import LlamaDecoder, lm_loss, model_flops
+
+FINITE_CHECK_EVERY = 10
+"""Steps between NaN/Inf checks of the loss (each check synchronises the GPU once)."""
+FP8_STORAGE = {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2}
+"""How FP8 data is stored in saved tensors (TE keeps raw uint8 buffers, torch and torchao float8 dtypes)."""
+
+
+@dataclass
+class Curve:
+    """What a run has measured so far (saved in every checkpoint)."""
+
+    step: int = 0
+    losses: list[float] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)
+    val_losses: list[float] = field(default_factory=list)
+    resumed_at: list[int] = field(default_factory=list)
+
+
+def lr_at(step: int, cfg) -> float:
+    """Linear warm-up to `lr`, then cosine decay to lr·min_lr_ratio at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+class StepTimer:
+    """Per-step wall time: CUDA events recorded around each step and read only when the curve is synced
+    (no sync per step); perf_counter on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.pending: list[tuple] = []
+
+    def start(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter_ns()
+
+    def stop(self, begin) -> None:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.pending.append((begin, e))
+        else:
+            self.pending.append((begin, time.perf_counter_ns()))
+
+    def drain(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            out = [b.elapsed_time(e) for b, e in self.pending]
+        else:
+            out = [(e - b) / 1e6 for b, e in self.pending]
+        self.pending = []
+        return out
+
+
+class SavedTensorCensus:
+    """Bytes saved for backward during one forward, split into FP8 storage and everything else (parameters
+    excluded; a storage shared by several saved tensors counted once)."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+        self.seen: set[int] = set()
+        self.fp8 = 0
+        self.other = 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        inner = getattr(t, "_data", None)  # torchao's float8 tensor subclass wraps its FP8 payload
+        probe = inner if isinstance(inner, torch.Tensor) else t
+        try:
+            storage = probe.untyped_storage()
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError):
+            key, nbytes = id(probe), probe.numel() * probe.element_size()
+        if key not in self.seen and key not in self.param_ptrs:
+            self.seen.add(key)
+            if probe.dtype in FP8_STORAGE:
+                self.fp8 += nbytes
+            else:
+                self.other += nbytes
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+def _allocated(device: torch.device) -> int:
+    return int(torch.cuda.memory_allocated()) if device.type == "cuda" else 0
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _save_checkpoint(path: Path, model, opt, scaler, curve: Curve) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
+                "curve": curve.__dict__}, tmp)
+    os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous checkpoint intact
+
+
+def _load_checkpoint(path: Path, model, opt, scaler) -> Curve:
+    state = torch.load(path, map_location=next(model.parameters()).device, weights_only=False)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    return Curve(**state["curve"])
+
+
+def _optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on norms (1-D parameters), as in GPT-2/Llama training."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8,
+                             fused=device.type == "cuda")
+
+
+def run(case: CaseInput) -> CaseOutput:
+    cfg, dev = case.config.workload.train, case.device
+    batch, seq, steps, seed = case.shape["batch"], case.shape["seq"], case.shape["steps"], case.shape["seed"]
+    data = corpus_mod.load(cfg.corpus, cfg.val_percent)
+    train_tokens = data.train.to(dev)
+    val = [b.to(dev) for b in corpus_mod.val_batches(data, cfg.eval_batches, batch, seq)]
+
+    reset_peak_memory(dev)
+    torch.manual_seed(seed)  # initialisation: every recipe of one seed starts from the same weights
+    dtype = torch.float32 if cfg.master_weights == "fp32" else torch.bfloat16
+    setup = case.backend.prepare_training(
+        LlamaDecoder(case.config.model, corpus_mod.VOCAB, device=dev, dtype=dtype), case.recipe)
+    model = setup.model
+    params = list(model.parameters())
+    opt = _optimizer(model, cfg, dev)
+    scaler = torch.amp.GradScaler(dev.type, enabled=cfg.dynamic_loss_scale)
+    mixed = cfg.master_weights == "fp32"
+
+    def forward_loss(tokens: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=mixed), setup.forward_context():
+            logits = model(tokens[:, :-1])
+        return lm_loss(logits, tokens[:, 1:])
+
+    def evaluate() -> float:
+        with torch.no_grad(), setup.step_context():
+            return float(torch.stack([forward_loss(b) for b in val]).mean())
+
+    def train_step(step: int, census: SavedTensorCensus | None = None) -> torch.Tensor:
+        tokens = corpus_mod.windows(train_tokens, corpus_mod.train_starts(data, seed, step, batch, seq), seq)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        with setup.step_context():
+            hooks = (torch.autograd.graph.saved_tensors_hooks(census.pack, census.unpack) if census
+                     else contextlib.nullcontext())
+            with hooks:
+                loss = forward_loss(tokens)
+            if census:
+                memory["after_forward"] = _allocated(dev)
+            scaler.scale(loss * cfg.loss_scale if cfg.loss_scale != 1.0 else loss).backward()
+            scaler.unscale_(opt)
+            if cfg.loss_scale != 1.0:
+                torch._foreach_div_([p.grad for p in params if p.grad is not None], cfg.loss_scale)
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
+            if census:
+                memory["grads"] = _tensor_bytes(p.grad for p in params)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    ckpt = case.work_dir / "checkpoint.pt" if case.work_dir is not None and cfg.ckpt_every else None
+    curve = Curve()
+    if ckpt is not None and ckpt.is_file():
+        curve = _load_checkpoint(ckpt, model, opt, scaler)
+        curve.resumed_at.append(curve.step)
+    if not curve.val_steps:
+        curve.val_steps.append(0)
+        curve.val_losses.append(evaluate())
+
+    memory: dict[str, int] = {}
+    census: SavedTensorCensus | None = None
+    census_step = min(curve.step + 1, steps - 1)
+    timer = StepTimer(dev)
+    pending: list[torch.Tensor] = []
+
+    def sync_curve() -> None:
+        """Move losses and step times off the device; stop with what was measured if the loss went bad."""
+        if not pending:
+            return
+        values = torch.stack(pending).float().cpu().tolist()
+        curve.losses += values
+        curve.step_ms += timer.drain()
+        pending.clear()
+        bad = next((i for i, v in enumerate(curve.losses) if not math.isfinite(v)), None)
+        if bad is not None:
+            raise Diverged(f"loss became {curve.losses[bad]} at step {bad} (lr {lr_at(bad, cfg):.3g})",
+                           _output(case, curve, memory, diverged_at=bad))
+
+    while curve.step < steps:
+        k = curve.step
+        if k == census_step:
+            sync_curve()
+            census = SavedTensorCensus(params)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+                memory["run_peak_before"] = int(torch.cuda.max_memory_allocated())
+                torch.cuda.reset_peak_memory_stats()
+            memory["before_forward"] = _allocated(dev)
+        begin = timer.start()
+        pending.append(train_step(k, census if k == census_step else None))
+        timer.stop(begin)
+        if k == census_step:
+            memory["step_peak"] = peak_memory_bytes(dev) or 0
+            memory["after_step"] = _allocated(dev)
+            memory["saved_fp8"], memory["saved_hp"] = census.fp8, census.other
+        curve.step = k + 1
+        if len(pending) >= FINITE_CHECK_EVERY:
+            sync_curve()
+        if curve.step % cfg.eval_every == 0 or curve.step == steps:
+            sync_curve()
+            curve.val_steps.append(curve.step)
+            curve.val_losses.append(evaluate())
+            if not math.isfinite(curve.val_losses[-1]):
+                raise Diverged(f"validation loss became {curve.val_losses[-1]} at step {curve.step}",
+                               _output(case, curve, memory, diverged_at=curve.step))
+        if ckpt is not None and curve.step % cfg.ckpt_every == 0 and curve.step < steps:
+            sync_curve()
+            _save_checkpoint(ckpt, model, opt, scaler, curve)
+    sync_curve()
+    memory["weights"] = _tensor_bytes(params)
+    memory["optimizer"] = _tensor_bytes(v for st in opt.state.values() for v in st.values())
+    if ckpt is not None and ckpt.is_file():
+        ckpt.unlink()  # the record now holds the run; checkpoints of large models are GBs
+    return _output(case, curve, memory)
+
+
+def _output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None = None) -> CaseOutput:
+    s = case.shape
+    warm = min(case.measure.warmup, max(0, len(curve.step_ms) - 1))
+    timed = [t for t in curve.step_ms[warm:]] or curve.step_ms
+    metrics: list[Metric] = []
+    samples: dict[str, list[float]] = {"loss": curve.losses, "val_loss": curve.val_losses,
+                                       "val_step": [float(v) for v in curve.val_steps]}
+    if curve.resumed_at:
+        samples["resumed_at_step"] = [float(v) for v in curve.resumed_at]
+    if diverged_at is not None:
+        samples["diverged_at_step"] = [float(diverged_at)]
+    if timed:
+        samples["time_ms"] = timed
+        timing = SimpleNamespace(median_ms=statistics.median(timed))
+        flops = model_flops(case.config.model, s["vocab"], s["batch"], s["seq"])
+        metrics += [m for m in speed_metrics(case, timing, flops) if m.name != "peak_mem_bytes"]
+        run_peak = peak_memory_bytes(case.device)
+        if run_peak is not None:  # the counter was reset at the census step: the run's peak is the larger
+            metrics.append(Metric.of("peak_mem_bytes", max(run_peak, memory.get("run_peak_before", 0))))
+        if case.backend.timed:
+            metrics.append(Metric.of("tokens_per_s", s["tokens_per_step"] / (timing.median_ms / 1e3)))
+    if curve.val_losses:
+        metrics += [Metric.of("loss_initial", curve.val_losses[0]), Metric.of("loss_final", curve.val_losses[-1])]
+    metrics += _memory_metrics(memory, case.device)
+    return CaseOutput(metrics, samples)
+
+
+def _memory_metrics(memory: dict, device: torch.device) -> list[Metric]:
+    """The census step's peak split into what was resident before its forward (weights, optimiser state,
+    everything else persistent), what its forward saved for backward (of which FP8 and high-precision
+    saves), and the backward's transient peak (gradients and temporaries) on top."""
+    out = []
+    for key, name in (("weights", "mem_weights_bytes"), ("optimizer", "mem_optimizer_bytes"),
+                      ("grads", "mem_grads_bytes"), ("saved_fp8", "mem_saved_fp8_bytes"),
+                      ("saved_hp", "mem_saved_hp_bytes")):
+        if key in memory:
+            out.append(Metric.of(name, memory[key]))
+    if device.type == "cuda" and "step_peak" in memory and "weights" in memory:
+        before, after_fwd, peak = memory["before_forward"], memory["after_forward"], memory["step_peak"]
+        out += [Metric.of("mem_persistent_other_bytes", before - memory["weights"] - memory["optimizer"]),
+                Metric.of("mem_activations_bytes", after_fwd - before),
+                Metric.of("mem_transient_bytes", peak - after_fwd),
+                Metric.of("mem_step_peak_bytes", peak)]
+    return out

@@ -1,0 +1,92 @@
+"""Regression detection trials on a GPU (issue: regression detection that engineers trust).
+
+`record` (on the GPU box): TRIALS+1 processes, each running the `regression-trials` suite three times into
+three runs: as is (A), with every torch-backend iteration stretched by 3% and by 10% (fp8bench's test-only
+`slowdown` knob, inside the timed region). Separate processes, so process-to-process variation is included.
+
+`judge` (where DuckDB is): ingest the runs, then compare
+- A/A: A of process i against A of process i+1 (TRIALS comparisons): every regression verdict is false;
+- injected: A of process i against the 3% (10%) run of process i+1: a trial detects the slowdown when every
+  slowed timed case is called a regression.
+Prints the counts and, per workload, the smallest change the comparison can call (its noise floor).
+
+Usage: python3 scripts/regression_trials.py record --out DIR [--trials 20]
+       python3 scripts/regression_trials.py judge DIR [--db PATH] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+LEVELS = {"A": None, "slow3": "torch:0.03", "slow10": "torch:0.10"}
+
+
+def record(out: Path, trials: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for i in range(trials + 1):
+        code = ("import sys; from fp8bench.cli import main; "
+                "sys.exit(max(main(['run', *a]) for a in %r))") % [
+            ["sweep=regression-trials", f"run_id=trial{i:02d}-{name}", f"results_dir={out}", "store.ingest=false"]
+            + ([f"slowdown={s}"] if s else []) for name, s in LEVELS.items()]
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        print(f"process {i}: rc={proc.returncode}", flush=True)
+        if proc.returncode:
+            print(proc.stderr[-3000:])
+
+
+def judge(folder: Path, db: Path, json_out: Path | None) -> int:
+    from fp8bench import store
+    from fp8bench.compare import compare_runs
+
+    con = store.connect(db)
+    store.ingest(con, [folder])
+    runs = sorted(r[0] for r in con.execute("SELECT run_id FROM runs WHERE run_id LIKE 'trial%'").fetchall())
+    n = len([r for r in runs if r.endswith("-A")])
+    result: dict = {"processes": n, "aa_false_regressions": 0, "aa_comparisons": 0, "detected": {}, "floors": {}}
+    floors: dict[str, list[float]] = {}
+    for i in range(n - 1):
+        cmp = compare_runs(con, f"trial{i:02d}-A", f"trial{i + 1:02d}-A")
+        result["aa_comparisons"] += 1
+        result["aa_false_regressions"] += len(cmp.regressions)
+        for c in cmp.changes:
+            if c.floor is not None:
+                floors.setdefault(c.case_id.split(".")[0], []).append(c.floor)
+    for level in ("slow3", "slow10"):
+        hits = 0
+        for i in range(n - 1):
+            cmp = compare_runs(con, f"trial{i:02d}-A", f"trial{i + 1:02d}-{level}")
+            timed = [c for c in cmp.changes if c.metric == "time_ms"]
+            hits += bool(timed) and all(c.verdict == "regression" for c in timed)
+        result["detected"][level] = {"trials": n - 1, "detected": hits}
+    result["floors"] = {wl: {"median_floor_pct": 100 * statistics.median(v), "max_floor_pct": 100 * max(v)}
+                        for wl, v in floors.items()}
+    print(json.dumps(result, indent=1))
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--trials", type=int, default=20)
+    j = sub.add_parser("judge")
+    j.add_argument("folder", type=Path)
+    j.add_argument("--db", type=Path, default=Path("/tmp/regression-trials.duckdb"))
+    j.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    if a.cmd == "record":
+        record(a.out, a.trials)
+        return 0
+    return judge(a.folder, a.db, a.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
