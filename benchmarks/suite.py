@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fp8bench.records import MEASUREMENT_VERSION
 
-TRACKED_SWEEPS = ("asv-cpu", "asv-hopper-gemm", "asv-hopper-te", "asv-hopper-torchao")
+TRACKED_SWEEPS = ("asv-cpu", "asv-hopper-gemm", "asv-hopper-te", "asv-hopper-torchao", "asv-hopper-train")
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 

@@ -5,13 +5,13 @@ three runs: as is (A), with every torch-backend iteration stretched by 3% and by
 `slowdown` knob, inside the timed region). Separate processes, so process-to-process variation is included.
 
 `judge` (where DuckDB is): ingest the runs, then compare
-- A/A: A of process i against A of process i+1 (TRIALS comparisons): every regression verdict is false;
+- A/A: A of process i against A of process i+1 of the same batch: every regression verdict is false;
 - injected: A of process i against the 3% (10%) run of process i+1: a trial detects the slowdown when every
   slowed timed case is called a regression.
 Prints the counts and, per workload, the smallest change the comparison can call (its noise floor).
 
-Usage: python3 scripts/regression_trials.py record --out DIR [--trials 20]
-       python3 scripts/regression_trials.py judge DIR [--db PATH] [--json FILE]
+Usage: python3 scripts/regression_trials.py record --out DIR [--trials 20] [--batch NAME]
+       python3 scripts/regression_trials.py judge DIR [DIR...] [--db PATH] [--json FILE]
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from pathlib import Path
 LEVELS = {"A": None, "slow3": "torch:0.03", "slow10": "torch:0.10"}
 
 
-def record(out: Path, trials: int) -> None:
+def record(out: Path, trials: int, batch: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for i in range(trials + 1):
         code = ("import sys; from fp8bench.cli import main; "
                 "sys.exit(max(main(['run', *a]) for a in %r))") % [
-            ["sweep=regression-trials", f"run_id=trial{i:02d}-{name}", f"results_dir={out}", "store.ingest=false"]
+            ["sweep=regression-trials", f"run_id={batch}trial{i:02d}-{name}", f"results_dir={out}",
+             "store.ingest=false"]
             + ([f"slowdown={s}"] if s else []) for name, s in LEVELS.items()]
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         print(f"process {i}: rc={proc.returncode}", flush=True)
@@ -39,30 +40,43 @@ def record(out: Path, trials: int) -> None:
             print(proc.stderr[-3000:])
 
 
-def judge(folder: Path, db: Path, json_out: Path | None) -> int:
+def _complete_processes(folder: Path) -> list[str]:
+    """Run-id prefixes ('<batch>trialNN') of the processes that recorded all three runs in `folder`."""
+    names = {p.name for p in (folder / "runs").iterdir() if any(p.glob("shard-*.jsonl"))}
+    prefixes = sorted({n.rsplit("-", 1)[0] for n in names})
+    return [p for p in prefixes if all(f"{p}-{level}" in names for level in LEVELS)]
+
+
+def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
+    """Pairs are consecutive processes of one folder (one machine): a batch recorded on another machine
+    starts a new chain rather than being compared across machines."""
     from fp8bench import store
     from fp8bench.compare import compare_runs
 
     con = store.connect(db)
-    store.ingest(con, [folder])
-    runs = sorted(r[0] for r in con.execute("SELECT run_id FROM runs WHERE run_id LIKE 'trial%'").fetchall())
-    n = len([r for r in runs if r.endswith("-A")])
-    result: dict = {"processes": n, "aa_false_regressions": 0, "aa_comparisons": 0, "detected": {}, "floors": {}}
+    store.ingest(con, folders)
+    pairs = [(a, b) for f in folders for a, b in zip(_complete_processes(f), _complete_processes(f)[1:], strict=False)]
+    result: dict = {"processes": sum(len(_complete_processes(f)) for f in folders), "aa_false_regressions": 0,
+                    "aa_comparisons": 0, "aa_verdicts": {}, "detected": {}, "floors": {}}
     floors: dict[str, list[float]] = {}
-    for i in range(n - 1):
-        cmp = compare_runs(con, f"trial{i:02d}-A", f"trial{i + 1:02d}-A")
+    for a, b in pairs:
+        cmp = compare_runs(con, f"{a}-A", f"{b}-A")
         result["aa_comparisons"] += 1
         result["aa_false_regressions"] += len(cmp.regressions)
         for c in cmp.changes:
+            result["aa_verdicts"][c.verdict] = result["aa_verdicts"].get(c.verdict, 0) + 1
             if c.floor is not None:
                 floors.setdefault(c.case_id.split(".")[0], []).append(c.floor)
     for level in ("slow3", "slow10"):
-        hits = 0
-        for i in range(n - 1):
-            cmp = compare_runs(con, f"trial{i:02d}-A", f"trial{i + 1:02d}-{level}")
+        hits, missed = 0, []
+        for a, b in pairs:
+            cmp = compare_runs(con, f"{a}-A", f"{b}-{level}")
             timed = [c for c in cmp.changes if c.metric == "time_ms"]
-            hits += bool(timed) and all(c.verdict == "regression" for c in timed)
-        result["detected"][level] = {"trials": n - 1, "detected": hits}
+            ok = bool(timed) and all(c.verdict == "regression" for c in timed)
+            hits += ok
+            missed += [] if ok else [f"{b}: " + ", ".join(f"{c.case_id} {c.rel_change:+.2%} {c.verdict}"
+                                                          for c in timed if c.verdict != "regression")]
+        result["detected"][level] = {"trials": len(pairs), "detected": hits, "missed": missed}
     result["floors"] = {wl: {"median_floor_pct": 100 * statistics.median(v), "max_floor_pct": 100 * max(v)}
                         for wl, v in floors.items()}
     print(json.dumps(result, indent=1))
@@ -77,15 +91,16 @@ def main() -> int:
     r = sub.add_parser("record")
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--trials", type=int, default=20)
+    r.add_argument("--batch", default="", help="run-id prefix of this batch (one per machine)")
     j = sub.add_parser("judge")
-    j.add_argument("folder", type=Path)
+    j.add_argument("folders", type=Path, nargs="+", help="one folder per batch (machine)")
     j.add_argument("--db", type=Path, default=Path("/tmp/regression-trials.duckdb"))
     j.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.cmd == "record":
-        record(a.out, a.trials)
+        record(a.out, a.trials, a.batch)
         return 0
-    return judge(a.folder, a.db, a.json)
+    return judge(a.folders, a.db, a.json)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def checks(site):
 
 
 def test_every_page_loads_without_console_errors_and_draws_its_plots(checks):
-    assert {c.page for c in checks} == {"index.html", "gemm.html", "modules.html", "numerics.html",
+    assert {c.page for c in checks} == {"index.html", "gemm.html", "modules.html", "training.html", "numerics.html",
                                         "history.html", "runs.html"}
     for c in checks:
         assert c.errors == [], (c.page, c.errors)
