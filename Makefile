@@ -40,6 +40,7 @@ asv: $(STAMP)
 	$(BIN)/asv machine --yes --machine $(ASV_MACHINE)
 	$(BIN)/asv run --python=same --machine $(ASV_MACHINE) --set-commit-hash $$(git rev-parse HEAD) --show-stderr
 	$(BIN)/asv publish
+	$(BIN)/python scripts/asv_offline.py
 
 clean:
 	rm -rf $(VENV) results/runs results/hydra results/*.duckdb results/site

@@ -56,3 +56,30 @@ def test_quick_cpu_asv_run_records_cpu_cases_and_skips_gpu_ones(conf):
     assert gpu is None or gpu != gpu  # a GPU case: skipped here (asv records null/NaN)
     sqnr = dict(zip((p.strip("'") for p in params), results["suite.FP8Cases.track_sqnr_db"][0], strict=True))
     assert 25 < sqnr["gemm.tiny.fprop_gate_up.e4m3.current.torch"] < 33
+
+
+def test_committed_h200_history_publishes_and_renders_offline(conf):
+    """results/asv/h200 holds real H200 runs of several commits; `asv publish` plus scripts/asv_offline.py
+    must give a site that Chromium renders from file:// with no console error and nothing fetched."""
+    from fp8bench.report.browser import check_asv_site, chromium_path
+
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed")
+    h200 = ROOT / "results" / "asv" / "h200"
+    commits = {json.loads(p.read_text())["commit_hash"] for p in h200.glob("*.json") if p.name != "machine.json"}
+    assert len(commits) >= 3
+    results = conf.parent / "results"
+    shutil.copytree(h200, results / "h200", dirs_exist_ok=True)
+    assert _asv("run", "--python=same", "--bench", "just-discover", "--config", str(conf)).returncode == 0
+    res = _asv("publish", "--config", str(conf))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    html = conf.parent / "html"
+    off = subprocess.run([sys.executable, str(ROOT / "scripts" / "asv_offline.py"), str(html)], capture_output=True,
+                         text=True)
+    assert off.returncode == 0, off.stdout + off.stderr
+    index = json.loads((html / "index.json").read_text())
+    assert len(index["revision_to_hash"]) >= 3
+    check = check_asv_site(html, "suite.FP8Cases.track_time_ms",
+                           "case_id=%27layer.llama2-7b.b2s4096.e4m3.delayed.te%27")
+    assert check.errors == [] and check.external_requests == []
+    assert check.benchmarks >= 2 and check.graph_drawn

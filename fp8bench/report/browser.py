@@ -80,3 +80,51 @@ def page_text(site: Path, name: str, script: str = "document.body.innerText") ->
         value = page.evaluate(script)
         browser.close()
     return value
+
+
+@dataclass
+class AsvCheck:
+    errors: list[str] = field(default_factory=list)
+    benchmarks: int = 0
+    """Benchmarks listed on asv's index page."""
+    graph_drawn: bool = False
+    """The graph page of one benchmark drew its plot (flot's canvas)."""
+    external_requests: list[str] = field(default_factory=list)
+
+
+def check_asv_site(html_dir: Path, benchmark: str, params: str = "") -> AsvCheck:
+    """Open asv's published site from file:// (its pages read JSON next to them, which Chromium allows from
+    files only with --allow-file-access-from-files: the offline way to view `asv publish` output), then one
+    benchmark's graph page; collect console errors."""
+    from playwright.sync_api import sync_playwright
+
+    check = AsvCheck()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(),
+                                     args=[*CHROMIUM_ARGS, "--allow-file-access-from-files"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("console", lambda m: check.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: check.errors.append(str(e)))
+
+        def route(r):
+            if r.request.url.startswith("file://"):
+                r.continue_()
+            else:
+                check.external_requests.append(r.request.url)
+                r.abort()
+
+        page.route("**/*", route)
+        index = (html_dir / "index.html").resolve().as_uri()
+        page.goto(index)
+        page.wait_for_selector("#summarygrid-display .benchmark-plot", timeout=20_000)
+        page.wait_for_timeout(1500)
+        check.benchmarks = page.evaluate("document.querySelectorAll('#summarygrid-display .benchmark-plot').length")
+        page.goto(f"{index}#{benchmark}{'?' + params if params else ''}")
+        try:
+            page.wait_for_selector("#main-graph canvas", timeout=20_000)
+            check.graph_drawn = True
+        except Exception:  # noqa: BLE001 - a missing graph is the finding, reported as graph_drawn=False
+            check.graph_drawn = False
+        page.wait_for_timeout(1000)
+        browser.close()
+    return check
