@@ -17,11 +17,19 @@ from fp8bench.records import METRICS, StoreError
 
 ALPHA = 0.01
 """Two-sided significance level of the Mann-Whitney U test."""
-MIN_FLOOR = 0.01
-"""No timed change under 1% is called: run-to-run drift on one GPU is ~0.1-0.2% (CV), a step of a few % is real."""
+MIN_FLOOR = 0.015
+"""No timed change under 1.5% is called. Calibrated on 23 A/A pairs of separate processes on one H200
+(results/h200-checks/regression_trials.json): the largest move of a stable case between two runs of the same
+commit on the same GPU was 1.1%, while its samples within a run agree to ~0.1%."""
 NOISE_MULTIPLE = 2.0
 """Floor = NOISE_MULTIPLE x the case's robust relative spread (1.4826·MAD/median, the larger of both runs')."""
 MIN_SAMPLES = 3
+BETWEEN_MULTIPLE = 3.0
+"""Floor >= BETWEEN_MULTIPLE x the case's run-to-run spread, where a history exists: on an H200 a BF16 GEMM's
+median moves by several % from one process to the next (clocks under the power limit) while its samples
+within one run agree to 0.1%, so within-run noise alone calls such moves regressions."""
+MIN_HISTORY = 5
+"""Runs of the case (same device and environment, no injected slowdown) needed to estimate run-to-run spread."""
 SQNR_TOLERANCE_DB = 0.5
 """Numerics change by more than this many dB is a verdict (they are deterministic for a fixed seed)."""
 ENV_KEYS = ("torch", "cuda", "driver", "transformer_engine", "torchao", "triton", "python")
@@ -94,19 +102,48 @@ def _values(con, run_id: str, metric: str) -> dict[str, float]:
                             "WHERE m.run_id = ? AND m.metric = ? AND c.status = 'ok'", [run_id, metric]).fetchall())
 
 
+def _history(con, base: str, exclude: str) -> dict[tuple[str, str], list[float]]:
+    """Per (case, metric): medians over the runs on the base run's device and environment, in start order,
+    leaving out `exclude` and runs with an injected slowdown (the test-only knob)."""
+    rows = con.execute("""
+        SELECT m.case_id, m.metric, m.value FROM measurements m JOIN runs r USING (run_id)
+        JOIN cases c USING (run_id, case_id)
+        WHERE c.status = 'ok' AND NOT m.derived AND r.run_id != ?
+          AND r.device_name = (SELECT device_name FROM runs WHERE run_id = ?)
+          AND r.env_id IS NOT DISTINCT FROM (SELECT env_id FROM runs WHERE run_id = ?)
+          AND coalesce(json_extract_string(r.config, '$.base.slowdown'), '') = ''
+        ORDER BY r.started_at""", [exclude, base, base]).fetchall()
+    out: dict[tuple[str, str], list[float]] = {}
+    for case_id, metric, value in rows:
+        out.setdefault((case_id, metric), []).append(value)
+    return out
+
+
 def robust_rel_spread(xs: list[float]) -> float:
     med = statistics.median(xs)
     mad = statistics.median(abs(x - med) for x in xs)
     return 1.4826 * mad / med if med else float("inf")
 
 
-def judge_samples(base: list[float], head: list[float], direction: str) -> tuple[float, float | None, float | None, str]:
-    """(relative change of medians, p-value, floor, verdict) for one timed metric."""
+def run_to_run_spread(medians: list[float]) -> float | None:
+    """Robust relative spread of the difference between consecutive runs (1.4826 x median |Δ| / level):
+    a persistent step in the history moves one difference only, so it barely inflates the estimate."""
+    if len(medians) < MIN_HISTORY:
+        return None
+    diffs = [abs(b - a) / a for a, b in zip(medians, medians[1:], strict=False) if a]
+    return 1.4826 * statistics.median(diffs) if diffs else None
+
+
+def judge_samples(base: list[float], head: list[float], direction: str,
+                  between: float | None = None) -> tuple[float, float | None, float | None, str]:
+    """(relative change of medians, p-value, floor, verdict) for one timed metric. `between`: the case's
+    run-to-run spread from history (run_to_run_spread), when known."""
     mb, mh = statistics.median(base), statistics.median(head)
     rel = (mh - mb) / mb if mb else float("inf")
     if len(base) < MIN_SAMPLES or len(head) < MIN_SAMPLES:
         return rel, None, None, "insufficient data"
-    floor = max(MIN_FLOOR, NOISE_MULTIPLE * max(robust_rel_spread(base), robust_rel_spread(head)))
+    floor = max(MIN_FLOOR, NOISE_MULTIPLE * max(robust_rel_spread(base), robust_rel_spread(head)),
+                BETWEEN_MULTIPLE * between if between else 0.0)
     p = float(mannwhitneyu(base, head, alternative="two-sided").pvalue)
     if p >= ALPHA or abs(rel) < floor:
         return rel, p, floor, "unchanged"
@@ -123,9 +160,11 @@ def compare_runs(con, base_spec: str, head_spec: str) -> Comparison:
     cmp = Comparison(base, head, eb["device_name"] or "unknown device")
     cmp.env_changes = [f"{k} {eb[k]} → {eh[k]}" for k in ENV_KEYS if eb[k] != eh[k]]
     sb, sh = _samples(con, base), _samples(con, head)
+    history = _history(con, base, exclude=head)
     for key in sorted(k for k in set(sb) & set(sh) if k[1] in METRICS):  # timings, not loss curves
         case_id, metric = key
-        rel, p, floor, verdict = judge_samples(sb[key], sh[key], METRICS.get(metric, ("", "lower"))[1])
+        rel, p, floor, verdict = judge_samples(sb[key], sh[key], METRICS.get(metric, ("", "lower"))[1],
+                                               run_to_run_spread(history.get(key, [])))
         cmp.changes.append(Change(case_id, metric, statistics.median(sb[key]), statistics.median(sh[key]), rel, p,
                                   floor, verdict))
     vb, vh = _values(con, base, "sqnr_db"), _values(con, head, "sqnr_db")

@@ -6,9 +6,8 @@ three runs: as is (A), with every torch-backend iteration stretched by 3% and by
 
 `judge` (where DuckDB is): ingest the runs, then compare
 - A/A: A of process i against A of process i+1 of the same batch: every regression verdict is false;
-- injected: A of process i against the 3% (10%) run of process i+1: a trial detects the slowdown when every
-  slowed timed case is called a regression.
-Prints the counts and, per workload, the smallest change the comparison can call (its noise floor).
+- injected: A of process i against the 3% (10%) run of process i+1: per case, is it called a regression?
+Prints the counts per case with its median floor (the smallest change the comparison can call for it).
 
 Usage: python3 scripts/regression_trials.py record --out DIR [--trials 20] [--batch NAME]
        python3 scripts/regression_trials.py judge DIR [DIR...] [--db PATH] [--json FILE]
@@ -48,40 +47,50 @@ def _complete_processes(folder: Path) -> list[str]:
 
 
 def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
-    """Pairs are consecutive processes of one folder (one machine): a batch recorded on another machine
-    starts a new chain rather than being compared across machines."""
+    """Pairs are consecutive processes of one batch (one GPU): a batch recorded on another GPU starts a new
+    chain rather than being compared across GPUs. Counts are per timed case and over whole trials."""
     from fp8bench import store
     from fp8bench.compare import compare_runs
 
     con = store.connect(db)
     store.ingest(con, folders)
-    pairs = [(a, b) for f in folders for a, b in zip(_complete_processes(f), _complete_processes(f)[1:], strict=False)]
-    result: dict = {"processes": sum(len(_complete_processes(f)) for f in folders), "aa_false_regressions": 0,
-                    "aa_comparisons": 0, "aa_verdicts": {}, "detected": {}, "floors": {}}
-    floors: dict[str, list[float]] = {}
+    batches: dict[str, list[str]] = {}
+    for f in folders:
+        for prefix in _complete_processes(f):
+            batches.setdefault(prefix.split("trial")[0], []).append(prefix)
+    pairs = [(a, b) for chain in batches.values() for a, b in zip(chain, chain[1:], strict=False)]
+    result: dict = {"processes": sum(map(len, batches.values())), "batches": {k or "a": len(v) for k, v in batches.items()},
+                    "pairs": len(pairs), "aa_false_regressions": 0, "per_case": {}, "trials_all_cases_detected": {}}
+    per_case = result["per_case"]
+
+    def case(c):
+        return per_case.setdefault(c.case_id, {"aa_pairs": 0, "aa_false_regressions": 0, "aa_false_improvements": 0,
+                                               "detected_slow3": 0, "detected_slow10": 0, "floors_pct": []})
     for a, b in pairs:
-        cmp = compare_runs(con, f"{a}-A", f"{b}-A")
-        result["aa_comparisons"] += 1
-        result["aa_false_regressions"] += len(cmp.regressions)
-        for c in cmp.changes:
-            result["aa_verdicts"][c.verdict] = result["aa_verdicts"].get(c.verdict, 0) + 1
-            if c.floor is not None:
-                floors.setdefault(c.case_id.split(".")[0], []).append(c.floor)
+        for c in compare_runs(con, f"{a}-A", f"{b}-A").changes:
+            if c.metric != "time_ms":
+                continue
+            result["aa_false_regressions"] += c.verdict == "regression"
+            case(c)["aa_pairs"] += 1
+            case(c)["aa_false_regressions"] += c.verdict == "regression"
+            case(c)["aa_false_improvements"] += c.verdict == "improvement"
+            case(c)["floors_pct"].append(100 * c.floor)
     for level in ("slow3", "slow10"):
-        hits, missed = 0, []
+        whole = 0
         for a, b in pairs:
-            cmp = compare_runs(con, f"{a}-A", f"{b}-{level}")
-            timed = [c for c in cmp.changes if c.metric == "time_ms"]
-            ok = bool(timed) and all(c.verdict == "regression" for c in timed)
-            hits += ok
-            missed += [] if ok else [f"{b}: " + ", ".join(f"{c.case_id} {c.rel_change:+.2%} {c.verdict}"
-                                                          for c in timed if c.verdict != "regression")]
-        result["detected"][level] = {"trials": len(pairs), "detected": hits, "missed": missed}
-    result["floors"] = {wl: {"median_floor_pct": 100 * statistics.median(v), "max_floor_pct": 100 * max(v)}
-                        for wl, v in floors.items()}
+            timed = [c for c in compare_runs(con, f"{a}-A", f"{b}-{level}").changes if c.metric == "time_ms"]
+            for c in timed:
+                case(c)[f"detected_{level}"] += c.verdict == "regression"
+                case(c)[f"compared_{level}"] = case(c).get(f"compared_{level}", 0) + 1
+                case(c)[f"changes_{level}_pct"] = case(c).get(f"changes_{level}_pct", []) + [round(100 * c.rel_change, 2)]
+            whole += bool(timed) and all(c.verdict == "regression" for c in timed)
+        result["trials_all_cases_detected"][level] = whole
+    for c in per_case.values():
+        floors = c.pop("floors_pct")
+        c["median_floor_pct"] = round(statistics.median(floors), 2)
     print(json.dumps(result, indent=1))
     if json_out:
-        json_out.write_text(json.dumps(result, indent=1))
+        json_out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 
