@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -91,13 +92,24 @@ def cmd_run(args: list[str]) -> int:
     if dropped:
         console.print(f"dropped {dropped} impossible format×scaling combinations of the sweep")
     if is_multi:
+        parent = os.getpid()
+
         def job(point, num: str) -> None:
+            # Runs in the launcher's process: this one (basic launcher) or a worker (local-gpus, slurm, ...).
+            from rich.console import Console
+
+            from fp8bench.launch import pin_worker_gpu
+
             try:
                 check_combination(point)
             except ConfigError:
                 return  # an impossible pair of the preset's cartesian product: nothing to measure
-            execute(plan([point], device), run_dir, run_id, device, job=f"job{num}", resume=bool(first.resume),
-                    console=console, progress=False)
+            gpu = pin_worker_gpu() if os.getpid() != parent else None
+            where = f"job{num}" + (f"-gpu{gpu}" if gpu is not None else "")
+            Console(stderr=True).print(f"{where}: pid {os.getpid()}, {point.workload.name} {point.model.name} "
+                                       f"{point.format.name}/{point.scaling.name} {point.backend.name}")
+            execute(plan([point], device), run_dir, run_id, device, job=where, resume=bool(first.resume),
+                    console=Console(stderr=True), progress=False)
         code = multirun(overrides + [f"run_id={run_id}"], job)
         if code:
             return code

@@ -49,6 +49,10 @@ def register_schema() -> None:
     node = OmegaConf.structured(Config)
     _writable(node)
     ConfigStore.instance().store(name=SCHEMA_NAME, node=node)
+    if not OmegaConf.has_resolver("fp8bench_gpus"):  # conf/hydra/launcher/local-gpus.yaml: one job per GPU
+        from fp8bench.launch import gpu_count
+
+        OmegaConf.register_new_resolver("fp8bench_gpus", gpu_count)
 
 
 def group_options(group: str) -> list[str]:
@@ -66,6 +70,8 @@ def _check_override(override: str) -> None:
             raise ConfigError(f"option {override!r} is not known here; pass Hydra overrides as key=value")
         raise ConfigError(f"override {override!r} is not key=value (e.g. model=llama2-7b)")
     key, value = m.group(1), m.group(3)
+    if key.startswith("hydra/"):  # Hydra's own groups (hydra/launcher=...): Hydra checks them
+        return
     if key in GROUPS:
         opts = group_options(key)
         for v in _split_values(value):

@@ -1,0 +1,57 @@
+"""What a sweep job does in a launcher's worker process before it measures anything.
+
+Hydra leaves device placement to the user: a joblib worker on an 8-GPU box would otherwise run on GPU 0 with
+every other worker. `pin_worker_gpu` claims one GPU per worker process (an exclusive lock file per GPU, held
+for the process's life) and sets CUDA_VISIBLE_DEVICES before CUDA is initialised in that process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+_claimed: dict[str, object] = {}
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use, without initialising CUDA (CUDA_VISIBLE_DEVICES, else nvidia-smi)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+def gpu_count() -> int:
+    """Parallel jobs for the local-gpus launcher: one per GPU (1 on a machine without any)."""
+    return max(1, len(visible_gpus()))
+
+
+def pin_worker_gpu() -> str | None:
+    """Claim a free GPU for this process and make it the only visible one; None on a machine with fewer than
+    two GPUs (nothing to choose). Idempotent: a worker keeps its GPU for every job it runs."""
+    if "gpu" in _claimed:
+        return _claimed["gpu"]  # type: ignore[return-value]
+    gpus = visible_gpus()
+    if len(gpus) < 2:
+        return None
+    lock_dir = Path(tempfile.gettempdir()) / f"fp8bench-gpu-locks-{os.getuid()}"
+    lock_dir.mkdir(exist_ok=True)
+    for gpu in gpus:
+        fd = open(lock_dir / f"gpu{gpu}.lock", "w")  # noqa: SIM115 - held open: the lock lives with the process
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fd.close()
+            continue
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+        _claimed.update(gpu=gpu, fd=fd)
+        return gpu
+    raise RuntimeError(f"all {len(gpus)} GPUs {gpus} are claimed by other fp8bench workers; run at most that many "
+                       "jobs at once (hydra.launcher.n_jobs)")

@@ -1,0 +1,85 @@
+"""Launchers: sweep jobs in separate processes (submitit's local executor) ingest as one run; each parallel
+worker claims its own GPU; the SLURM launcher config composes."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+
+from fp8bench.config.compose import conf_dir, register_schema
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_local_processes_launcher_runs_each_job_in_its_own_process_and_ingests_every_job(cli, tmp_path):
+    r = cli("run", "-m", "workload=gemm", "model=tiny", "backend=torch", "format=bf16,e4m3,hybrid",
+            "scaling=none,current", "workload.linears=[o]", "workload.roles=[fprop,dgrad]",
+            "hydra/launcher=local-processes", f"results_dir={tmp_path}", "run_id=proc", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    shards = sorted((tmp_path / "runs" / "proc").glob("shard-*.jsonl"))
+    pids = {s.name.split("-")[2] for s in shards}
+    assert len(shards) == 3  # bf16/none, e4m3/current, hybrid/current (the other pairs are impossible)
+    assert len(pids) == 3 and str(os.getpid()) not in pids  # three processes, none of them this one
+    con = duckdb.connect(str(tmp_path / "fp8bench.duckdb"), read_only=True)
+    rows = con.execute("SELECT count(*), count(DISTINCT case_id), count(*) FILTER (WHERE status = 'ok') "
+                       "FROM cases WHERE run_id = 'proc'").fetchone()
+    assert rows == (6, 6, 6)  # 3 jobs x 2 GEMMs, nothing lost or duplicated
+
+
+_PIN = """
+import sys, time
+from pathlib import Path
+from fp8bench.launch import pin_worker_gpu
+try:
+    print(pin_worker_gpu(), flush=True)
+except RuntimeError as exc:
+    print("error:", exc, flush=True)
+    sys.exit(0)
+while not Path(sys.argv[1]).exists():
+    time.sleep(0.05)
+"""
+
+
+def test_each_worker_process_claims_its_own_gpu(tmp_path):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="3,5", TMPDIR=str(tmp_path))
+    stop = tmp_path / "stop"
+    procs = []
+    try:
+        lines = []
+        for _ in range(3):
+            p = subprocess.Popen([sys.executable, "-c", _PIN, str(stop)], env=env, stdout=subprocess.PIPE, text=True)
+            procs.append(p)
+            lines.append(p.stdout.readline().strip())
+        assert sorted(lines[:2]) == ["3", "5"]  # two workers, two GPUs, each its own
+        assert lines[2].startswith("error: all 2 GPUs")  # a third cannot share one
+    finally:
+        stop.touch()
+        for p in procs:
+            p.wait(timeout=30)
+    # a worker that exits releases its GPU for the next one
+    again = subprocess.run([sys.executable, "-c", _PIN, str(stop)], env=env, capture_output=True, text=True)
+    assert again.stdout.strip() in ("3", "5")
+
+
+def test_one_gpu_or_none_needs_no_pinning(monkeypatch):
+    from fp8bench.launch import gpu_count, pin_worker_gpu
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert pin_worker_gpu() is None and gpu_count() == 1
+
+
+def test_slurm_launcher_config_composes_with_one_gpu_per_task():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
+                      return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
