@@ -19,7 +19,7 @@ from fp8bench.config.schema import ConfigError
 
 console = Console(stderr=True)
 out = Console()
-COMMANDS = ("run", "plan", "ingest", "export", "report", "compare", "history", "doctor")
+COMMANDS = ("run", "plan", "ingest", "export", "report", "compare", "asv-compare", "history", "doctor")
 USAGE = """usage: fp8bench COMMAND [ARGS]
 
   run [-m] [hydra overrides]   run a point or a sweep preset (sweep=quick); -m uses Hydra's multirun
@@ -30,6 +30,8 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
   compare BASE HEAD [--db DB] [--markdown FILE]
                                statistical A/B of two runs (run id, git commit or 'latest');
                                exit 1 if anything regressed
+  asv-compare BASE HEAD [--machine M] [--threshold 0.05] [--results results/asv]
+                               two commits recorded by asv, direction-aware; exit 1 if anything regressed
   history [--db DB]            change points of every tracked series, with the commit that made them
   doctor                       device, versions, backends and the capability matrix
 """
@@ -191,6 +193,32 @@ def cmd_report(args: list[str]) -> int:
     return 0
 
 
+def cmd_asv_compare(args: list[str]) -> int:
+    from fp8bench.asv_results import compare_commits
+
+    p = _Parser(prog="fp8bench asv-compare")
+    p.add_argument("base")
+    p.add_argument("head")
+    p.add_argument("--machine", default="h200")
+    p.add_argument("--results", type=Path, default=Path("results/asv"))
+    p.add_argument("--threshold", type=float, default=0.05, help="relative change that counts (default 0.05)")
+    p.add_argument("--all", action="store_true", help="list unchanged series too")
+    ns = p.parse_args(args)
+    if not 0 < ns.threshold < 1:
+        raise UsageError(f"--threshold={ns.threshold!r} must be between 0 and 1 (e.g. 0.05 for 5%)")
+    changes = compare_commits(ns.results, ns.machine, ns.base, ns.head, ns.threshold)
+    table = Table(title=f"asv {ns.base} → {ns.head} on {ns.machine} (threshold {ns.threshold:.0%})")
+    for col in ("series", "case", "base", "head", "change", "verdict"):
+        table.add_column(col, overflow="fold")
+    for c in changes:
+        if ns.all or c.verdict != "unchanged":
+            table.add_row(c.benchmark, c.case_id, f"{c.base:.4g}", f"{c.head:.4g}", f"{c.rel_change:+.1%}", c.verdict)
+    out.print(table)
+    counts = {v: sum(c.verdict == v for c in changes) for v in ("regression", "improvement", "unchanged")}
+    out.print(", ".join(f"{n} {v}" for v, n in counts.items()))
+    return 1 if counts["regression"] else 0
+
+
 def cmd_compare(args: list[str]) -> int:
     from fp8bench.compare import compare_runs, to_markdown
 
@@ -281,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
-                "compare": cmd_compare, "history": cmd_history, "doctor": cmd_doctor}
+                "compare": cmd_compare, "asv-compare": cmd_asv_compare, "history": cmd_history, "doctor": cmd_doctor}
     from fp8bench.records import StoreError
 
     try:

@@ -83,3 +83,35 @@ def test_committed_h200_history_publishes_and_renders_offline(conf):
                            "case_id=%27layer.llama2-7b.b2s4096.e4m3.delayed.te%27")
     assert check.errors == [] and check.external_requests == []
     assert check.benchmarks >= 2 and check.graph_drawn
+
+
+def _edited_copy(tmp_path, commit_prefix, case, factors):
+    """results/asv/h200 copied, with `case`'s values in the result of `commit_prefix` scaled per benchmark."""
+    dst = tmp_path / "asv" / "h200"
+    shutil.copytree(ROOT / "results" / "asv" / "h200", dst)
+    [path] = [p for p in dst.glob(f"{commit_prefix}*.json")]
+    data = json.loads(path.read_text())
+    for bench, factor in factors.items():
+        entry = data["results"][f"suite.FP8Cases.{bench}"]
+        i = [p.strip("'") for p in entry[1][0]].index(case)
+        entry[0][i] *= factor
+    path.write_text(json.dumps(data))
+    return tmp_path / "asv"
+
+
+def test_asv_compare_is_direction_aware_and_gates_with_its_exit_code(cli, tmp_path):
+    case = "layer.llama2-7b.b2s4096.e4m3.delayed.te"
+    same = cli("asv-compare", "a0f323a", "a0f323a", "--results", str(ROOT / "results" / "asv"))
+    assert same.returncode == 0 and "0 regression" in same.stdout
+    # head 20% slower and its speedup 20% lower: both are regressions (asv compare would call the second better)
+    worse = _edited_copy(tmp_path / "w", "a0f323a", case, {"track_time_ms": 1.2, "track_speedup_vs_bf16": 0.8})
+    r = cli("asv-compare", "228c534", "a0f323a", "--results", str(worse), "--threshold", "0.1")
+    assert r.returncode == 1, r.stdout
+    rows = [line for line in r.stdout.splitlines() if "regression" in line and "layer.llama2-7b.b2s4096" in line]
+    assert len(rows) == 2, r.stdout
+    better = _edited_copy(tmp_path / "b", "a0f323a", case, {"track_time_ms": 0.8, "track_speedup_vs_bf16": 1.25})
+    r = cli("asv-compare", "228c534", "a0f323a", "--results", str(better), "--threshold", "0.1", "--all")
+    lines = [line for line in r.stdout.splitlines() if "layer.llama2-7b.b2s4096" in line and "improvement" in line]
+    assert len(lines) >= 2, r.stdout
+    bad = cli("asv-compare", "228c534", "nope", "--results", str(ROOT / "results" / "asv"))
+    assert bad.returncode == 2 and "recorded commits" in bad.stderr and "Traceback" not in bad.stderr

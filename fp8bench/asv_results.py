@@ -1,0 +1,68 @@
+"""Direction-aware comparison of two commits recorded by asv (`fp8bench asv-compare`).
+
+`asv compare` treats every number as lower-is-better and always exits 0. Here each series keeps its direction
+(time and memory: lower is better; TFLOPS, speedup, SQNR: higher) and a change worse than the threshold is a
+regression, so CI can gate on the exit code. asv keeps one number per benchmark and commit (the statistics live
+in fp8bench's own runs: `fp8bench compare` tests their samples), hence a threshold rather than a test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from fp8bench.records import StoreError
+
+DIRECTION = {"track_time_ms": "lower", "track_peak_mem_bytes": "lower", "track_tflops": "higher",
+             "track_speedup_vs_bf16": "higher", "track_sqnr_db": "higher"}
+
+
+@dataclass(frozen=True)
+class AsvChange:
+    benchmark: str
+    case_id: str
+    base: float
+    head: float
+    rel_change: float
+    verdict: str
+
+
+def load_result(results_dir: Path, machine: str, commit: str) -> dict[tuple[str, str], float]:
+    """{(benchmark, case_id): value} of the result file of `commit` (a prefix) on `machine`."""
+    folder = results_dir / machine
+    if not folder.is_dir():
+        machines = sorted(p.name for p in results_dir.glob("*") if (p / "machine.json").is_file())
+        raise StoreError(f"--machine {machine!r} has no results in {results_dir}; choose one of {machines}")
+    files = [p for p in folder.glob("*.json") if p.name != "machine.json"
+             and json.loads(p.read_text()).get("commit_hash", "").startswith(commit)]
+    if not files:
+        known = sorted(json.loads(p.read_text()).get("commit_hash", "")[:8] for p in folder.glob("*.json")
+                       if p.name != "machine.json")
+        raise StoreError(f"commit {commit!r} has no asv result on {machine}; recorded commits: {known}")
+    if len(files) > 1:
+        raise StoreError(f"commit {commit!r} matches {len(files)} result files on {machine}; give more of the hash "
+                         "or one environment")
+    results = json.loads(files[0].read_text())["results"]
+    out = {}
+    for bench, entry in results.items():
+        values, params = entry[0], entry[1][0] if entry[1] else []
+        for param, value in zip(params, values, strict=False):
+            if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                out[(bench.rsplit(".", 1)[-1], param.strip("'"))] = float(value)
+    return out
+
+
+def compare_commits(results_dir: Path, machine: str, base: str, head: str, threshold: float) -> list[AsvChange]:
+    a, b = load_result(results_dir, machine, base), load_result(results_dir, machine, head)
+    changes = []
+    for key in sorted(set(a) & set(b)):
+        bench, case_id = key
+        direction = DIRECTION.get(bench, "lower")
+        rel = (b[key] - a[key]) / abs(a[key]) if a[key] else 0.0
+        worse = rel > threshold if direction == "lower" else rel < -threshold
+        better = rel < -threshold if direction == "lower" else rel > threshold
+        changes.append(AsvChange(bench, case_id, a[key], b[key], rel,
+                                 "regression" if worse else "improvement" if better else "unchanged"))
+    return changes
