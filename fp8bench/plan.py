@@ -83,7 +83,9 @@ def plan(points: list[Config], device: DeviceInfo | None = None) -> list[Case]:
     for point in points:
         ok, why = verdict(point, device)
         for shape_name, shape in shapes.shapes(point):
-            case = Case(point, shape_name, shape, ok, "" if ok else why)
+            shape_ok, shape_why = (get_backend(point.backend.name).supports_shape(
+                point.workload.name, shape, Case(point, shape_name, shape, True, "").recipe) if ok else (ok, why))
+            case = Case(point, shape_name, shape, shape_ok, "" if shape_ok else shape_why)
             cases.setdefault(case.case_id, case)
     return list(cases.values())
 

@@ -151,6 +151,10 @@ class Backend:
             return False, f"backend {self.name!r} does not implement workload {workload!r} (it runs {sorted(self.workloads)})"
         return True, ""
 
+    def supports_shape(self, workload: str, shape: dict, recipe: Recipe) -> tuple[bool, str]:
+        """Shape-level limits (e.g. a kernel for some GEMM roles only); checked per case by the planner."""
+        return True, ""
+
     def effective_recipe(self, recipe: Recipe) -> Recipe:
         """The exact numerics this backend implements for `recipe` (what the emulator check must use),
         e.g. a library that silently rounds scales to powers of two says so here."""

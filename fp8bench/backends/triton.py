@@ -1,14 +1,22 @@
 """`triton`: fp8bench's own kernels (`kernels/`, imported as `fp8bench_kernels`).
 
-The kernels themselves arrive with the kernels issue; until a kernel exists for a case, the case is
-recorded `skipped` with that reason (never run under another backend's name).
+- quantize: e4m3/current (amax, then cast + transposed copy), e4m3/blockwise (1x128 activations, 128x128
+  weights; `scaling.pow2_scales`), mxfp8/mx (32-element blocks, E8M0 exponents);
+- gemm: e4m3/blockwise fprop and dgrad (1x128 A x 128x128 B, scales inside the K loop; the DeepSeek-V3
+  recipe). A case without a kernel is recorded `skipped` with that reason, never run under another name.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fp8bench.backends.base import Backend, import_probe
+from fp8bench.backends.base import Backend, GemmOp, QuantizeOp, import_probe
+from fp8bench.types import Format, GemmRole, Scaling
+
+KERNELS = {
+    ("quantize", Format.E4M3, Scaling.CURRENT), ("quantize", Format.E4M3, Scaling.BLOCKWISE),
+    ("quantize", Format.MXFP8, Scaling.MX), ("gemm", Format.E4M3, Scaling.BLOCKWISE),
+}
 
 
 class TritonBackend(Backend):
@@ -22,9 +30,72 @@ class TritonBackend(Backend):
 
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)
-        if not ok:
+        if not ok or recipe.format is Format.BF16:
             return ok, why
-        return False, f"fp8bench_kernels has no {workload} kernel for {recipe.format.value}/{recipe.scaling.value} yet"
+        if (workload, recipe.format, recipe.scaling) not in KERNELS:
+            have = sorted(f"{w} {f.value}/{s.value}" for w, f, s in KERNELS)
+            return False, f"fp8bench_kernels has no {workload} kernel for {recipe.format.value}/{recipe.scaling.value}; it has {have}"
+        return True, ""
+
+    def supports_shape(self, workload, shape, recipe):
+        if workload == "gemm" and recipe.format is not Format.BF16 and shape.get("role") == GemmRole.WGRAD.value:
+            return False, ("fp8bench_kernels' blockwise GEMM takes 1x128 x 128x128 scaled operands (fprop, dgrad); "
+                           "wgrad's are 1x128 x 1x128")
+        return True, ""
+
+    def quantize(self, x, recipe, is_weight):
+        x = x.bfloat16().contiguous()
+        if recipe.scaling is Scaling.CURRENT:
+            from fp8bench_kernels.quantize_current import bytes_moved, quantize_current
+
+            def deq():
+                y, _, inv = quantize_current(x)
+                return y.float() * inv
+            return QuantizeOp(run=lambda: quantize_current(x), dequantized=deq, bytes_moved=bytes_moved(x))
+        if recipe.scaling is Scaling.BLOCKWISE:
+            from fp8bench_kernels.quantize_blockwise import bytes_moved, quantize_blockwise
+
+            block = (128, 128) if is_weight else (1, 128)
+            pow2 = recipe.scaling_cfg.pow2_scales
+
+            def deq():
+                y, s = quantize_blockwise(x, block, pow2)
+                return y.float() * _expand(s, block, x.shape)
+            return QuantizeOp(run=lambda: quantize_blockwise(x, block, pow2), dequantized=deq,
+                              bytes_moved=bytes_moved(x, block))
+        if recipe.scaling is Scaling.MX:
+            from fp8bench_kernels.quantize_mx import dequantize_mx, quantize_mx
+
+            return QuantizeOp(run=lambda: quantize_mx(x), dequantized=lambda: dequantize_mx(*quantize_mx(x)),
+                              bytes_moved=x.numel() * 2 + x.numel() + x.numel() // 32)
+        raise ValueError(f"no triton quantize kernel for {recipe.scaling.value}")
+
+    def gemm(self, a, b, role, recipe):
+        """C = A·Bᵀ with A's 1x128 and B's 128x128 blockwise scales (fprop: activations x weights; dgrad:
+        gradients x transposed weights). wgrad has 1x128 scales on both operands: not this kernel."""
+        from fp8bench_kernels.gemm_blockwise import gemm_blockwise
+        from fp8bench_kernels.quantize_blockwise import quantize_blockwise
+
+        if recipe.format is Format.BF16:
+            a16, b16 = a.bfloat16(), b.bfloat16()
+            return GemmOp(with_quant=lambda: a16 @ b16.t(), kernel_only=lambda: a16 @ b16.t())
+        if role is GemmRole.WGRAD:
+            raise ValueError("the blockwise kernel takes 1x128 x 128x128 operands; wgrad's are 1x128 x 1x128")
+        pow2 = recipe.scaling_cfg.pow2_scales
+        a16, b16 = a.bfloat16().contiguous(), b.bfloat16().contiguous()
+
+        def with_quant():
+            qa, sa = quantize_blockwise(a16, (1, 128), pow2)
+            qb, sb = quantize_blockwise(b16, (128, 128), pow2)
+            return gemm_blockwise(qa, sa, qb, sb)
+        qa, sa = quantize_blockwise(a16, (1, 128), pow2)
+        qb, sb = quantize_blockwise(b16, (128, 128), pow2)
+        return GemmOp(with_quant=with_quant, kernel_only=lambda: gemm_blockwise(qa, sa, qb, sb))
+
+
+def _expand(scales: torch.Tensor, block: tuple[int, int], shape: torch.Size) -> torch.Tensor:
+    rows, cols = block
+    return scales.repeat_interleave(rows, dim=0).repeat_interleave(cols, dim=1)[: shape[0], : shape[1]]
 
 
 def _interpreting() -> bool:

@@ -1,0 +1,41 @@
+"""Element rounding shared by the quantize kernels: E4M3 with ties to even and saturation, done on float32 bit
+patterns so that the result does not depend on the cast instruction (Hopper's cvt.rn.satfinite, or Triton's
+interpreter, whose float32->fp8 conversion rounds some values to the wrong binade). The value it returns is
+exactly representable in E4M3, so the final `.to(tl.float8e4nv)` is exact everywhere."""
+
+import triton
+import triton.language as tl
+
+E4M3_MAX = 448.0
+AMAX_EPS = 1e-12
+"""Floor for amax before dividing (torchao's EPS; fp8bench.numerics.AMAX_EPS)."""
+
+
+@triton.jit
+def round_to_e4m3(x):
+    """float32 -> nearest E4M3 value (ties to even), saturating at +-448, as float32; keeps the sign of zero."""
+    bits = x.to(tl.int32, bitcast=True)
+    sign = bits & -0x80000000
+    a = tl.abs(x)
+    abits = a.to(tl.int32, bitcast=True)
+    # normal range: keep 3 of 23 mantissa bits, half to even on the bit pattern (a carry bumps the exponent)
+    normal = ((abits + 0x7FFFF + ((abits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    # below 2**-6 the step is 2**-9: adding 2**14 (whose float32 ulp is 2**-9) makes the FPU round to it
+    sub = (a + 16384.0) - 16384.0
+    q = tl.where(a < 0.015625, sub, normal)
+    q = tl.minimum(q, E4M3_MAX)
+    return (q.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def pow2_floor(s):
+    """The largest power of two <= s (s positive, normal): the exponent bits alone."""
+    return (s.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def exact_rcp(b):
+    """1 / b correctly rounded to float32. Triton's float32 `/` is an approximate division (so is the
+    interpreter's); a float64 reciprocal rounded once to float32 is exact. Scales are then computed the way
+    torch evaluates `448 / amax` (reciprocal, then multiply), which fp8bench's emulator and torchao use."""
+    return tl.cast(1.0 / tl.cast(b, tl.float64), tl.float32)

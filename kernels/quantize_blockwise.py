@@ -1,0 +1,92 @@
+"""Blockwise FP8 quantization in the DeepSeek-V3 layout: 1x128 groups (one scale per row per 128 columns:
+activations and gradients) and 128x128 blocks (one scale per block: weights), E4M3 with float32 scales.
+
+One pass: each program loads its groups once, reduces each to its amax, computes scale = 448 / max(amax, 1e-12)
+(optionally rounded down to a power of two, TE Float8BlockScaling's default) and stores the E4M3 values and
+the inverse scales (what the GEMM multiplies by). Bytes moved: read X once, write Y and the scales.
+
+Scale layouts (row-major float32): 1x128 -> [M, ceil(K/128)]; 128x128 -> [ceil(M/128), ceil(K/128)].
+`quantize_blockwise_reference` is the same contract in plain torch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._fp8 import AMAX_EPS, E4M3_MAX, exact_rcp, pow2_floor, round_to_e4m3
+
+GROUP = 128
+
+
+@triton.jit
+def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
+                         BLOCK_M: tl.constexpr, GROUP_K: tl.constexpr, POW2: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * GROUP_K + tl.arange(0, GROUP_K)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
+    scale = E4M3_MAX * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_EPS))
+    if POW2:
+        scale = pow2_floor(scale)
+    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale[:, None], -E4M3_MAX), E4M3_MAX))
+    tl.store(y_ptr + rows[:, None] * K + cols[None, :], q.to(tl.float8e4nv), mask=mask)
+    tl.store(s_ptr + rows * n_groups + tl.program_id(1), exact_rcp(scale), mask=rows < M)
+
+
+@triton.jit
+def _blocks_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
+                           BLOCK: tl.constexpr, POW2: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
+    scale = E4M3_MAX * exact_rcp(tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), AMAX_EPS))
+    if POW2:
+        scale = pow2_floor(scale)
+    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale, -E4M3_MAX), E4M3_MAX))
+    tl.store(y_ptr + rows[:, None] * K + cols[None, :], q.to(tl.float8e4nv), mask=mask)
+    tl.store(s_ptr + tl.program_id(0) * n_groups + tl.program_id(1), exact_rcp(scale))
+
+
+def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow2_scales: bool = False,
+                       block_m: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Y [M, K] E4M3, inverse scales float32) for block (1, 128) or (128, 128)."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_blockwise takes a 2-D tensor, got shape {tuple(x.shape)}")
+    m, k = x.shape
+    n_groups = triton.cdiv(k, GROUP)
+    y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
+    if block == (1, GROUP):
+        s = torch.empty((m, n_groups), device=x.device, dtype=torch.float32)
+        _groups_1x128_kernel[(triton.cdiv(m, block_m), n_groups)](
+            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, BLOCK_M=block_m, GROUP_K=GROUP, POW2=pow2_scales)
+    elif block == (GROUP, GROUP):
+        s = torch.empty((triton.cdiv(m, GROUP), n_groups), device=x.device, dtype=torch.float32)
+        _blocks_128x128_kernel[(triton.cdiv(m, GROUP), n_groups)](
+            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, BLOCK=GROUP, POW2=pow2_scales)
+    else:
+        raise ValueError(f"block={block!r} is not supported; choose (1, 128) or (128, 128)")
+    return y, s
+
+
+def quantize_blockwise_reference(x: torch.Tensor, block: tuple[int, int] = (1, GROUP),
+                                 pow2_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = x.shape
+    br, bc = block
+    pm, pk = (-m) % br, (-k) % bc
+    xp = torch.nn.functional.pad(x.float(), (0, pk, 0, pm))
+    t = xp.reshape(xp.shape[0] // br, br, xp.shape[1] // bc, bc)
+    scale = E4M3_MAX / torch.clamp(t.abs().amax(dim=(1, 3), keepdim=True), min=AMAX_EPS)
+    if pow2_scales:
+        scale = (scale.view(torch.int32) & 0x7F800000).view(torch.float32)
+    y = (t * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    y = y.reshape(xp.shape)[:m, :k].contiguous()
+    return y, (1.0 / scale).reshape(t.shape[0], t.shape[2])
+
+
+def bytes_moved(x: torch.Tensor, block: tuple[int, int] = (1, GROUP)) -> int:
+    m, k = x.shape
+    n_scales = m * triton.cdiv(k, GROUP) if block == (1, GROUP) else triton.cdiv(m, GROUP) * triton.cdiv(k, GROUP)
+    return x.numel() * x.element_size() + x.numel() + 4 * n_scales

@@ -1,0 +1,138 @@
+"""fp8bench's Triton kernels against their plain-torch references and the emulator: quantizers bit-exact, the
+blockwise GEMM within tolerance. On CPU through Triton's interpreter (small shapes); on a GPU compiled, at
+real shapes (`pytest -m gpu`)."""
+
+import importlib
+import os
+
+import pytest
+import torch
+
+from fp8bench.numerics import fake_quant, sqnr_db
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+MODULES = ("_fp8", "quantize_current", "quantize_blockwise", "quantize_mx", "gemm_blockwise")
+
+
+@pytest.fixture(scope="module")
+def k():
+    """The kernel modules, imported (or re-imported) with the interpreter on when there is no GPU:
+    triton.jit picks interpreter or compiler when a kernel is defined."""
+    if not CUDA:
+        os.environ["TRITON_INTERPRET"] = "1"
+    mods = {}
+    for name in MODULES:
+        mod = importlib.import_module(f"fp8bench_kernels.{name}")
+        mods[name] = importlib.reload(mod)
+    yield type("Kernels", (), mods)
+    if not CUDA:
+        os.environ.pop("TRITON_INTERPRET", None)
+
+
+def bits(t):
+    return t.view(torch.uint8)
+
+
+def data(m, n, seed=0, spread=True):
+    """BF16 with magnitudes over six decades along the columns (scales differ per block), plus exact zeros."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, n, generator=g)
+    if spread:
+        x = x * torch.logspace(-3, 3, n)
+    x[0, :5] = 0.0
+    return x.bfloat16().to(DEV)
+
+
+SMALL = [(200, 300), (128, 256), (1, 129)]
+LARGE = [(8192, 8192), (8192, 4096)]
+SHAPES = [pytest.param(*s, marks=pytest.mark.gpu) for s in LARGE] if CUDA else SMALL
+
+
+@pytest.mark.parametrize("m,n", SHAPES)
+def test_current_scaling_cast_and_transpose_are_bit_exact(k, m, n):
+    x = data(m, n, spread=False)
+    y, yt, inv = k.quantize_current.quantize_current(x)
+    ry, ryt, rinv = k.quantize_current.quantize_current_reference(x)
+    assert torch.equal(bits(y), bits(ry)) and torch.equal(bits(yt), bits(ryt)) and torch.equal(inv, rinv)
+    emu = fake_quant(x, "e4m3", "current")  # the emulator: the same numbers, from its own code
+    assert torch.equal(y.float() * inv, emu)
+
+
+@pytest.mark.parametrize("block", [(1, 128), (128, 128)])
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("m,n", SHAPES)
+def test_blockwise_quantization_is_bit_exact(k, m, n, block, pow2):
+    x = data(m, n)
+    y, s = k.quantize_blockwise.quantize_blockwise(x, block, pow2)
+    ry, rs = k.quantize_blockwise.quantize_blockwise_reference(x, block, pow2)
+    assert torch.equal(bits(y), bits(ry)) and torch.equal(s, rs)
+    from fp8bench.numerics import QuantOptions
+
+    emu = fake_quant(x, "e4m3", "blockwise", QuantOptions(is_weight=block == (128, 128), pow2_scale=pow2))
+    deq = y.float() * s.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:m, :n]
+    assert torch.equal(deq, emu)
+
+
+@pytest.mark.parametrize("m,n", SHAPES)
+def test_mx_quantization_is_bit_exact(k, m, n):
+    x = data(m, n)
+    y, e = k.quantize_mx.quantize_mx(x)
+    ry, re = k.quantize_mx.quantize_mx_reference(x)
+    assert torch.equal(bits(y), bits(ry)) and torch.equal(e, re)
+    assert torch.equal(k.quantize_mx.dequantize_mx(y, e), fake_quant(x, "mxfp8", "mx"))
+
+
+def test_saturation_and_zeros(k):
+    x = torch.zeros(4, 256, dtype=torch.bfloat16, device=DEV)
+    x[1, 3] = 1e30  # one huge value: its group's scale is tiny, everything else in the group rounds to 0
+    x[2, :] = -7.0
+    y, s = k.quantize_blockwise.quantize_blockwise(x, (1, 128))
+    assert torch.equal(bits(y), bits(k.quantize_blockwise.quantize_blockwise_reference(x, (1, 128))[0]))
+    assert y.float()[1, 3] == 448.0 and y.float()[2, 0] == -448.0 and torch.all(y.float()[0] == 0)
+
+
+GEMMS = ([pytest.param(8192, 8192, 8192, marks=pytest.mark.gpu), pytest.param(8192, 4096, 11008, marks=pytest.mark.gpu)]
+         if CUDA else [(64, 128, 256), (100, 130, 300)])
+
+
+@pytest.mark.parametrize("m,n,kk", GEMMS)
+def test_blockwise_gemm_matches_the_dequantized_reference(k, m, n, kk):
+    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1, spread=False), (1, 128))
+    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2, spread=False), (128, 128))
+    c = k.gemm_blockwise.gemm_blockwise(a, sa, b, sb)
+    ref = k.gemm_blockwise.gemm_blockwise_reference(a, sa, b, sb)
+    assert c.dtype == torch.bfloat16 and c.shape == (m, n)
+    assert sqnr_db(ref, c.float()) > 40.0  # BF16 output rounding (~48 dB); a misplaced scale gives < 10 dB
+
+
+def test_gemm_rejects_mismatched_scales(k):
+    a, sa = k.quantize_blockwise.quantize_blockwise(data(64, 256), (1, 128))
+    b, sb = k.quantize_blockwise.quantize_blockwise(data(128, 256), (1, 128))  # 1x128 where 128x128 belongs
+    with pytest.raises(ValueError, match="128x128"):
+        k.gemm_blockwise.gemm_blockwise(a, sa, b, sb)
+
+
+def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k):
+    from fp8bench.backends import get_backend
+    from fp8bench.backends.base import Recipe
+    from fp8bench.backends.emulated import emulated_gemm
+    from fp8bench.config.schema import BackendConfig, ScalingConfig
+    from fp8bench.types import Format, GemmRole, Scaling
+
+    def recipe(fmt, sc):
+        return Recipe(format=Format(fmt), scaling=Scaling(sc), scaling_cfg=ScalingConfig(name=sc),
+                      backend_cfg=BackendConfig(name="triton"))
+
+    be = get_backend("triton")
+    x = data(128, 384)
+    for fmt, sc, weight in [("e4m3", "current", False), ("e4m3", "blockwise", True), ("mxfp8", "mx", False)]:
+        r = recipe(fmt, sc)
+        deq = be.quantize(x, r, weight).dequantized()
+        assert torch.equal(deq, fake_quant(x, fmt, sc, r.options(is_weight=weight))), (fmt, sc)
+    r = recipe("e4m3", "blockwise")
+    a, b = data(128, 256, 3, spread=False), data(256, 256, 4, spread=False)
+    out = be.gemm(a, b, GemmRole.FPROP, r).with_quant().float()
+    assert sqnr_db(emulated_gemm(a, b, GemmRole.FPROP, r), out) > 40.0
+    ok, why = be.supports_shape("gemm", {"role": "wgrad"}, r)
+    assert not ok and "wgrad" in why
