@@ -4,6 +4,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU, every Triton kernel runs in Triton's interpreter (correctness only). It must be set before
+# any kernel is defined: triton.jit chooses interpreter or compiler when the decorated function is created.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,8 +28,6 @@ def cli():
 
 def pytest_collection_modifyitems(config, items):
     """GPU tests skip on CPU with the probe's reason (run them with `pytest -m gpu` on the GPU box)."""
-    import torch
-
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device: torch.cuda.is_available() is False")

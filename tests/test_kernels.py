@@ -17,17 +17,9 @@ MODULES = ("_fp8", "quantize_current", "quantize_blockwise", "quantize_mx", "gem
 
 @pytest.fixture(scope="module")
 def k():
-    """The kernel modules, imported (or re-imported) with the interpreter on when there is no GPU:
-    triton.jit picks interpreter or compiler when a kernel is defined."""
-    if not CUDA:
-        os.environ["TRITON_INTERPRET"] = "1"
-    mods = {}
-    for name in MODULES:
-        mod = importlib.import_module(f"fp8bench_kernels.{name}")
-        mods[name] = importlib.reload(mod)
-    yield type("Kernels", (), mods)
-    if not CUDA:
-        os.environ.pop("TRITON_INTERPRET", None)
+    """The kernel modules (tests/conftest.py turns Triton's interpreter on when there is no GPU)."""
+    assert CUDA or os.environ.get("TRITON_INTERPRET") == "1"
+    return type("Kernels", (), {name: importlib.import_module(f"fp8bench_kernels.{name}") for name in MODULES})
 
 
 def bits(t):
