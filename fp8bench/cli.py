@@ -19,7 +19,8 @@ from fp8bench.config.schema import ConfigError
 
 console = Console(stderr=True)
 out = Console()
-COMMANDS = ("run", "plan", "ingest", "export", "report", "compare", "asv-compare", "history", "doctor")
+COMMANDS = ("run", "plan", "ingest", "export", "report", "compare", "asv-compare", "history", "calibrate",
+            "roofline", "doctor")
 USAGE = """usage: fp8bench COMMAND [ARGS]
 
   run [-m] [hydra overrides]   run a point or a sweep preset (sweep=quick); -m uses Hydra's multirun
@@ -33,6 +34,10 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
   asv-compare BASE HEAD [--machine M] [--threshold 0.05] [--results results/asv]
                                two commits recorded by asv, direction-aware; exit 1 if anything regressed
   history [--db DB]            change points of every tracked series, with the commit that made them
+  calibrate [--out DIR] [--budget S]
+                               measure this machine's BF16/FP8 GEMM and copy ceilings (results/calibration)
+  roofline [--db DB] [--with-quant]
+                               expected (roofline, measured ceilings) vs measured GEMM speedups
   doctor                       device, versions, backends and the capability matrix
 """
 
@@ -72,7 +77,8 @@ def _ingest_into(db: Path, paths: list[Path]) -> None:
         con.close()
     for p in rep.problems:
         console.print(f"[yellow]warning:[/] skipped {p.path}" + (f" line {p.line}" if p.line else "") + f": {p.error}")
-    console.print(f"ingested {len(rep.runs)} run(s), {rep.cases} case record(s) into {db}")
+    console.print(f"ingested {len(rep.runs)} run(s), {rep.cases} case record(s)"
+                  + (f", ceilings of {rep.ceilings}" if rep.ceilings else "") + f" into {db}")
 
 
 def cmd_run(args: list[str]) -> int:
@@ -193,6 +199,51 @@ def cmd_report(args: list[str]) -> int:
     return 0
 
 
+def cmd_calibrate(args: list[str]) -> int:
+    from fp8bench.calibrate import calibrate, write
+    from fp8bench.hardware import detect_device
+
+    p = _Parser(prog="fp8bench calibrate")
+    p.add_argument("--out", type=Path, default=Path("results/calibration"))
+    p.add_argument("--budget", type=float, default=0.3, help="seconds of timing per GEMM shape and format")
+    ns = p.parse_args(args)
+    if not ns.budget > 0:
+        raise UsageError(f"--budget={ns.budget!r} must be a positive number of seconds")
+    dev = detect_device()
+    c = calibrate(dev, budget_s=ns.budget)
+    path = write(c, ns.out)
+    spec = (f" (spec {c.spec_bf16_tflops:.0f} / {c.spec_fp8_tflops:.0f} TFLOPS, {c.spec_gbps:.0f} GB/s)"
+            if c.spec_bf16_tflops else " (no spec sheet for this device)")
+    out.print(f"{c.device_name}: BF16 {c.bf16_tflops:.1f} TFLOPS, FP8 {c.fp8_tflops:.1f} TFLOPS, copy "
+              f"{c.copy_gbps:.0f} GB/s{spec}")
+    out.print(f"written: {path} (fp8bench ingest loads it)")
+    return 0
+
+
+def cmd_roofline(args: list[str]) -> int:
+    from fp8bench.roofline import expected_vs_measured, median_abs_error
+
+    p = _Parser(prog="fp8bench roofline")
+    p.add_argument("--db", default=None)
+    p.add_argument("--with-quant", action="store_true", help="the with-quantization time (default: kernel only)")
+    ns = p.parse_args(args)
+    with _reading(ns.db) as con:
+        df = expected_vs_measured(con, with_quant=ns.with_quant)
+    if df.empty:
+        out.print("no GEMM case has a BF16 twin and ceilings for its device: run `fp8bench calibrate` there, "
+                  "then ingest its results/calibration file")
+        return 0
+    for device, d in df.groupby("device"):
+        table = Table(title=f"roofline vs measured speedup on {device} ({'with quantization' if ns.with_quant else 'kernel only'})")
+        for col in ("case", "expected", "measured", "error"):
+            table.add_column(col, overflow="fold")
+        for r in d.sort_values("rel_error").itertuples():
+            table.add_row(r.case_id, f"{r.expected:.2f}x", f"{r.measured:.2f}x", f"{r.rel_error:+.0%}")
+        out.print(table)
+        out.print(f"{device}: median |error| {median_abs_error(d):.1%} over {len(d)} cases")
+    return 0
+
+
 def cmd_asv_compare(args: list[str]) -> int:
     from fp8bench.asv_results import compare_commits
 
@@ -309,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
-                "compare": cmd_compare, "asv-compare": cmd_asv_compare, "history": cmd_history, "doctor": cmd_doctor}
+                "compare": cmd_compare, "asv-compare": cmd_asv_compare, "history": cmd_history,
+                "calibrate": cmd_calibrate, "roofline": cmd_roofline, "doctor": cmd_doctor}
     from fp8bench.records import StoreError
 
     try:

@@ -41,6 +41,10 @@ CREATE TABLE IF NOT EXISTS cases (
 CREATE TABLE IF NOT EXISTS measurements (
   run_id VARCHAR, case_id VARCHAR, metric VARCHAR, value DOUBLE, unit VARCHAR, direction VARCHAR,
   derived BOOLEAN, PRIMARY KEY (run_id, case_id, metric));
+CREATE TABLE IF NOT EXISTS ceilings (
+  device_name VARCHAR PRIMARY KEY, device_kind VARCHAR, measured_at TIMESTAMP, bf16_tflops DOUBLE,
+  fp8_tflops DOUBLE, copy_gbps DOUBLE, spec_bf16_tflops DOUBLE, spec_fp8_tflops DOUBLE, spec_gbps DOUBLE,
+  spec_source VARCHAR, details JSON, source VARCHAR);
 CREATE TABLE IF NOT EXISTS samples (
   run_id VARCHAR, case_id VARCHAR, metric VARCHAR, i INTEGER, value DOUBLE,
   PRIMARY KEY (run_id, case_id, metric, i));
@@ -71,8 +75,13 @@ def storage_version(con: duckdb.DuckDBPyConnection) -> str:
 @dataclass
 class IngestReport:
     runs: list[str] = field(default_factory=list)
+    ceilings: list[str] = field(default_factory=list)
+    """Devices whose calibration (fp8bench calibrate) was loaded."""
     cases: int = 0
     problems: list[ShardProblem] = field(default_factory=list)
+
+
+CALIBRATION_DIR = "calibration"
 
 
 def find_sources(paths: list[Path]) -> tuple[list[Path], list[Path]]:
@@ -82,6 +91,8 @@ def find_sources(paths: list[Path]) -> tuple[list[Path], list[Path]]:
         if not p.exists():
             raise StoreError(f"path {str(p)!r} does not exist; give a run folder, a shard, or a folder of exports")
         if p.is_file():
+            if p.parent.name == CALIBRATION_DIR and p.suffix == ".json":
+                continue  # ceilings, loaded by ingest itself
             if p.name == EXPORT_MARKER:
                 exports.add(p.parent)
             elif p.suffix == ".jsonl" or p.name == MANIFEST:
@@ -100,8 +111,36 @@ def find_sources(paths: list[Path]) -> tuple[list[Path], list[Path]]:
     return sorted(runs), sorted(exports)
 
 
+def _calibration_files(paths: list[Path]) -> list[Path]:
+    files = []
+    for p in paths:
+        if p.is_file() and p.parent.name == CALIBRATION_DIR and p.suffix == ".json":
+            files.append(p)
+        elif p.is_dir():
+            files += [f for f in p.rglob("*.json") if f.parent.name == CALIBRATION_DIR]
+    return sorted(set(files))
+
+
+def _ingest_ceilings(con: duckdb.DuckDBPyConnection, path: Path) -> str:
+    """One device's ceilings (the newest measurement of a device wins)."""
+    try:
+        c = json.loads(path.read_text())
+        row = [c["device_name"], c["device_kind"], c["measured_at"], c["bf16_tflops"], c["fp8_tflops"],
+               c["copy_gbps"], c.get("spec_bf16_tflops"), c.get("spec_fp8_tflops"), c.get("spec_gbps"),
+               c.get("spec_source", ""), json.dumps(c.get("details", {})), str(path)]
+    except (OSError, json.JSONDecodeError, KeyError) as exc:
+        raise StoreError(f"calibration file {str(path)!r} is unreadable: {exc}") from None
+    old = con.execute("SELECT epoch(measured_at) FROM ceilings WHERE device_name = ?", [row[0]]).fetchone()
+    if old is None or old[0] <= row[2]:
+        con.execute("DELETE FROM ceilings WHERE device_name = ?", [row[0]])
+        con.execute("INSERT INTO ceilings VALUES (?, ?, to_timestamp(?), ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+    return row[0]
+
+
 def ingest(con: duckdb.DuckDBPyConnection, paths: list[Path]) -> IngestReport:
     report = IngestReport()
+    for path in _calibration_files(paths):
+        report.ceilings.append(_ingest_ceilings(con, path))
     run_dirs, exports = find_sources(paths)
     for export in exports:
         report.runs += _ingest_export(con, export)

@@ -38,15 +38,22 @@ WITH m AS (
   FROM measurements GROUP BY run_id, case_id)
 SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.status,
        c.reason, r.device_name, r.started_at, r.git_commit,
+       CASE WHEN m.tflops IS NOT NULL
+            THEN 100 * m.tflops / CASE WHEN c.format = 'bf16' THEN k.bf16_tflops ELSE k.fp8_tflops END
+            WHEN m.gbps IS NOT NULL THEN 100 * m.gbps / k.copy_gbps END AS pct_of_ceiling,
        CASE WHEN position('+' IN c.case_id) > 0 THEN split_part(c.case_id, '+', 2) ELSE '' END AS variant,
        m.* EXCLUDE (run_id, case_id)
 FROM cases c JOIN runs r USING (run_id) LEFT JOIN m USING (run_id, case_id)
+LEFT JOIN {ceilings} k ON k.device_name = r.device_name
 """
+NO_CEILINGS = "(SELECT NULL::VARCHAR AS device_name, NULL::DOUBLE AS bf16_tflops, NULL::DOUBLE AS fp8_tflops, " \
+              "NULL::DOUBLE AS copy_gbps WHERE false)"
 
 
 def cases(con) -> pd.DataFrame:
     """Every case of every run, measurements pivoted wide, with a `recipe` label."""
-    df = con.execute(WIDE).fetchdf()
+    has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ceilings'").fetchone()[0]
+    df = con.execute(WIDE.format(ceilings="ceilings" if has else NO_CEILINGS)).fetchdf()
     if df.empty:
         return df.assign(recipe=pd.Series(dtype=str), device=pd.Series(dtype=str))
     df["device"] = df["device_name"].fillna("unknown device")

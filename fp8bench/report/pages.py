@@ -116,9 +116,13 @@ def gemm_page(df: pd.DataFrame) -> Page:
             p.h2(f"{device}: speedup of the GEMM kernel alone (operands quantized up front)")
             p.figure(_heatmap(d, "kernel_speedup"))
         p.h2(f"{device}: TFLOPS, kernel only and with quantization")
-        cols = ["shape", "recipe", "tflops", "tflops_kernel", "pct_of_peak", "speedup", "kernel_speedup"]
+        cols = ["shape", "recipe", "tflops", "tflops_kernel", "pct_of_peak", "pct_of_ceiling", "speedup",
+                "kernel_speedup"]
+        p.note("pct_of_peak: of the spec sheet's dense peak for the format; pct_of_ceiling: of the best GEMM "
+               "`fp8bench calibrate` measured on this machine (empty until it has run there).")
         p.table(d.sort_values(["shape", "tflops_kernel"], ascending=[True, False])[cols],
-                {"tflops": 0, "tflops_kernel": 0, "pct_of_peak": 1, "speedup": 2, "kernel_speedup": 2})
+                {"tflops": 0, "tflops_kernel": 0, "pct_of_peak": 1, "pct_of_ceiling": 1, "speedup": 2,
+                 "kernel_speedup": 2})
     p.h2("Not measured, and why")
     p.table(not_measured(df, ("gemm",)))
     return p
