@@ -106,12 +106,14 @@ def cmd_run(args: list[str]) -> int:
             # Runs in the launcher's process: this one (basic launcher) or a worker (local-gpus, slurm, ...).
             from rich.console import Console
 
-            from fp8bench.launch import pin_worker_gpu
+            from fp8bench.launch import keep_worker_alive, pin_worker_gpu
 
             try:
                 check_combination(point)
             except ConfigError:
                 return  # an impossible pair of the preset's cartesian product: nothing to measure
+            if os.getpid() != parent:
+                keep_worker_alive()
             gpu = pin_worker_gpu() if os.getpid() != parent else None
             where = f"job{num}" + (f"-gpu{gpu}" if gpu is not None else "")
             Console(stderr=True).print(f"{where}: pid {os.getpid()}, {point.workload.name} {point.model.name} "

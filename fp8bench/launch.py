@@ -55,3 +55,15 @@ def pin_worker_gpu() -> str | None:
         return gpu
     raise RuntimeError(f"all {len(gpus)} GPUs {gpus} are claimed by other fp8bench workers; run at most that many "
                        "jobs at once (hydra.launcher.n_jobs)")
+
+
+def keep_worker_alive() -> None:
+    """loky (joblib's default backend) measures a worker's memory after its first task and restarts the worker
+    once it has grown by 300 MB, taking it for a leak. A CUDA context and the caching allocator grow a worker
+    by more than that on its first GPU job (on the H200 x2 a restart cost ~16 s of a 76 s sweep), so in our
+    workers growth is expected: raise the threshold (loky reads this module global at every check)."""
+    try:
+        from joblib.externals.loky import process_executor
+    except ImportError:
+        return
+    process_executor._MAX_MEMORY_LEAK_SIZE = 1 << 62
