@@ -227,8 +227,12 @@ def run(case: CaseInput) -> CaseOutput:
         pending.clear()
         bad = next((i for i, v in enumerate(curve.losses) if not math.isfinite(v)), None)
         if bad is not None:
-            raise Diverged(f"loss became {curve.losses[bad]} at step {bad} (lr {lr_at(bad, cfg):.3g})",
-                           _output(case, curve, memory, diverged_at=bad))
+            raise diverged(f"loss became {curve.losses[bad]} at step {bad} (lr {lr_at(bad, cfg):.3g})", bad)
+
+    def diverged(message: str, at: int) -> Diverged:
+        if ckpt is not None and ckpt.is_file():
+            ckpt.unlink()  # a diverged run is a result: resuming it would only diverge again
+        return Diverged(message, _output(case, curve, memory, diverged_at=at))
 
     while curve.step < steps:
         k = curve.step
@@ -255,8 +259,7 @@ def run(case: CaseInput) -> CaseOutput:
             curve.val_steps.append(curve.step)
             curve.val_losses.append(evaluate())
             if not math.isfinite(curve.val_losses[-1]):
-                raise Diverged(f"validation loss became {curve.val_losses[-1]} at step {curve.step}",
-                               _output(case, curve, memory, diverged_at=curve.step))
+                raise diverged(f"validation loss became {curve.val_losses[-1]} at step {curve.step}", curve.step)
         if ckpt is not None and curve.step % cfg.ckpt_every == 0 and curve.step < steps:
             sync_curve()
             _save_checkpoint(ckpt, model, opt, scaler, curve)
