@@ -96,3 +96,6 @@ def test_layer_workload_on_cpu(tmp_path, backend, fmt, sc):
     assert rec.metric("time_ms") > 0
     if fmt != "bf16":  # the block's output under the recipe against the same block in high precision
         assert 20.0 < rec.metric("sqnr_db") < 80.0
+    # what the forward saved for backward: at least the block's input and its attention output (64 tokens)
+    assert rec.metric("mem_saved_hp_bytes") + rec.metric("mem_saved_fp8_bytes") >= 2 * 64 * 128 * 2
+    assert rec.metric("mem_weights_bytes") > 0

@@ -66,6 +66,12 @@ class LinearOp:
     outputs: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
     reference_outputs: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None = None
     notes: dict = field(default_factory=dict)
+    params: list = field(default_factory=list)
+    """The module's parameters (what a memory breakdown counts as weights)."""
+    probe: Callable[..., None] | None = None
+    """probe(hooks=(pack, unpack), between=..., start=...): one step with saved-tensor hooks around the forward,
+    `start()` once the last step's gradients are freed and `between()` after the forward, before the backward
+    (fp8bench.workloads.memory.step_breakdown)."""
 
 
 def module_op(params: list[torch.nn.Parameter], forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
@@ -79,12 +85,17 @@ def module_op(params: list[torch.nn.Parameter], forward: Callable[[torch.Tensor]
     x = x.detach().requires_grad_(True)
     state: dict = {}
 
-    def run(fwd):
+    def run(fwd, hooks=None, between=None, start=None):
         x.grad = None
         for p in params:
             p.grad = None
+        if start:
+            start()
         with context() if context else contextlib.nullcontext():
-            y = fwd(x)
+            with torch.autograd.graph.saved_tensors_hooks(*hooks) if hooks else contextlib.nullcontext():
+                y = fwd(x)
+            if between:
+                between()
             y.backward(dy)
         state["y"] = y.detach()
 
@@ -94,7 +105,8 @@ def module_op(params: list[torch.nn.Parameter], forward: Callable[[torch.Tensor]
 
     return LinearOp(step=lambda: run(forward), outputs=lambda: results(forward),
                     reference_outputs=(lambda: results(reference_forward)) if reference_forward else None,
-                    notes=notes or {})
+                    notes=notes or {}, params=list(params),
+                    probe=lambda hooks=None, between=None, start=None: run(forward, hooks, between, start))
 
 
 @dataclass

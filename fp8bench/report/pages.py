@@ -151,6 +151,11 @@ def modules_page(df: pd.DataFrame) -> Page:
             p.h2(f"{device}: layer peak memory (GiB): FP8 often raises it")
             p.figure(px.bar(d.assign(peak_gib=d["peak_mem_bytes"] / 2**30).sort_values("recipe"), x="shape",
                             y="peak_gib", color="recipe", barmode="group", height=PLOT_H))
+            b = d[d["mem_step_peak_bytes"].notna()]
+            if not b.empty:
+                p.note("Where one fwd+bwd step's peak goes, measured: resident before the forward, saved by the "
+                       "forward for backward (FP8 part from the saved tensors' dtypes), the backward's transient.")
+                p.figure(_memory_bars(b.assign(label=b["shape"] + " · " + b["recipe"])))
         p.table(d.sort_values(["shape", "time_ms"])[["shape", "recipe", "time_ms", "tflops", "speedup",
                                                      "peak_mem_bytes", "sqnr_db"]],
                 {"time_ms": 3, "tflops": 0, "speedup": 2, "peak_mem_bytes": 0, "sqnr_db": 1})
@@ -177,6 +182,16 @@ MEM_PARTS = [("mem_weights_bytes", "weights (master copy)"), ("mem_optimizer_byt
              ("mem_persistent_other_bytes", "other persistent (data, workspaces, FP8 state)"),
              ("mem_saved_fp8_bytes", "saved for backward: FP8"), ("saved_rest", "saved for backward: other"),
              ("mem_transient_bytes", "backward transient (grads, temporaries)")]
+
+
+def _memory_bars(m: pd.DataFrame) -> go.Figure:
+    m = m.assign(saved_rest=m["mem_activations_bytes"] - m["mem_saved_fp8_bytes"].fillna(0))
+    parts = [(k, name) for k, name in MEM_PARTS if k in m.columns and m[k].notna().any()]
+    long = m.melt(id_vars=["label"], value_vars=[k for k, _ in parts], var_name="part", value_name="bytes")
+    long["GiB"] = long["bytes"] / 2**30
+    long["part"] = long["part"].map(dict(parts))
+    return px.bar(long, x="GiB", y="label", color="part", orientation="h",
+                  height=max(PLOT_H, 26 * m["label"].nunique() + 140))
 
 
 def _parity(row) -> str:
@@ -220,16 +235,11 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame) -> Page:
             tr["loss"] = tr.groupby("label")["loss"].transform(lambda s: s.rolling(20, min_periods=1).mean())
             p.figure(px.line(tr, x="step", y="loss", color="label", height=PLOT_H,
                              labels={"loss": "training loss, 20-step mean"}))
-        m = d[d["mem_step_peak_bytes"].notna()].copy()
+        m = d[d["mem_step_peak_bytes"].notna()]
         if not m.empty:
-            m["saved_rest"] = m["mem_activations_bytes"] - m["mem_saved_fp8_bytes"].fillna(0)
-            long = m.melt(id_vars=["label"], value_vars=[k for k, _ in MEM_PARTS], var_name="part", value_name="bytes")
-            long["GiB"] = long["bytes"] / 2**30
-            long["part"] = long["part"].map(dict(MEM_PARTS))
             p.note("Memory at the peak of one training step, measured: resident before its forward, saved by the "
                    "forward for backward (FP8 part from the saved tensors' dtypes), then the backward's transient.")
-            p.figure(px.bar(long, x="GiB", y="label", color="part", orientation="h",
-                            height=max(PLOT_H, 26 * m["label"].nunique() + 140)))
+            p.figure(_memory_bars(m))
     p.h2("Not measured, and why")
     p.table(not_measured(df, ("train",)))
     return p

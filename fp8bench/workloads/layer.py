@@ -15,6 +15,7 @@ from fp8bench.records import Metric
 from fp8bench.types import Format
 from fp8bench.workloads.block import block_flops
 from fp8bench.workloads.common import CaseInput, CaseOutput, generator, randn, speed_metrics, timer_kwargs
+from fp8bench.workloads.memory import step_breakdown
 
 
 def run(case: CaseInput) -> CaseOutput:
@@ -27,6 +28,8 @@ def run(case: CaseInput) -> CaseOutput:
     op = case.backend.layer(case.config.model, x, dy, case.recipe)
     timing = time_fn(op.step, **timer_kwargs(case))
     metrics = speed_metrics(case, timing, block_flops(case.config.model, s["batch"], s["seq"]))
+    if op.probe is not None:  # after timing: the breakdown's own step must not move peak_mem_bytes
+        metrics += step_breakdown(op, op.params, dev)
     if case.recipe.format is not Format.BF16:
         y, _, _ = op.outputs()
         y_hp, _, _ = op.reference_outputs()

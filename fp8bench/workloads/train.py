@@ -27,11 +27,10 @@ from fp8bench.records import Metric
 from fp8bench.workloads import corpus as corpus_mod
 from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged, speed_metrics
 from fp8bench.workloads.decoder import LlamaDecoder, lm_loss, model_flops
+from fp8bench.workloads.memory import SavedTensorCensus
 
 FINITE_CHECK_EVERY = 10
 """Steps between NaN/Inf checks of the loss (each check synchronises the GPU once)."""
-FP8_STORAGE = {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2}
-"""How FP8 data is stored in saved tensors (TE keeps raw uint8 buffers, torch and torchao float8 dtypes)."""
 
 
 @dataclass
@@ -85,37 +84,6 @@ class StepTimer:
             out = [(e - b) / 1e6 for b, e in self.pending]
         self.pending = []
         return out
-
-
-class SavedTensorCensus:
-    """Bytes saved for backward during one forward, split into FP8 storage and everything else (parameters
-    excluded; a storage shared by several saved tensors counted once)."""
-
-    def __init__(self, params: list[torch.Tensor]) -> None:
-        self.param_ptrs = {p.untyped_storage().data_ptr() for p in params}
-        self.seen: set[int] = set()
-        self.fp8 = 0
-        self.other = 0
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        inner = getattr(t, "_data", None)  # torchao's float8 tensor subclass wraps its FP8 payload
-        probe = inner if isinstance(inner, torch.Tensor) else t
-        try:
-            storage = probe.untyped_storage()
-            key, nbytes = storage.data_ptr(), storage.nbytes()
-        except (RuntimeError, NotImplementedError, TypeError):
-            key, nbytes = id(probe), probe.numel() * probe.element_size()
-        if key not in self.seen and key not in self.param_ptrs:
-            self.seen.add(key)
-            if probe.dtype in FP8_STORAGE:
-                self.fp8 += nbytes
-            else:
-                self.other += nbytes
-        return t
-
-    @staticmethod
-    def unpack(t: torch.Tensor) -> torch.Tensor:
-        return t
 
 
 def _allocated(device: torch.device) -> int:
