@@ -106,20 +106,19 @@ def cmd_run(args: list[str]) -> int:
             # Runs in the launcher's process: this one (basic launcher) or a worker (local-gpus, slurm, ...).
             from rich.console import Console
 
-            from fp8bench.launch import keep_worker_alive, pin_worker_gpu
+            from fp8bench.launch import prepare_worker
 
             try:
                 check_combination(point)
             except ConfigError:
                 return  # an impossible pair of the preset's cartesian product: nothing to measure
-            if os.getpid() != parent:
-                keep_worker_alive()
-            gpu = pin_worker_gpu() if os.getpid() != parent else None
+            gpu = prepare_worker(parent)
             where = f"job{num}" + (f"-gpu{gpu}" if gpu is not None else "")
-            Console(stderr=True).print(f"{where}: pid {os.getpid()}, {point.workload.name} {point.model.name} "
-                                       f"{point.format.name}/{point.scaling.name} {point.backend.name}")
+            job_console = Console(stderr=True)  # per job: a worker process cannot share the parent's
+            job_console.print(f"{where}: pid {os.getpid()}, {point.workload.name} {point.model.name} "
+                              f"{point.format.name}/{point.scaling.name} {point.backend.name}")
             execute(plan([point], device), run_dir, run_id, device, job=where, resume=bool(first.resume),
-                    console=Console(stderr=True), progress=False)
+                    console=job_console, progress=False)
         code = multirun(overrides + [f"run_id={run_id}"], job)
         if code:
             return code

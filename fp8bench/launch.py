@@ -25,7 +25,8 @@ def visible_gpus() -> list[str]:
     if shutil.which("nvidia-smi") is None:
         return []
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+    n = sum(line.startswith("GPU ") for line in out.splitlines())  # MIG lines are indented, not GPUs
+    return [str(i) for i in range(n)]
 
 
 def gpu_count() -> int:
@@ -67,3 +68,12 @@ def keep_worker_alive() -> None:
     except ImportError:
         return
     process_executor._MAX_MEMORY_LEAK_SIZE = 1 << 62
+
+
+def prepare_worker(parent_pid: int) -> str | None:
+    """What a sweep job does first when it runs in a launcher's worker process (not in `parent_pid`, the
+    `fp8bench run` process itself): stay alive across jobs, and claim a GPU. Returns the GPU id, or None."""
+    if os.getpid() == parent_pid:
+        return None
+    keep_worker_alive()
+    return pin_worker_gpu()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from fp8bench.records import CaseRecord, Metric
+from fp8bench.records import CaseRecord, Metric, variant_of
 
 MIN_SEEDS = 3
 AREA_LIMIT_PCT = 1.0
@@ -62,8 +62,8 @@ def derive_parity(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metr
     for r in sorted(train, key=lambda r: r.backend):
         if r.format == "bf16" and r.metric("loss_final") is not None:
             bands.setdefault(_group_key(r), {}).setdefault(r.shape.get("seed"), r)
-    bf16_time = {(r.backend, r.case_id.split("+", 1)[1] if "+" in r.case_id else "", _group_key(r),
-                  r.shape.get("seed")): r.metric("time_ms") for r in train if r.format == "bf16"}
+    bf16_time = {(r.backend, variant_of(r.case_id), _group_key(r), r.shape.get("seed")): r.metric("time_ms")
+                 for r in train if r.format == "bf16"}
     out = []
     for r in train:
         seeds = bands.get(_group_key(r), {})
@@ -81,8 +81,7 @@ def derive_parity(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metr
             metrics.append(Metric.of("loss_area_gap_pct", area_gap))
             passed = passed and area_gap <= AREA_LIMIT_PCT
         metrics.append(Metric.of("parity_pass", 1.0 if passed else 0.0))
-        variant = r.case_id.split("+", 1)[1] if "+" in r.case_id else ""
-        base_ms = bf16_time.get((r.backend, variant, _group_key(r), r.shape.get("seed")))
+        base_ms = bf16_time.get((r.backend, variant_of(r.case_id), _group_key(r), r.shape.get("seed")))
         reach = steps_to_reach(r, mean_final)
         if r.backend != "emulated" and base_ms and r.metric("time_ms") and reach:
             metrics.append(Metric.of("quality_speedup", r.shape["steps"] * base_ms / (reach * r.metric("time_ms"))))

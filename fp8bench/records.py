@@ -192,12 +192,16 @@ def done_case_ids(run_dir: Path) -> set[str]:
     return {r.case_id for r in records if r.status != "failed"}
 
 
+def variant_of(case_id: str) -> str:
+    """The backend-variant suffix of a case id ('compile' in '...torchao+compile'), '' when none."""
+    return case_id.split("+", 1)[1] if "+" in case_id else ""
+
+
 def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
     """speedup_vs_bf16 = time of the BF16 case of the same workload, model, shape, backend and variant in
     the same run / this case's time. The emulator is not a kernel and gets none."""
     def key(r: CaseRecord) -> tuple:
-        variant = r.case_id.split("+", 1)[1] if "+" in r.case_id else ""
-        return (r.workload, r.model, r.shape_name, r.backend, variant, r.params.get("tokens"))
+        return (r.workload, r.model, r.shape_name, r.backend, variant_of(r.case_id), r.params.get("tokens"))
 
     base = {key(r): r.metric("time_ms") for r in records if r.format == "bf16" and r.status == "ok"}
     out = []

@@ -71,3 +71,8 @@ def quantize_mx_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_mx(y: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     scale = torch.pow(2.0, e.double() - 127).float().repeat_interleave(MX_BLOCK, dim=1)[:, : y.shape[1]]
     return y.float() * scale
+
+
+def bytes_moved(x: torch.Tensor) -> int:
+    """Read X once, write the E4M3 elements and one E8M0 byte per 32."""
+    return x.numel() * x.element_size() + x.numel() + x.shape[0] * triton.cdiv(x.shape[1], MX_BLOCK)

@@ -7,6 +7,7 @@ says so through `available()`/`supports()` and the case is recorded `skipped` wi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -80,8 +81,6 @@ def module_op(params: list[torch.nn.Parameter], forward: Callable[[torch.Tensor]
               weight: torch.Tensor | None = None) -> LinearOp:
     """fwd+bwd of `forward` on `x` with upstream gradient `dy`, clearing gradients each step; `context()`
     (if given) wraps forward and backward both. `outputs()` gives (y, dx, weight's gradient or None)."""
-    import contextlib
-
     x = x.detach().requires_grad_(True)
     state: dict = {}
 
@@ -115,15 +114,8 @@ class TrainSetup:
     autocast), `step_context()` the whole step, backward included (torch's CPU FP8 GEMM path)."""
 
     model: torch.nn.Module
-    forward_context: Callable[[], object]
-    step_context: Callable[[], object]
-    notes: dict = field(default_factory=dict)
-
-
-def no_context():
-    import contextlib
-
-    return contextlib.nullcontext()
+    forward_context: Callable[[], object] = contextlib.nullcontext
+    step_context: Callable[[], object] = contextlib.nullcontext
 
 
 class RecipeLinear(torch.nn.Module):
@@ -208,8 +200,6 @@ def compile_blocks(model: torch.nn.Module) -> None:
 def cpu_scaled_mm_path(recipe: Recipe, device: torch.device):
     """On CPU, torch's _scaled_mm goes through oneDNN only when `backend.cpu_onednn` is set: without FP8
     units oneDNN's FP8 GEMM is a slow reference (~0.1 GFLOPS on 2 cores) and torch's own path is not."""
-    import contextlib
-
     if device.type == "cpu" and recipe.format is not Format.BF16:  # BF16 matmuls need oneDNN to be fast
         return torch.backends.mkldnn.flags(enabled=recipe.backend_cfg.cpu_onednn)
     return contextlib.nullcontext()

@@ -16,11 +16,10 @@ from fp8bench.backends.base import (
     RecipeLinear,
     TrainSetup,
     module_op,
-    no_context,
     swap_block_linears,
 )
 from fp8bench.numerics import fake_quant
-from fp8bench.types import GemmRole
+from fp8bench.types import Format, GemmRole
 
 
 def emulated_gemm(a: torch.Tensor, b: torch.Tensor, role: GemmRole, recipe: Recipe,
@@ -86,6 +85,6 @@ class EmulatedBackend(Backend):
 
 
     def prepare_training(self, model, recipe):
-        if recipe.format.value != "bf16":
+        if recipe.format is not Format.BF16:
             swap_block_linears(model, lambda lin: RecipeLinear(lin, _EmulatedLinearFn, recipe))
-        return TrainSetup(model, forward_context=no_context, step_context=no_context)
+        return TrainSetup(model)

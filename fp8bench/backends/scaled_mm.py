@@ -19,7 +19,6 @@ from fp8bench.backends.base import (
     TrainSetup,
     cpu_scaled_mm_path,
     module_op,
-    no_context,
     swap_block_linears,
 )
 from fp8bench.numerics import ACT_BLOCK, WEIGHT_BLOCK, QuantOptions, amax_to_scale
@@ -179,4 +178,4 @@ class ScaledMMBackend(Backend):
         if recipe.format is not Format.BF16:
             swap_block_linears(model, lambda lin: RecipeLinear(lin, _ScaledMMLinearFn, recipe))
         device = next(model.parameters()).device
-        return TrainSetup(model, forward_context=no_context, step_context=lambda: cpu_scaled_mm_path(recipe, device))
+        return TrainSetup(model, step_context=lambda: cpu_scaled_mm_path(recipe, device))

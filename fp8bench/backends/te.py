@@ -17,7 +17,6 @@ from fp8bench.backends.base import (
     TrainSetup,
     import_probe,
     module_op,
-    no_context,
     swap_block_linears,
 )
 from fp8bench.types import Format, Scaling
@@ -118,8 +117,7 @@ class TEBackend(Backend):
             return out
 
         swap_block_linears(model, to_te)
-        return TrainSetup(model, forward_context=lambda: autocast(recipe), step_context=no_context,
-                          notes={"te_module": "Linear"})
+        return TrainSetup(model, forward_context=lambda: autocast(recipe))
 
     def layer(self, model, x, dy, recipe):
         import transformer_engine.pytorch as te

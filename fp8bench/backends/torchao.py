@@ -22,7 +22,6 @@ from fp8bench.backends.base import (
     cpu_scaled_mm_path,
     import_probe,
     module_op,
-    no_context,
 )
 from fp8bench.types import Format, Scaling
 
@@ -106,5 +105,4 @@ class TorchaoBackend(Backend):
         if recipe.backend_cfg.compile:
             compile_blocks(model)
         device = next(model.parameters()).device
-        return TrainSetup(model, forward_context=no_context, step_context=lambda: cpu_scaled_mm_path(recipe, device),
-                          notes={"recipe": recipe_name(recipe) or "bf16"})
+        return TrainSetup(model, step_context=lambda: cpu_scaled_mm_path(recipe, device))

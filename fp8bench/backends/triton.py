@@ -64,10 +64,10 @@ class TritonBackend(Backend):
             return QuantizeOp(run=lambda: quantize_blockwise(x, block, pow2), dequantized=deq,
                               bytes_moved=bytes_moved(x, block))
         if recipe.scaling is Scaling.MX:
-            from fp8bench_kernels.quantize_mx import dequantize_mx, quantize_mx
+            from fp8bench_kernels.quantize_mx import bytes_moved, dequantize_mx, quantize_mx
 
             return QuantizeOp(run=lambda: quantize_mx(x), dequantized=lambda: dequantize_mx(*quantize_mx(x)),
-                              bytes_moved=x.numel() * 2 + x.numel() + x.numel() // 32)
+                              bytes_moved=bytes_moved(x))
         raise ValueError(f"no triton quantize kernel for {recipe.scaling.value}")
 
     def gemm(self, a, b, role, recipe):

@@ -103,7 +103,7 @@ class TrainConfig:
     """Checkpoint every N steps (0: never); a resumed run continues from the latest one."""
     corpus: str = "stdlib"
     """'stdlib' (the Python standard library's source files, present on every machine) or a text file or
-    folder (its *.py, *.txt and *.md files)."""
+    folder (its *.py, *.txt, *.md and *.rst files)."""
     val_percent: int = 5
     """Share of the corpus's files held out for validation (chosen by a hash of each file's path)."""
 

@@ -5,36 +5,20 @@ from __future__ import annotations
 
 import pandas as pd
 
+WIDE_METRICS = (
+    "time_ms", "time_ms_kernel", "tflops", "tflops_kernel", "speedup_vs_bf16", "pct_of_peak", "gbps",
+    "peak_mem_bytes", "sqnr_db", "rel_err", "sqnr_vs_emulated_db", "tokens_per_s", "loss_initial", "loss_final",
+    "loss_gap_vs_bf16", "loss_gap_allowed", "loss_area_gap_pct", "parity_pass", "quality_speedup",
+    "mem_weights_bytes", "mem_optimizer_bytes", "mem_persistent_other_bytes", "mem_activations_bytes",
+    "mem_saved_fp8_bytes", "mem_saved_hp_bytes", "mem_transient_bytes", "mem_step_peak_bytes")
+"""The measurements the report reads, one column each (named after the metric; speedup_vs_bf16 as `speedup`)."""
+_COLUMNS = ",\n".join(f"    max(value) FILTER (WHERE metric = '{m}') AS {'speedup' if m == 'speedup_vs_bf16' else m}"
+                       for m in WIDE_METRICS)
+
 WIDE = """
 WITH m AS (
   SELECT run_id, case_id,
-    max(value) FILTER (WHERE metric = 'time_ms') AS time_ms,
-    max(value) FILTER (WHERE metric = 'time_ms_kernel') AS time_ms_kernel,
-    max(value) FILTER (WHERE metric = 'tflops') AS tflops,
-    max(value) FILTER (WHERE metric = 'tflops_kernel') AS tflops_kernel,
-    max(value) FILTER (WHERE metric = 'speedup_vs_bf16') AS speedup,
-    max(value) FILTER (WHERE metric = 'pct_of_peak') AS pct_of_peak,
-    max(value) FILTER (WHERE metric = 'gbps') AS gbps,
-    max(value) FILTER (WHERE metric = 'peak_mem_bytes') AS peak_mem_bytes,
-    max(value) FILTER (WHERE metric = 'sqnr_db') AS sqnr_db,
-    max(value) FILTER (WHERE metric = 'rel_err') AS rel_err,
-    max(value) FILTER (WHERE metric = 'sqnr_vs_emulated_db') AS sqnr_vs_emulated_db,
-    max(value) FILTER (WHERE metric = 'tokens_per_s') AS tokens_per_s,
-    max(value) FILTER (WHERE metric = 'loss_initial') AS loss_initial,
-    max(value) FILTER (WHERE metric = 'loss_final') AS loss_final,
-    max(value) FILTER (WHERE metric = 'loss_gap_vs_bf16') AS loss_gap_vs_bf16,
-    max(value) FILTER (WHERE metric = 'loss_gap_allowed') AS loss_gap_allowed,
-    max(value) FILTER (WHERE metric = 'loss_area_gap_pct') AS loss_area_gap_pct,
-    max(value) FILTER (WHERE metric = 'parity_pass') AS parity_pass,
-    max(value) FILTER (WHERE metric = 'quality_speedup') AS quality_speedup,
-    max(value) FILTER (WHERE metric = 'mem_weights_bytes') AS mem_weights_bytes,
-    max(value) FILTER (WHERE metric = 'mem_optimizer_bytes') AS mem_optimizer_bytes,
-    max(value) FILTER (WHERE metric = 'mem_persistent_other_bytes') AS mem_persistent_other_bytes,
-    max(value) FILTER (WHERE metric = 'mem_activations_bytes') AS mem_activations_bytes,
-    max(value) FILTER (WHERE metric = 'mem_saved_fp8_bytes') AS mem_saved_fp8_bytes,
-    max(value) FILTER (WHERE metric = 'mem_saved_hp_bytes') AS mem_saved_hp_bytes,
-    max(value) FILTER (WHERE metric = 'mem_transient_bytes') AS mem_transient_bytes,
-    max(value) FILTER (WHERE metric = 'mem_step_peak_bytes') AS mem_step_peak_bytes
+""" + _COLUMNS + """
   FROM measurements GROUP BY run_id, case_id)
 SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.status,
        c.reason, r.device_name, r.started_at, r.git_commit,

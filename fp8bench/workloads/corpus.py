@@ -9,7 +9,6 @@ sees exactly the batches an uninterrupted one would.
 from __future__ import annotations
 
 import functools
-import hashlib
 import sysconfig
 import zlib
 from dataclasses import dataclass
@@ -17,7 +16,9 @@ from pathlib import Path
 
 import torch
 
-VOCAB = 256
+from fp8bench.workloads.shapes import TRAIN_VOCAB
+
+VOCAB = TRAIN_VOCAB
 """Byte-level tokens: no tokenizer to download, the same vocabulary everywhere."""
 SUFFIXES = (".py", ".txt", ".md", ".rst")
 EVAL_SEED = 0x5EED
@@ -25,7 +26,8 @@ EVAL_SEED = 0x5EED
 
 
 class CorpusError(ValueError):
-    """The configured corpus cannot be read (exit code 2 at the CLI)."""
+    """The configured corpus exists but cannot be used (no text files, too small): the case is recorded
+    `failed` with this reason (a path that does not exist is refused earlier, by the config check)."""
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,6 @@ class Corpus:
     train: torch.Tensor
     """uint8 tokens of the training files, concatenated."""
     val: torch.Tensor
-    name: str
-    fingerprint: str
-    """sha256 prefix of the file list and sizes: two runs on different corpora are not comparable."""
     files: int
 
 
@@ -58,12 +57,9 @@ def _files(spec: str) -> tuple[Path, list[Path]]:
 def load(spec: str, val_percent: int) -> Corpus:
     root, files = _files(spec)
     parts: dict[bool, list[bytes]] = {True: [], False: []}
-    digest = hashlib.sha256()
     for p in files:
         rel = p.relative_to(root).as_posix()
-        data = p.read_bytes()
-        digest.update(f"{rel}:{len(data)}\n".encode())
-        parts[zlib.crc32(rel.encode()) % 100 < val_percent].append(data)
+        parts[zlib.crc32(rel.encode()) % 100 < val_percent].append(p.read_bytes())
     if len(files) == 1:  # one file: hold out its tail instead
         data = parts[True][0] if parts[True] else parts[False][0]
         cut = len(data) * (100 - val_percent) // 100
@@ -73,8 +69,7 @@ def load(spec: str, val_percent: int) -> Corpus:
         raise CorpusError(f"workload.train.corpus={spec!r} is too small ({len(train)} train / {len(val)} "
                           "validation bytes); give at least a few hundred KB of text")
     as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
-    return Corpus(as_tensor(train), as_tensor(val), "stdlib" if spec == "stdlib" else str(root),
-                  digest.hexdigest()[:16], len(files))
+    return Corpus(as_tensor(train), as_tensor(val), len(files))
 
 
 def windows(tokens: torch.Tensor, starts: torch.Tensor, seq: int) -> torch.Tensor:

@@ -42,34 +42,48 @@ class SavedTensorCensus:
         return t
 
 
-
-
 def allocated(device: torch.device) -> int:
     return int(torch.cuda.memory_allocated()) if device.type == "cuda" else 0
 
 
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def breakdown_metrics(phases: dict, device: torch.device) -> list[Metric]:
+    """One step's peak split into what was resident before its forward (weights, optimiser state, everything
+    else), what the forward saved for backward (and of that, FP8 and high-precision storage), and the
+    backward's transient (gradients, temporaries) on top: the parts add up to `step_peak` by construction.
+
+    `phases` keys: weights, saved_fp8, saved_hp and optionally optimizer, grads; on CUDA also before_forward,
+    after_forward and step_peak (allocator counters; CPU has none, so there only the census is reported)."""
+    out = [Metric.of(name, phases[key]) for key, name in (
+        ("weights", "mem_weights_bytes"), ("optimizer", "mem_optimizer_bytes"), ("grads", "mem_grads_bytes"),
+        ("saved_fp8", "mem_saved_fp8_bytes"), ("saved_hp", "mem_saved_hp_bytes")) if key in phases]
+    if device.type == "cuda" and all(k in phases for k in ("weights", "before_forward", "after_forward", "step_peak")):
+        before, after_fwd, peak = phases["before_forward"], phases["after_forward"], phases["step_peak"]
+        out += [Metric.of("mem_persistent_other_bytes", before - phases["weights"] - phases.get("optimizer", 0)),
+                Metric.of("mem_activations_bytes", after_fwd - before),
+                Metric.of("mem_transient_bytes", peak - after_fwd),
+                Metric.of("mem_step_peak_bytes", peak)]
+    return out
+
+
 def step_breakdown(op, params: list[torch.Tensor], device: torch.device) -> list[Metric]:
-    """Run one instrumented step of a LinearOp: resident before the forward, saved by it (FP8 vs other
-    storage), and the backward's transient peak on top. On CPU only the census (torch keeps no counters)."""
+    """Run one instrumented step of a LinearOp (fp8bench.backends.base.module_op) and break its peak down."""
     census = SavedTensorCensus(params)
-    phases: dict[str, int] = {}
+    phases: dict[str, int] = {"weights": tensor_bytes(params)}
 
     def start():  # the previous step's gradients are freed: what is resident now is what a step starts from
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        phases["before"] = allocated(device)
+        phases["before_forward"] = allocated(device)
 
     op.probe(hooks=(census.pack, census.unpack), start=start,
              between=lambda: phases.__setitem__("after_forward", allocated(device)))
-    out = [Metric.of("mem_saved_fp8_bytes", census.fp8), Metric.of("mem_saved_hp_bytes", census.other),
-           Metric.of("mem_weights_bytes", sum(p.numel() * p.element_size() for p in params))]
+    phases["saved_fp8"], phases["saved_hp"] = census.fp8, census.other
     if device.type == "cuda":
         torch.cuda.synchronize()
-        peak = int(torch.cuda.max_memory_allocated())
-        weights = out[-1].value
-        out += [Metric.of("mem_persistent_other_bytes", phases["before"] - weights),
-                Metric.of("mem_activations_bytes", phases["after_forward"] - phases["before"]),
-                Metric.of("mem_transient_bytes", peak - phases["after_forward"]),
-                Metric.of("mem_step_peak_bytes", peak)]
-    return out
+        phases["step_peak"] = int(torch.cuda.max_memory_allocated())
+    return breakdown_metrics(phases, device)

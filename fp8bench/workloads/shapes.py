@@ -50,7 +50,8 @@ def layer(config: Config) -> list[tuple[str, dict]]:
 
 
 TRAIN_VOCAB = 256
-"""Byte-level tokens (fp8bench.workloads.corpus.VOCAB; repeated here so that case ids need no torch)."""
+"""The `train` workload's byte-level vocabulary (fp8bench.workloads.corpus); defined here, where case ids are
+built without torch."""
 
 
 def train(config: Config) -> list[tuple[str, dict]]:

@@ -27,7 +27,7 @@ from fp8bench.records import Metric
 from fp8bench.workloads import corpus as corpus_mod
 from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged, speed_metrics
 from fp8bench.workloads.decoder import LlamaDecoder, lm_loss, model_flops
-from fp8bench.workloads.memory import SavedTensorCensus
+from fp8bench.workloads.memory import SavedTensorCensus, allocated, breakdown_metrics, tensor_bytes
 
 FINITE_CHECK_EVERY = 10
 """Steps between NaN/Inf checks of the loss (each check synchronises the GPU once)."""
@@ -84,14 +84,6 @@ class StepTimer:
             out = [(e - b) / 1e6 for b, e in self.pending]
         self.pending = []
         return out
-
-
-def _allocated(device: torch.device) -> int:
-    return int(torch.cuda.memory_allocated()) if device.type == "cuda" else 0
-
-
-def _tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 def _save_checkpoint(path: Path, model, opt, scaler, curve: Curve) -> None:
@@ -156,7 +148,7 @@ def run(case: CaseInput) -> CaseOutput:
             with hooks:
                 loss = forward_loss(tokens)
             if census:
-                memory["after_forward"] = _allocated(dev)
+                memory["after_forward"] = allocated(dev)
             scaler.scale(loss * cfg.loss_scale if cfg.loss_scale != 1.0 else loss).backward()
             scaler.unscale_(opt)
             if cfg.loss_scale != 1.0:
@@ -164,7 +156,7 @@ def run(case: CaseInput) -> CaseOutput:
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
             if census:
-                memory["grads"] = _tensor_bytes(p.grad for p in params)
+                memory["grads"] = tensor_bytes(p.grad for p in params)
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=True)
@@ -211,13 +203,12 @@ def run(case: CaseInput) -> CaseOutput:
                 torch.cuda.synchronize()
                 memory["run_peak_before"] = int(torch.cuda.max_memory_allocated())
                 torch.cuda.reset_peak_memory_stats()
-            memory["before_forward"] = _allocated(dev)
+            memory["before_forward"] = allocated(dev)
         begin = timer.start()
         pending.append(train_step(k, census if k == census_step else None))
         timer.stop(begin)
         if k == census_step:
             memory["step_peak"] = peak_memory_bytes(dev) or 0
-            memory["after_step"] = _allocated(dev)
             memory["saved_fp8"], memory["saved_hp"] = census.fp8, census.other
         curve.step = k + 1
         if len(pending) >= FINITE_CHECK_EVERY:
@@ -232,8 +223,8 @@ def run(case: CaseInput) -> CaseOutput:
             sync_curve()
             _save_checkpoint(ckpt, model, opt, scaler, curve)
     sync_curve()
-    memory["weights"] = _tensor_bytes(params)
-    memory["optimizer"] = _tensor_bytes(v for st in opt.state.values() for v in st.values())
+    memory["weights"] = tensor_bytes(params)
+    memory["optimizer"] = tensor_bytes(v for st in opt.state.values() for v in st.values())
     if ckpt is not None and ckpt.is_file():
         ckpt.unlink()  # the record now holds the run; checkpoints of large models are GBs
     return _output(case, curve, memory)
@@ -242,7 +233,7 @@ def run(case: CaseInput) -> CaseOutput:
 def _output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None = None) -> CaseOutput:
     s = case.shape
     warm = min(case.measure.warmup, max(0, len(curve.step_ms) - 1))
-    timed = [t for t in curve.step_ms[warm:]] or curve.step_ms
+    timed = curve.step_ms[warm:] or curve.step_ms
     metrics: list[Metric] = []
     samples: dict[str, list[float]] = {"loss": curve.losses, "val_loss": curve.val_losses,
                                        "val_step": [float(v) for v in curve.val_steps]}
@@ -262,24 +253,5 @@ def _output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None
             metrics.append(Metric.of("tokens_per_s", s["tokens_per_step"] / (timing.median_ms / 1e3)))
     if curve.val_losses:
         metrics += [Metric.of("loss_initial", curve.val_losses[0]), Metric.of("loss_final", curve.val_losses[-1])]
-    metrics += _memory_metrics(memory, case.device)
+    metrics += breakdown_metrics(memory, case.device)
     return CaseOutput(metrics, samples)
-
-
-def _memory_metrics(memory: dict, device: torch.device) -> list[Metric]:
-    """The census step's peak split into what was resident before its forward (weights, optimiser state,
-    everything else persistent), what its forward saved for backward (of which FP8 and high-precision
-    saves), and the backward's transient peak (gradients and temporaries) on top."""
-    out = []
-    for key, name in (("weights", "mem_weights_bytes"), ("optimizer", "mem_optimizer_bytes"),
-                      ("grads", "mem_grads_bytes"), ("saved_fp8", "mem_saved_fp8_bytes"),
-                      ("saved_hp", "mem_saved_hp_bytes")):
-        if key in memory:
-            out.append(Metric.of(name, memory[key]))
-    if device.type == "cuda" and "step_peak" in memory and "weights" in memory:
-        before, after_fwd, peak = memory["before_forward"], memory["after_forward"], memory["step_peak"]
-        out += [Metric.of("mem_persistent_other_bytes", before - memory["weights"] - memory["optimizer"]),
-                Metric.of("mem_activations_bytes", after_fwd - before),
-                Metric.of("mem_transient_bytes", peak - after_fwd),
-                Metric.of("mem_step_peak_bytes", peak)]
-    return out
