@@ -84,6 +84,11 @@ class IngestReport:
 CALIBRATION_DIR = "calibration"
 
 
+def _is_calibration(p: Path) -> bool:
+    """A `fp8bench calibrate` file: results/calibration/<device>.json."""
+    return p.is_file() and p.parent.name == CALIBRATION_DIR and p.suffix == ".json"
+
+
 def find_sources(paths: list[Path]) -> tuple[list[Path], list[Path]]:
     """(run folders, Parquet export folders) under `paths`; a missing path is an error."""
     runs, exports = set(), set()
@@ -91,7 +96,7 @@ def find_sources(paths: list[Path]) -> tuple[list[Path], list[Path]]:
         if not p.exists():
             raise StoreError(f"path {str(p)!r} does not exist; give a run folder, a shard, or a folder of exports")
         if p.is_file():
-            if p.parent.name == CALIBRATION_DIR and p.suffix == ".json":
+            if _is_calibration(p):
                 continue  # ceilings, loaded by ingest itself
             if p.name == EXPORT_MARKER:
                 exports.add(p.parent)
@@ -114,10 +119,10 @@ def find_sources(paths: list[Path]) -> tuple[list[Path], list[Path]]:
 def _calibration_files(paths: list[Path]) -> list[Path]:
     files = []
     for p in paths:
-        if p.is_file() and p.parent.name == CALIBRATION_DIR and p.suffix == ".json":
+        if _is_calibration(p):
             files.append(p)
         elif p.is_dir():
-            files += [f for f in p.rglob("*.json") if f.parent.name == CALIBRATION_DIR]
+            files += [f for f in p.rglob("*.json") if _is_calibration(f)]
     return sorted(set(files))
 
 
