@@ -9,6 +9,10 @@ import triton.language as tl
 E4M3_MAX = 448.0
 AMAX_EPS = 1e-12
 """Floor for amax before dividing (torchao's EPS; fp8bench.numerics.AMAX_EPS)."""
+# The same numbers for @triton.jit code: compiled Triton reads only constexpr globals (its interpreter reads
+# any, which is why tests/test_kernels.py checks)
+E4M3_MAX_C = tl.constexpr(E4M3_MAX)
+AMAX_EPS_C = tl.constexpr(AMAX_EPS)
 
 
 @triton.jit
@@ -23,7 +27,7 @@ def round_to_e4m3(x):
     # below 2**-6 the step is 2**-9: adding 2**14 (whose float32 ulp is 2**-9) makes the FPU round to it
     sub = (a + 16384.0) - 16384.0
     q = tl.where(a < 0.015625, sub, normal)
-    q = tl.minimum(q, E4M3_MAX)
+    q = tl.minimum(q, E4M3_MAX_C)
     return (q.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 

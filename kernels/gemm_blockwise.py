@@ -2,10 +2,18 @@
 1x128 scales sa [M, K/128] and B [N, K] E4M3 has 128x128 scales sb [N/128, K/128] (inverse scales, as
 `quantize_blockwise` writes them).
 
-The K loop steps 128 columns at a time: each step's tensor-core product (FP32 accumulate) is multiplied by its
-row scales and block scale and added to an FP32 accumulator, so the scales are applied inside the loop with no
-precision lost across blocks (the "promotion" DeepSeek-V3 describes). BLOCK_N is at most 128 so each tile of
-B has one scale per step. Autotuned over Hopper-friendly tiles, warps and pipeline stages.
+The K loop steps 128 columns (one scale group) at a time, with operands brought in by TMA (host tensor
+descriptors; out-of-range tiles are zero-filled, so no masks). Scales are applied inside the loop with FP32
+accumulation, two ways (`PROMOTE`):
+- promote (DeepSeek-V3's wording): each group's tensor-core product goes to a fresh FP32 tile, which is scaled
+  by its row and column scales and added to the accumulator. Exact to FP32, but it holds two FP32 tiles in
+  registers, which caps the tile at 128x128 for 8 warps.
+- rescale: the accumulator is kept in the units of the current group's scales, so each step is one
+  `dot(a, b, acc * (s_prev / s))` into the same registers, and the scales are applied once after the loop.
+  Half the registers (tiles up to 128x256), at the price of one FP32 rounding per step (~2^-24 relative,
+  a thousand times below E4M3's own step).
+The autotuner picks the tile, warps, stages and variant per shape; both variants are tested against the
+dequantized reference.
 
 `gemm_blockwise_reference`: dequantize both operands to FP32 and multiply.
 """
@@ -17,22 +25,40 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 GROUP = 128
 
 
 def _configs() -> list[triton.Config]:
-    if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter runs one config; tuning means nothing there
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(128, 128, 8, 4), (128, 128, 4, 4), (128, 128, 8, 3), (64, 128, 4, 4),
-                                 (128, 64, 4, 4), (256, 128, 8, 3), (128, 128, 8, 5)]]
+    if os.environ.get("TRITON_INTERPRET") == "1":  # small tiles: the interpreter runs on CPU; tests pick each
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "GROUP_M": 4, "PROMOTE": p}, num_warps=4,
+                              num_stages=1, pre_hook=_set_block_shapes) for p in (True, False)]
+    grid = [(True, 128, 128, 8, 3), (True, 128, 128, 8, 4), (True, 64, 128, 4, 4),
+            (False, 128, 128, 4, 4), (False, 128, 128, 8, 4), (False, 128, 256, 8, 3), (False, 128, 256, 8, 4),
+            (False, 256, 128, 8, 3)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "PROMOTE": p}, num_warps=w, num_stages=s,
+                          pre_hook=_set_block_shapes) for p, bm, bn, w, s in grid]
 
 
-@triton.autotune(configs=_configs(), key=["M", "N", "K"])
+def _set_block_shapes(nargs: dict) -> None:
+    """TMA descriptors carry their box size, which is the autotuned tile: set it per config."""
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], GROUP
+    nargs["a_desc"].block_shape = [bm, bk]
+    nargs["b_desc"].block_shape = [bn, bk]
+    nargs["c_desc"].block_shape = [bm, bn]
+
+
+CONFIGS = _configs()
+_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# the interpreter cannot time configs: it autotunes over the first alone (tests run the others by name)
+@triton.autotune(configs=CONFIGS[:1] if _INTERPRETING else CONFIGS, key=["M", "N", "K"])
 @triton.jit
-def _gemm_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, stride_am, stride_bn, stride_cm, n_kgroups,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, PROMOTE: tl.constexpr):
+    BLOCK_K: tl.constexpr = 128
     pid = tl.program_id(0)
     grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     # grouped ordering: programs that share A rows run together (L2 reuse)
@@ -41,39 +67,60 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, stride_am, stride
     group_m = tl.minimum(grid_m - first_m, GROUP_M)
     pid_m = first_m + (pid % width) % group_m
     pid_n = (pid % width) // group_m
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :]
-    b_ptrs = b_ptr + rn[:, None] * stride_bn + rk[None, :]
+    off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
+    rm = off_m + tl.arange(0, BLOCK_M)
+    rn = off_n + tl.arange(0, BLOCK_N)
+    # rows/columns past the edge read scale 1 (their products are zero-filled and never stored)
+    sa_rows = sa_ptr + rm * n_kgroups
+    sb_cols = sb_ptr + (rn // 128) * n_kgroups
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kg in range(0, n_kgroups):
-        kmask = rk[None, :] < K - kg * BLOCK_K
-        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & kmask, other=0.0)
-        b = tl.load(b_ptrs, mask=(rn[:, None] < N) & kmask, other=0.0)
-        sa = tl.load(sa_ptr + rm * n_kgroups + kg, mask=rm < M, other=0.0)
-        sb = tl.load(sb_ptr + (pid_n * BLOCK_N // 128) * n_kgroups + kg)
-        acc += tl.dot(a, tl.trans(b)) * (sa[:, None] * sb)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
-    c_ptrs = c_ptr + rm[:, None] * stride_cm + rn[None, :]
-    tl.store(c_ptrs, acc.to(tl.bfloat16), mask=(rm[:, None] < M) & (rn[None, :] < N))
+    if PROMOTE:
+        for kg in range(0, n_kgroups):
+            a = a_desc.load([off_m, kg * BLOCK_K])
+            b = b_desc.load([off_n, kg * BLOCK_K])
+            sa = tl.load(sa_rows + kg, mask=rm < M, other=1.0)
+            sb = tl.load(sb_cols + kg, mask=rn < N, other=1.0)
+            acc += tl.dot(a, tl.trans(b)) * (sa[:, None] * sb[None, :])
+    else:
+        sa_prev = tl.load(sa_rows, mask=rm < M, other=1.0)
+        sb_prev = tl.load(sb_cols, mask=rn < N, other=1.0)
+        for kg in range(0, n_kgroups):
+            a = a_desc.load([off_m, kg * BLOCK_K])
+            b = b_desc.load([off_n, kg * BLOCK_K])
+            sa = tl.load(sa_rows + kg, mask=rm < M, other=1.0)
+            sb = tl.load(sb_cols + kg, mask=rn < N, other=1.0)
+            acc = tl.dot(a, tl.trans(b), acc * ((sa_prev / sa)[:, None] * (sb_prev / sb)[None, :]))
+            sa_prev, sb_prev = sa, sb
+        acc = acc * (sa_prev[:, None] * sb_prev[None, :])
+    c_desc.store([off_m, off_n], acc.to(tl.bfloat16))
 
 
-def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
-    """BF16 [M, N] from E4M3 A [M, K] (1x128 inverse scales sa) and E4M3 B [N, K] (128x128 inverse scales sb)."""
+def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                   config: triton.Config | None = None) -> torch.Tensor:
+    """BF16 [M, N] from E4M3 A [M, K] (1x128 inverse scales sa) and E4M3 B [N, K] (128x128 inverse scales sb).
+    `config` runs one of `CONFIGS` instead of the autotuner's pick (tests, per-variant benchmarks)."""
     m, k = a.shape
     n, kb = b.shape
-    if k != kb or a.stride(1) != 1 or b.stride(1) != 1:
-        raise ValueError(f"A {tuple(a.shape)} and B {tuple(b.shape)} must share K and be row-major (K contiguous)")
+    if k != kb or not a.is_contiguous() or not b.is_contiguous():
+        raise ValueError(f"A {tuple(a.shape)} and B {tuple(b.shape)} must share K and be contiguous row-major")
+    if k % 16 or n % 8:
+        raise ValueError(f"TMA needs 16-byte aligned rows: K={k} must be a multiple of 16 and N={n} of 8")
     n_kgroups = triton.cdiv(k, GROUP)
     if sa.shape != (m, n_kgroups) or sb.shape != (triton.cdiv(n, GROUP), n_kgroups):
         raise ValueError(f"scales {tuple(sa.shape)} / {tuple(sb.shape)} do not match the 1x128 / 128x128 layout "
                          f"({m}, {n_kgroups}) / ({triton.cdiv(n, GROUP)}, {n_kgroups})")
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
+    dummy = [1, 1]  # box sizes are set per autotuned config (_set_block_shapes)
+    a_desc = TensorDescriptor.from_tensor(a, dummy)
+    b_desc = TensorDescriptor.from_tensor(b, dummy)
+    c_desc = TensorDescriptor.from_tensor(c, dummy)
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    _gemm_kernel[grid](a, b, c, sa.contiguous(), sb.contiguous(), m, n, k, a.stride(0), b.stride(0), c.stride(0),
-                       n_kgroups, BLOCK_K=GROUP)
+    args = (a_desc, b_desc, c_desc, sa.contiguous(), sb.contiguous(), m, n, k, n_kgroups)
+    if config is None:
+        _gemm_kernel[grid](*args)
+    else:
+        _set_block_shapes({"a_desc": a_desc, "b_desc": b_desc, "c_desc": c_desc, **config.kwargs})
+        _gemm_kernel.fn[grid](*args, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     return c
 
 

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._fp8 import AMAX_EPS, E4M3_MAX, exact_rcp, pow2_floor, round_to_e4m3
+from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, pow2_floor, round_to_e4m3
 
 GROUP = 128
 
@@ -27,10 +27,10 @@ def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups
     cols = tl.program_id(1) * GROUP_K + tl.arange(0, GROUP_K)
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-    scale = E4M3_MAX * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_EPS))
+    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_EPS_C))
     if POW2:
         scale = pow2_floor(scale)
-    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale[:, None], -E4M3_MAX), E4M3_MAX))
+    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale[:, None], -E4M3_MAX_C), E4M3_MAX_C))
     tl.store(y_ptr + rows[:, None] * K + cols[None, :], q.to(tl.float8e4nv), mask=mask)
     tl.store(s_ptr + rows * n_groups + tl.program_id(1), exact_rcp(scale), mask=rows < M)
 
@@ -42,16 +42,16 @@ def _blocks_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_grou
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-    scale = E4M3_MAX * exact_rcp(tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), AMAX_EPS))
+    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), AMAX_EPS_C))
     if POW2:
         scale = pow2_floor(scale)
-    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale, -E4M3_MAX), E4M3_MAX))
+    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale, -E4M3_MAX_C), E4M3_MAX_C))
     tl.store(y_ptr + rows[:, None] * K + cols[None, :], q.to(tl.float8e4nv), mask=mask)
     tl.store(s_ptr + tl.program_id(0) * n_groups + tl.program_id(1), exact_rcp(scale))
 
 
 def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow2_scales: bool = False,
-                       block_m: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+                       block_m: int = 32, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """(Y [M, K] E4M3, inverse scales float32) for block (1, 128) or (128, 128)."""
     if x.dim() != 2:
         raise ValueError(f"quantize_blockwise takes a 2-D tensor, got shape {tuple(x.shape)}")
@@ -61,11 +61,12 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow
     if block == (1, GROUP):
         s = torch.empty((m, n_groups), device=x.device, dtype=torch.float32)
         _groups_1x128_kernel[(triton.cdiv(m, block_m), n_groups)](
-            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, BLOCK_M=block_m, GROUP_K=GROUP, POW2=pow2_scales)
+            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, BLOCK_M=block_m, GROUP_K=GROUP, POW2=pow2_scales,
+            num_warps=num_warps)
     elif block == (GROUP, GROUP):
         s = torch.empty((triton.cdiv(m, GROUP), n_groups), device=x.device, dtype=torch.float32)
         _blocks_128x128_kernel[(triton.cdiv(m, GROUP), n_groups)](
-            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, BLOCK=GROUP, POW2=pow2_scales)
+            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, BLOCK=GROUP, POW2=pow2_scales, num_warps=num_warps)
     else:
         raise ValueError(f"block={block!r} is not supported; choose (1, 128) or (128, 128)")
     return y, s

@@ -2,61 +2,86 @@
 TN-only FP8 GEMMs need for the backward pass.
 
 Two passes over the data, the fewest the math allows (every element's cast needs the whole tensor's amax):
-1. `_amax_kernel`: each program reduces one [BLOCK_M, BLOCK_N] tile to max|x| and atomically maxes it into a
-   single float32;
-2. `_cast_transpose_kernel`: each program loads one tile once, scales it, rounds to E4M3 (ties to even,
-   saturating) and stores it twice, row-major (Y) and column-major (Yᵀ).
-Between them, one scalar op computes scale = 448 / max(amax, 1e-12) in float32, exactly as torchao, TE and
-fp8bench's emulator do. Bytes moved: read X twice (2 x 2 bytes/element), write Y and Yᵀ (2 x 1 byte).
+1. `_amax_kernel`: a grid-stride loop reduces tiles to max|x| in registers, then one atomic max per program
+   into a single float32;
+2. `_cast_transpose_kernel`: each program computes scale = 448 / max(amax, 1e-12) in float32 the way torch
+   evaluates it (reciprocal, then multiply; fp8bench's emulator and torchao do the same), loads one tile once,
+   scales it, rounds to E4M3 (ties to even, saturating) and stores it twice, row-major (Y) and column-major
+   (Yᵀ). Program 0 also writes the inverse scale, so nothing runs between the two kernels. Bytes moved: read X twice (2 x 2 bytes/element), write Y and Yᵀ (2 x 1 byte).
 
 `quantize_current_reference` is the same contract in plain torch.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from ._fp8 import AMAX_EPS, E4M3_MAX, round_to_e4m3
+from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, round_to_e4m3
 
 
 @triton.jit
 def _amax_kernel(x_ptr, amax_ptr, M, N, stride_m, stride_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
-    tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(x.to(tl.float32)), axis=1), axis=0))
+    # a grid-stride loop over tiles: each program keeps its running max in registers and issues one atomic
+    # (one atomic per tile would serialize thousands of them on a single address)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    n_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
+    best = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        rows = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (rows[:, None] < M) & (cols[None, :] < N)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
+        best = tl.maximum(best, tl.abs(x.to(tl.float32)))
+    tl.atomic_max(amax_ptr, tl.max(tl.max(best, axis=1), axis=0))
 
 
 @triton.jit
-def _cast_transpose_kernel(x_ptr, y_ptr, yt_ptr, scale_ptr, M, N, stride_m, stride_n,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _cast_transpose_kernel(x_ptr, y_ptr, yt_ptr, amax_ptr, inv_scale_ptr, M, N, stride_m, stride_n,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSE: tl.constexpr):
+    # every program derives the scale from the amax itself: no separate scalar kernels between the passes
+    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.load(amax_ptr), AMAX_EPS_C))
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.store(inv_scale_ptr, exact_rcp(scale))
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
-    scale = tl.load(scale_ptr)
-    q = round_to_e4m3(tl.minimum(tl.maximum(x.to(tl.float32) * scale, -E4M3_MAX), E4M3_MAX)).to(tl.float8e4nv)
+    q = round_to_e4m3(tl.minimum(tl.maximum(x.to(tl.float32) * scale, -E4M3_MAX_C), E4M3_MAX_C)).to(tl.float8e4nv)
     tl.store(y_ptr + rows[:, None] * N + cols[None, :], q, mask=mask)
-    tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+    if TRANSPOSE:
+        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
 
 
-def quantize_current(x: torch.Tensor, block_m: int = 64, block_n: int = 128,
+def quantize_current(x: torch.Tensor, block_m: int = 64, block_n: int = 128, num_warps: int = 4,
+                     amax_programs: int | None = None,
                      transpose: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(Y [M, N] E4M3, Yᵀ [N, M] E4M3 contiguous or None, inverse scale: float32 scalar tensor)."""
+    """(Y [M, N] E4M3, Yᵀ [N, M] E4M3 contiguous or None, inverse scale: float32 scalar tensor).
+    `amax_programs`: the amax pass's grid (default: 4 per SM)."""
     if x.dim() != 2:
         raise ValueError(f"quantize_current takes a 2-D tensor, got shape {tuple(x.shape)}")
     m, n = x.shape
     amax = torch.zeros((), device=x.device, dtype=torch.float32)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _amax_kernel[grid](x, amax, m, n, x.stride(0), x.stride(1), BLOCK_M=block_m, BLOCK_N=block_n)
-    scale = E4M3_MAX / torch.clamp(amax, min=AMAX_EPS)
+    inv_scale = torch.empty((), device=x.device, dtype=torch.float32)
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    _amax_kernel[(min(tiles, amax_programs or 4 * _sm_count(x.device)),)](
+        x, amax, m, n, x.stride(0), x.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     y = torch.empty((m, n), device=x.device, dtype=torch.float8_e4m3fn)
-    yt = torch.empty((n, m), device=x.device, dtype=torch.float8_e4m3fn)
-    _cast_transpose_kernel[grid](x, y, yt, scale, m, n, x.stride(0), x.stride(1), BLOCK_M=block_m, BLOCK_N=block_n)
-    return y, (yt if transpose else None), scale.reciprocal()
+    yt = torch.empty((n, m), device=x.device, dtype=torch.float8_e4m3fn) if transpose else y
+    _cast_transpose_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+        x, y, yt, amax, inv_scale, m, n, x.stride(0), x.stride(1), BLOCK_M=block_m, BLOCK_N=block_n,
+        TRANSPOSE=transpose, num_warps=num_warps)
+    return y, (yt if transpose else None), inv_scale
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # Triton's interpreter: a few programs exercise the grid-stride loop
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def quantize_current_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

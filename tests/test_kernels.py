@@ -85,17 +85,33 @@ def test_saturation_and_zeros(k):
 
 
 GEMMS = ([pytest.param(8192, 8192, 8192, marks=pytest.mark.gpu), pytest.param(8192, 4096, 11008, marks=pytest.mark.gpu)]
-         if CUDA else [(64, 128, 256), (100, 130, 300)])
+         if CUDA else [(64, 128, 256), (100, 136, 304)])
 
 
+def gemm_configs():
+    """Every variant by name (None: the autotuner's pick); on CPU the interpreter's small tiles."""
+    from fp8bench_kernels.gemm_blockwise import CONFIGS
+
+    return [None, *CONFIGS]
+
+
+@pytest.mark.parametrize("config", gemm_configs(), ids=lambda c: "autotuned" if c is None else str(c.all_kwargs()))
 @pytest.mark.parametrize("m,n,kk", GEMMS)
-def test_blockwise_gemm_matches_the_dequantized_reference(k, m, n, kk):
-    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1, spread=False), (1, 128))
-    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2, spread=False), (128, 128))
-    c = k.gemm_blockwise.gemm_blockwise(a, sa, b, sb)
+def test_blockwise_gemm_matches_the_dequantized_reference(k, m, n, kk, config):
+    # scales spread over six decades along K: each group's scale must land on its own product
+    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128))
+    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2), (128, 128))
+    c = k.gemm_blockwise.gemm_blockwise(a, sa, b, sb, config)
     ref = k.gemm_blockwise.gemm_blockwise_reference(a, sa, b, sb)
     assert c.dtype == torch.bfloat16 and c.shape == (m, n)
     assert sqnr_db(ref, c.float()) > 40.0  # BF16 output rounding (~48 dB); a misplaced scale gives < 10 dB
+
+
+def test_gemm_rejects_unaligned_rows(k):
+    a, sa = k.quantize_blockwise.quantize_blockwise(data(64, 200), (1, 128))
+    b, sb = k.quantize_blockwise.quantize_blockwise(data(128, 200), (128, 128))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        k.gemm_blockwise.gemm_blockwise(a, sa, b, sb)
 
 
 def test_gemm_rejects_mismatched_scales(k):
@@ -128,3 +144,29 @@ def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k)
     assert sqnr_db(emulated_gemm(a, b, GemmRole.FPROP, r), out) > 40.0
     ok, why = be.supports_shape("gemm", {"role": "wgrad"}, r)
     assert not ok and "wgrad" in why
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_kernels_read_only_constexpr_globals(k, name):
+    """Compiled Triton rejects a plain module-level number inside @triton.jit (the interpreter accepts it, so
+    CI would not otherwise notice): every global a kernel reads must be a function, module or tl.constexpr."""
+    import inspect
+
+    import triton
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    module = getattr(k, name)
+    kernels = 0
+    for attr, obj in vars(module).items():
+        while isinstance(obj, triton.runtime.Autotuner):
+            obj = obj.fn
+        if not isinstance(obj, (triton.runtime.JITFunction, InterpretedFunction)):
+            continue
+        kernels += 1
+        py = inspect.unwrap(obj.fn)
+        for ref in py.__code__.co_names:
+            value = py.__globals__.get(ref)
+            assert not isinstance(value, (int, float)) or isinstance(value, bool), \
+                f"{name}.{attr} reads the plain global {ref}={value!r}; make it tl.constexpr"
+    assert kernels > 0, f"found no kernels in {name}"

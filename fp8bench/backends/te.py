@@ -13,6 +13,7 @@ import torch
 
 from fp8bench.backends.base import (
     Backend,
+    QuantizeOp,
     Recipe,
     TrainSetup,
     import_probe,
@@ -70,7 +71,7 @@ def te_reason(recipe: Recipe) -> tuple[bool, str]:
 
 class TEBackend(Backend):
     name = "te"
-    workloads = frozenset({"linear", "layer", "train"})
+    workloads = frozenset({"quantize", "linear", "layer", "train"})
 
     def available(self):
         if not torch.cuda.is_available():
@@ -89,6 +90,35 @@ class TEBackend(Backend):
         if not ok or recipe.format is Format.BF16:
             return ok, why
         return te_reason(recipe)
+
+    def quantize(self, x, recipe, is_weight):
+        """TE's own cast kernels, producing what its Hopper GEMMs consume: per-tensor scaling (current:
+        amax then cast; delayed: cast with the stored scale, amax recorded) writes the E4M3 copy and its
+        transpose; blockwise writes the row-wise 1x128 (activations) or 128x128 (weights) copy, like
+        fp8bench's triton kernels, so GB/s compare the same work."""
+        import transformer_engine.pytorch as te
+        import transformer_engine_torch as tex
+
+        x = x.bfloat16().contiguous()
+        fp8 = tex.DType.kFloat8E4M3
+        element = x.numel() * x.element_size()
+        if recipe.scaling is Scaling.CURRENT:
+            q = te.Float8CurrentScalingQuantizer(fp8, x.device, rowwise=True, columnwise=True)
+            nbytes = 2 * element + 2 * x.numel()  # read twice (amax, cast), write the copy and its transpose
+        elif recipe.scaling is Scaling.DELAYED:
+            scale = torch.full((1,), 448.0 / float(x.abs().amax()), device=x.device)
+            q = te.Float8Quantizer(scale, torch.zeros(1, device=x.device), fp8, rowwise=True, columnwise=True)
+            nbytes = element + 2 * x.numel()
+        elif recipe.scaling is Scaling.BLOCKWISE:
+            dim = 2 if is_weight else 1
+            q = te.Float8BlockQuantizer(fp8, rowwise=True, columnwise=False, block_scaling_dim=dim,
+                                        force_pow_2_scales=True)
+            rows, cols = x.shape
+            n_scales = (-(-rows // 128) if is_weight else rows) * -(-cols // 128)
+            nbytes = element + x.numel() + 4 * n_scales
+        else:
+            raise ValueError(f"no Transformer Engine cast for {recipe.format.value}/{recipe.scaling.value} here")
+        return QuantizeOp(run=lambda: q(x), dequantized=lambda: q(x).dequantize().float(), bytes_moved=nbytes)
 
     def linear(self, x, w, dy, recipe):
         import transformer_engine.pytorch as te

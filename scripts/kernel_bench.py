@@ -1,0 +1,126 @@
+"""Tuning table for fp8bench's Triton kernels on a GPU: every launch variant of each kernel, next to TE's and
+torch's (cuBLAS) kernels for the same work, at the issue's shapes. The sweeps (`fp8bench run workload=quantize
+|gemm backend=triton,te,torch`) are the recorded results; this script is how the kernels' defaults were chosen.
+
+Usage on the GPU box: python3 scripts/kernel_bench.py [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+from fp8bench.backends import Recipe, get_backend
+from fp8bench.calibrate import copy_gbps
+from fp8bench.config.schema import BackendConfig, ScalingConfig
+from fp8bench.types import Format, GemmRole, Scaling
+
+GEMMS = {  # name: (M, N, K), tokens 8192
+    "8192^3": (8192, 8192, 8192),
+    "llama2-7b fprop_qkv": (8192, 12288, 4096), "llama2-7b fprop_o": (8192, 4096, 4096),
+    "llama2-7b fprop_gate_up": (8192, 22016, 4096), "llama2-7b fprop_down": (8192, 4096, 11008),
+    "llama2-7b dgrad_gate_up": (8192, 4096, 22016),
+    "llama3-70b fprop_qkv": (8192, 10240, 8192), "llama3-70b fprop_o": (8192, 8192, 8192),
+    "llama3-70b fprop_gate_up": (8192, 57344, 8192), "llama3-70b fprop_down": (8192, 8192, 28672),
+    "llama3-70b dgrad_gate_up": (8192, 8192, 57344),
+}
+
+
+def ms(fn) -> float:
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def recipe(backend: str, scaling: str) -> Recipe:
+    return Recipe(format=Format.E4M3, scaling=Scaling(scaling), scaling_cfg=ScalingConfig(name=scaling),
+                  backend_cfg=BackendConfig(name=backend))
+
+
+def quantize_table(copy: float) -> list[dict]:
+    from fp8bench_kernels import quantize_blockwise as qb
+    from fp8bench_kernels import quantize_current as qc
+
+    x = torch.randn(8192, 8192, device="cuda").bfloat16()
+    rows = []
+
+    def add(kernel, variant, nbytes, fn):
+        t = ms(fn)
+        rows.append({"kernel": kernel, "variant": variant, "ms": t, "gbps": nbytes / t / 1e6,
+                     "pct_of_copy": 100 * nbytes / t / 1e6 / copy})
+
+    cur = qc.bytes_moved(x)
+    for bm, bn, w in [(64, 128, 4), (32, 128, 4), (64, 64, 4), (128, 128, 8), (64, 256, 8), (128, 64, 4),
+                      (32, 256, 4)]:
+        for progs in (None, 1056):
+            add("current+transpose", f"triton {bm}x{bn} w{w} amax_programs={progs or '4/SM'}", cur,
+                lambda: qc.quantize_current(x, bm, bn, w, progs))
+    for name, be in [("te", "te"), ("torch eager", "torch")]:
+        op = get_backend(be).quantize(x, recipe(be, "current"), False)
+        add("current+transpose" if be == "te" else "current (no transpose)", name, op.bytes_moved, op.run)
+    for block in [(1, 128), (128, 128)]:
+        nb = qb.bytes_moved(x, block)
+        bms = [8, 16, 32, 64] if block == (1, 128) else [128]
+        for bm in bms:
+            for w in (4, 8):
+                add(f"blockwise {block[0]}x{block[1]}", f"triton block_m={bm} w{w}", nb,
+                    lambda: qb.quantize_blockwise(x, block, True, bm, w))
+        op = get_backend("te").quantize(x, recipe("te", "blockwise"), block == (128, 128))
+        add(f"blockwise {block[0]}x{block[1]}", "te", op.bytes_moved, op.run)
+        op = get_backend("torch").quantize(x, recipe("torch", "blockwise"), block == (128, 128))
+        add(f"blockwise {block[0]}x{block[1]}", "torch eager", op.bytes_moved, op.run)
+    return rows
+
+
+def gemm_table() -> list[dict]:
+    from fp8bench_kernels.gemm_blockwise import CONFIGS, gemm_blockwise
+    from fp8bench_kernels.quantize_blockwise import quantize_blockwise
+
+    rows = []
+    for name, (m, n, k) in GEMMS.items():
+        a = torch.randn(m, k, device="cuda").bfloat16()
+        b = torch.randn(n, k, device="cuda").bfloat16()
+        qa, sa = quantize_blockwise(a, (1, 128), True)
+        qb_, sb = quantize_blockwise(b, (128, 128), True)
+        flops = 2.0 * m * n * k
+        row = {"shape": name, "mnk": [m, n, k]}
+        op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("torch", "blockwise"))
+        row["cublas_blockwise"] = flops / ms(op.kernel_only) / 1e9
+        op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("torch", "current"))
+        row["cublas_tensorwise"] = flops / ms(op.kernel_only) / 1e9
+        row["triton_autotuned"] = flops / ms(lambda: gemm_blockwise(qa, sa, qb_, sb)) / 1e9
+        for c in CONFIGS:
+            kw = c.kwargs
+            label = (f"{'promote' if kw['PROMOTE'] else 'rescale'} {kw['BLOCK_M']}x{kw['BLOCK_N']} "
+                     f"w{c.num_warps} s{c.num_stages}")
+            try:
+                row[label] = flops / ms(lambda: gemm_blockwise(qa, sa, qb_, sb, c)) / 1e9
+            except Exception as e:  # noqa: BLE001 - a config that fails to compile (registers, smem) is a row
+                row[label] = f"failed: {type(e).__name__}: {str(e)[:120]}"
+        rows.append(row)
+        print(json.dumps({k: (round(v) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        del a, b, qa, qb_
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, default=Path("kernel_bench.json"))
+    ns = p.parse_args()
+    copy = copy_gbps(torch.device("cuda"), 2 * 1024**3, 0.5)
+    print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
+    q = quantize_table(copy)
+    for r in q:
+        print(f"{r['kernel']:>24} {r['variant']:>44} {r['ms'] * 1000:8.1f} us {r['gbps']:7.0f} GB/s "
+              f"{r['pct_of_copy']:5.1f}% of copy", flush=True)
+    g = gemm_table()
+    ns.out.write_text(json.dumps({"copy_gbps": copy, "quantize": q, "gemm": g}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
