@@ -6,12 +6,13 @@ The K loop steps 128 columns (one scale group) at a time, with operands brought 
 descriptors; out-of-range tiles are zero-filled, so no masks). Scales are applied inside the loop with FP32
 accumulation, two ways (`PROMOTE`):
 - promote (DeepSeek-V3's wording): each group's tensor-core product goes to a fresh FP32 tile, which is scaled
-  by its row and column scales and added to the accumulator. Exact to FP32, but it holds two FP32 tiles in
-  registers, which caps the tile at 128x128 for 8 warps.
+  by its scales and added to the accumulator. Exact to FP32, but it holds two FP32 tiles in registers.
 - rescale: the accumulator is kept in the units of the current group's scales, so each step is one
   `dot(a, b, acc * (s_prev / s))` into the same registers, and the scales are applied once after the loop.
-  Half the registers (tiles up to 128x256), at the price of one FP32 rounding per step (~2^-24 relative,
-  a thousand times below E4M3's own step).
+  Half the registers, at the price of one FP32 rounding per step (~2^-24 relative, a thousand times below
+  E4M3's own step).
+Tiles are BLOCK_M x (NSUB x 128): each 128-column sub-tile has its own accumulator, so B's scale is a scalar
+per sub-tile and step.
 The autotuner picks the tile, warps, stages and variant per shape; both variants are tested against the
 dequantized reference.
 
@@ -31,68 +32,83 @@ GROUP = 128
 
 
 def _configs() -> list[triton.Config]:
-    if os.environ.get("TRITON_INTERPRET") == "1":  # small tiles: the interpreter runs on CPU; tests pick each
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "GROUP_M": 4, "PROMOTE": p}, num_warps=4,
-                              num_stages=1, pre_hook=_set_block_shapes) for p in (True, False)]
-    grid = [(True, 128, 128, 8, 3), (True, 128, 128, 8, 4), (True, 64, 128, 4, 4),
-            (False, 128, 128, 4, 4), (False, 128, 128, 8, 4), (False, 128, 256, 8, 3), (False, 128, 256, 8, 4),
-            (False, 256, 128, 8, 3)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8, "PROMOTE": p}, num_warps=w, num_stages=s,
-                          pre_hook=_set_block_shapes) for p, bm, bn, w, s in grid]
+    if os.environ.get("TRITON_INTERPRET") == "1":  # small M tiles: the interpreter runs on CPU; tests pick each
+        return [triton.Config({"BLOCK_M": 32, "NSUB": n, "GROUP_M": 4, "PROMOTE": p}, num_warps=4, num_stages=1,
+                              pre_hook=_set_block_shapes) for p in (True, False) for n in (1, 2)]
+    grid = [(True, 128, 1, 8, 3), (True, 128, 1, 8, 4), (True, 64, 1, 4, 4), (True, 128, 2, 8, 3),
+            (True, 64, 2, 4, 4),
+            (False, 128, 1, 4, 4), (False, 128, 1, 8, 4), (False, 128, 2, 8, 3), (False, 128, 2, 8, 4),
+            (False, 64, 2, 4, 4), (False, 256, 1, 8, 3)]
+    return [triton.Config({"BLOCK_M": bm, "NSUB": n, "GROUP_M": 8, "PROMOTE": p}, num_warps=w, num_stages=s,
+                          pre_hook=_set_block_shapes) for p, bm, n, w, s in grid]
 
 
 def _set_block_shapes(nargs: dict) -> None:
     """TMA descriptors carry their box size, which is the autotuned tile: set it per config."""
-    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], GROUP
-    nargs["a_desc"].block_shape = [bm, bk]
-    nargs["b_desc"].block_shape = [bn, bk]
-    nargs["c_desc"].block_shape = [bm, bn]
+    bm = nargs["BLOCK_M"]
+    nargs["a_desc"].block_shape = [bm, GROUP]
+    nargs["b_desc"].block_shape = [GROUP, GROUP]
+    nargs["c_desc"].block_shape = [bm, GROUP]
 
 
 CONFIGS = _configs()
 _INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@triton.jit
+def _scale_step(acc, a, b, sa, sb, s_prev, PROMOTE: tl.constexpr):
+    """One 128-deep K group into one 128-wide accumulator; `s` = this group's per-row scale sa·sb."""
+    s = sa * sb
+    if PROMOTE:
+        acc += tl.dot(a, tl.trans(b)) * s[:, None]
+    else:
+        acc = tl.dot(a, tl.trans(b), acc * (s_prev / s)[:, None])
+    return acc, s
+
+
 # the interpreter cannot time configs: it autotunes over the first alone (tests run the others by name)
 @triton.autotune(configs=CONFIGS[:1] if _INTERPRETING else CONFIGS, key=["M", "N", "K"])
 @triton.jit
 def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, PROMOTE: tl.constexpr):
+                 BLOCK_M: tl.constexpr, NSUB: tl.constexpr, GROUP_M: tl.constexpr, PROMOTE: tl.constexpr):
+    # The tile is NSUB sub-tiles of 128 columns, each with its own accumulator: B's 128x128 scale is then one
+    # scalar per sub-tile and K group (a per-row multiply, not a per-element scale tile), and with two
+    # sub-tiles the second's tensor-core work can run while the first's scaling waits.
     BLOCK_K: tl.constexpr = 128
+    SUB_N: tl.constexpr = 128
     pid = tl.program_id(0)
-    grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, NSUB * SUB_N)
     # grouped ordering: programs that share A rows run together (L2 reuse)
     width = GROUP_M * grid_n
     first_m = (pid // width) * GROUP_M
     group_m = tl.minimum(grid_m - first_m, GROUP_M)
     pid_m = first_m + (pid % width) % group_m
     pid_n = (pid % width) // group_m
-    off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
+    off_m, off_n = pid_m * BLOCK_M, pid_n * NSUB * SUB_N
     rm = off_m + tl.arange(0, BLOCK_M)
-    rn = off_n + tl.arange(0, BLOCK_N)
-    # rows/columns past the edge read scale 1 (their products are zero-filled and never stored)
+    # rows and sub-tiles past the edge read scale 1 (their products are zero-filled and never stored)
     sa_rows = sa_ptr + rm * n_kgroups
-    sb_cols = sb_ptr + (rn // 128) * n_kgroups
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if PROMOTE:
-        for kg in range(0, n_kgroups):
-            a = a_desc.load([off_m, kg * BLOCK_K])
-            b = b_desc.load([off_n, kg * BLOCK_K])
-            sa = tl.load(sa_rows + kg, mask=rm < M, other=1.0)
-            sb = tl.load(sb_cols + kg, mask=rn < N, other=1.0)
-            acc += tl.dot(a, tl.trans(b)) * (sa[:, None] * sb[None, :])
-    else:
-        sa_prev = tl.load(sa_rows, mask=rm < M, other=1.0)
-        sb_prev = tl.load(sb_cols, mask=rn < N, other=1.0)
-        for kg in range(0, n_kgroups):
-            a = a_desc.load([off_m, kg * BLOCK_K])
-            b = b_desc.load([off_n, kg * BLOCK_K])
-            sa = tl.load(sa_rows + kg, mask=rm < M, other=1.0)
-            sb = tl.load(sb_cols + kg, mask=rn < N, other=1.0)
-            acc = tl.dot(a, tl.trans(b), acc * ((sa_prev / sa)[:, None] * (sb_prev / sb)[None, :]))
-            sa_prev, sb_prev = sa, sb
-        acc = acc * (sa_prev[:, None] * sb_prev[None, :])
-    c_desc.store([off_m, off_n], acc.to(tl.bfloat16))
+    sb0_ptr = sb_ptr + (off_n // SUB_N) * n_kgroups
+    sb1_ptr = sb0_ptr + n_kgroups
+    has_sub1 = off_n + SUB_N < N
+    acc0 = tl.zeros((BLOCK_M, SUB_N), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, SUB_N), dtype=tl.float32)
+    s0 = tl.full((BLOCK_M,), 1.0, tl.float32)
+    s1 = tl.full((BLOCK_M,), 1.0, tl.float32)
+    for kg in range(0, n_kgroups):
+        a = a_desc.load([off_m, kg * BLOCK_K])
+        sa = tl.load(sa_rows + kg, mask=rm < M, other=1.0)
+        acc0, s0 = _scale_step(acc0, a, b_desc.load([off_n, kg * BLOCK_K]), sa, tl.load(sb0_ptr + kg), s0,
+                               PROMOTE)
+        if NSUB == 2:
+            sb1 = tl.load(sb1_ptr + kg, mask=has_sub1, other=1.0)
+            acc1, s1 = _scale_step(acc1, a, b_desc.load([off_n + SUB_N, kg * BLOCK_K]), sa, sb1, s1, PROMOTE)
+    if not PROMOTE:  # the accumulators are in units of the last group's scales
+        acc0 = acc0 * s0[:, None]
+        acc1 = acc1 * s1[:, None]
+    c_desc.store([off_m, off_n], acc0.to(tl.bfloat16))
+    if NSUB == 2:
+        c_desc.store([off_m, off_n + SUB_N], acc1.to(tl.bfloat16))
 
 
 def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
@@ -114,7 +130,7 @@ def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
     a_desc = TensorDescriptor.from_tensor(a, dummy)
     b_desc = TensorDescriptor.from_tensor(b, dummy)
     c_desc = TensorDescriptor.from_tensor(c, dummy)
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["NSUB"] * GROUP),)  # noqa: E731
     args = (a_desc, b_desc, c_desc, sa.contiguous(), sb.contiguous(), m, n, k, n_kgroups)
     if config is None:
         _gemm_kernel[grid](*args)

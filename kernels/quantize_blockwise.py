@@ -11,6 +11,8 @@ Scale layouts (row-major float32): 1x128 -> [M, ceil(K/128)]; 128x128 -> [ceil(M
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -20,6 +22,13 @@ from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, pow2_fl
 GROUP = 128
 
 
+def _configs(block_ms: list[int], warps: list[int]) -> list[triton.Config]:
+    if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter cannot time configs
+        return [triton.Config({"BLOCK_M": block_ms[0]}, num_warps=4)]
+    return [triton.Config({"BLOCK_M": bm}, num_warps=w) for bm in block_ms for w in warps]
+
+
+@triton.autotune(configs=_configs([16, 8, 32, 64], [4, 8]), key=["M", "K", "POW2"])
 @triton.jit
 def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
                          BLOCK_M: tl.constexpr, GROUP_K: tl.constexpr, POW2: tl.constexpr):
@@ -35,11 +44,12 @@ def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups
     tl.store(s_ptr + rows * n_groups + tl.program_id(1), exact_rcp(scale), mask=rows < M)
 
 
+@triton.autotune(configs=_configs([128], [4, 8, 16]), key=["M", "K", "POW2"])
 @triton.jit
 def _blocks_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
-                           BLOCK: tl.constexpr, POW2: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+                           BLOCK_M: tl.constexpr, POW2: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
     scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), AMAX_EPS_C))
@@ -50,9 +60,9 @@ def _blocks_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_grou
     tl.store(s_ptr + tl.program_id(0) * n_groups + tl.program_id(1), exact_rcp(scale))
 
 
-def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow2_scales: bool = False,
-                       block_m: int = 32, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Y [M, K] E4M3, inverse scales float32) for block (1, 128) or (128, 128)."""
+def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP),
+                       pow2_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Y [M, K] E4M3, inverse scales float32) for block (1, 128) or (128, 128); launch shape autotuned."""
     if x.dim() != 2:
         raise ValueError(f"quantize_blockwise takes a 2-D tensor, got shape {tuple(x.shape)}")
     m, k = x.shape
@@ -60,13 +70,12 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
     if block == (1, GROUP):
         s = torch.empty((m, n_groups), device=x.device, dtype=torch.float32)
-        _groups_1x128_kernel[(triton.cdiv(m, block_m), n_groups)](
-            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, BLOCK_M=block_m, GROUP_K=GROUP, POW2=pow2_scales,
-            num_warps=num_warps)
+        _groups_1x128_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), n_groups)](
+            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, GROUP_K=GROUP, POW2=pow2_scales)
     elif block == (GROUP, GROUP):
         s = torch.empty((triton.cdiv(m, GROUP), n_groups), device=x.device, dtype=torch.float32)
         _blocks_128x128_kernel[(triton.cdiv(m, GROUP), n_groups)](
-            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, BLOCK=GROUP, POW2=pow2_scales, num_warps=num_warps)
+            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, POW2=pow2_scales)
     else:
         raise ValueError(f"block={block!r} is not supported; choose (1, 128) or (128, 128)")
     return y, s

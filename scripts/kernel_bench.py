@@ -53,25 +53,21 @@ def quantize_table(copy: float) -> list[dict]:
                      "pct_of_copy": 100 * nbytes / t / 1e6 / copy})
 
     cur = qc.bytes_moved(x)
-    for bm, bn, w in [(64, 128, 4), (32, 128, 4), (64, 64, 4), (128, 128, 8), (64, 256, 8), (128, 64, 4),
-                      (32, 256, 4)]:
-        for progs in (None, 1056):
-            add("current+transpose", f"triton {bm}x{bn} w{w} amax_programs={progs or '4/SM'}", cur,
-                lambda: qc.quantize_current(x, bm, bn, w, progs))
+    for progs in (None, 1056, 528):
+        add("current+transpose", f"triton amax_programs={progs or '4/SM'}", cur,
+            lambda p=progs: qc.quantize_current(x, amax_programs=p))
+    rows[-1]["variant"] += f" cast {qc._cast_transpose_kernel.best_config}"
     for name, be in [("te", "te"), ("torch eager", "torch")]:
         op = get_backend(be).quantize(x, recipe(be, "current"), False)
         add("current+transpose" if be == "te" else "current (no transpose)", name, op.bytes_moved, op.run)
     for block in [(1, 128), (128, 128)]:
         nb = qb.bytes_moved(x, block)
-        bms = [8, 16, 32, 64] if block == (1, 128) else [128]
-        for bm in bms:
-            for w in (4, 8):
-                add(f"blockwise {block[0]}x{block[1]}", f"triton block_m={bm} w{w}", nb,
-                    lambda: qb.quantize_blockwise(x, block, True, bm, w))
-        op = get_backend("te").quantize(x, recipe("te", "blockwise"), block == (128, 128))
-        add(f"blockwise {block[0]}x{block[1]}", "te", op.bytes_moved, op.run)
-        op = get_backend("torch").quantize(x, recipe("torch", "blockwise"), block == (128, 128))
-        add(f"blockwise {block[0]}x{block[1]}", "torch eager", op.bytes_moved, op.run)
+        add(f"blockwise {block[0]}x{block[1]}", "triton", nb, lambda b=block: qb.quantize_blockwise(x, b, True))
+        tuned = qb._groups_1x128_kernel if block == (1, 128) else qb._blocks_128x128_kernel
+        rows[-1]["variant"] += f" {tuned.best_config}"
+        for be in ("te", "torch"):
+            op = get_backend(be).quantize(x, recipe(be, "blockwise"), block == (128, 128))
+            add(f"blockwise {block[0]}x{block[1]}", be, op.bytes_moved, op.run)
     return rows
 
 
@@ -91,18 +87,19 @@ def gemm_table() -> list[dict]:
         row["cublas_blockwise"] = flops / ms(op.kernel_only) / 1e9
         op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("torch", "current"))
         row["cublas_tensorwise"] = flops / ms(op.kernel_only) / 1e9
-        row["triton_autotuned"] = flops / ms(lambda: gemm_blockwise(qa, sa, qb_, sb)) / 1e9
+        operands = (qa, sa, qb_, sb)
+        row["triton_autotuned"] = flops / ms(lambda o=operands: gemm_blockwise(*o)) / 1e9
         for c in CONFIGS:
             kw = c.kwargs
-            label = (f"{'promote' if kw['PROMOTE'] else 'rescale'} {kw['BLOCK_M']}x{kw['BLOCK_N']} "
+            label = (f"{'promote' if kw['PROMOTE'] else 'rescale'} {kw['BLOCK_M']}x{128 * kw['NSUB']} "
                      f"w{c.num_warps} s{c.num_stages}")
             try:
-                row[label] = flops / ms(lambda: gemm_blockwise(qa, sa, qb_, sb, c)) / 1e9
+                row[label] = flops / ms(lambda o=operands, c=c: gemm_blockwise(*o, c)) / 1e9
             except Exception as e:  # noqa: BLE001 - a config that fails to compile (registers, smem) is a row
                 row[label] = f"failed: {type(e).__name__}: {str(e)[:120]}"
         rows.append(row)
         print(json.dumps({k: (round(v) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
-        del a, b, qa, qb_
+        del a, b, qa, qb_, operands
         torch.cuda.empty_cache()
     return rows
 

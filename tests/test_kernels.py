@@ -153,7 +153,6 @@ def test_kernels_read_only_constexpr_globals(k, name):
     import inspect
 
     import triton
-
     from triton.runtime.interpreter import InterpretedFunction
 
     module = getattr(k, name)

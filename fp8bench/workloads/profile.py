@@ -1,0 +1,75 @@
+"""Where a step's GPU time goes, from the kernels themselves (torch.profiler's CUDA activity), in the categories
+the speedup waterfall needs (fp8bench.waterfall): the linears' GEMMs, FP8 casts/transposes/amax/scale
+bookkeeping, attention, and everything else (norms, RoPE, activations, elementwise, copies).
+
+Kernel names are matched, in this order, against the libraries' naming: cuBLAS/cuBLASLt (`sm90_xmma_gemm`,
+`nvjet`, `cutlass`), Triton GEMMs (`_gemm_kernel`), attention (flash/fmha/cuDNN SDPA), then casts (TE's
+`cast_transpose`, `quantize`, `amax`, `scale` kernels, torch's FP8 conversions, fp8bench's triton casts).
+Unmatched kernels count as `other`, so the categories always sum to the kernels' total.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+
+from fp8bench.records import Metric
+
+CATEGORIES: list[tuple[str, re.Pattern]] = [
+    ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|cudnn", re.I)),
+    ("gemm", re.compile(r"gemm|xmma|nvjet|cutlass|wgmma|matmul|_gemm_kernel|splitk", re.I)),
+    ("quantize", re.compile(r"cast|transpose|quantiz|amax|scale|fp8|float8|e4m3|e5m2|_to_copy.*float8", re.I)),
+]
+
+
+def category(kernel_name: str) -> str:
+    for name, pattern in CATEGORIES:
+        if pattern.search(kernel_name):
+            return name
+    return "other"
+
+
+def kernel_times(step: Callable[[], object], steps: int = 3) -> dict[str, float]:
+    """Milliseconds per step of each category's kernels, plus `busy` (the union of kernel intervals: time
+    the GPU was running anything) over `steps` profiled steps after one unprofiled warm-up."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    totals = {"gemm": 0.0, "quantize": 0.0, "attention": 0.0, "other": 0.0}
+    intervals = []
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        start, end = e.time_range.start, e.time_range.end
+        if end <= start:
+            continue
+        totals[category(e.name)] += (end - start) / 1000.0
+        intervals.append((start, end))
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    out = {k: v / steps for k, v in totals.items()}
+    out["busy"] = busy / 1000.0 / steps
+    return out
+
+
+def kernel_metrics(step: Callable[[], object], device: torch.device) -> list[Metric]:
+    """The per-step kernel breakdown as metrics (CUDA only: the CPU has no kernels to attribute)."""
+    if device.type != "cuda":
+        return []
+    t = kernel_times(step)
+    return [Metric.of(f"gpu_{k}_ms", v) for k, v in t.items()]
