@@ -20,7 +20,7 @@ from fp8bench.config.schema import ConfigError
 console = Console(stderr=True)
 out = Console()
 COMMANDS = ("run", "plan", "ingest", "export", "report", "compare", "asv-compare", "history", "calibrate",
-            "roofline", "doctor")
+            "roofline", "waterfall", "doctor")
 USAGE = """usage: fp8bench COMMAND [ARGS]
 
   run [-m] [hydra overrides]   run a point or a sweep preset (sweep=quick); -m uses Hydra's multirun
@@ -38,6 +38,7 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
                                measure this machine's BF16/FP8 GEMM and copy ceilings (results/calibration)
   roofline [--db DB] [--with-quant]
                                expected (roofline, measured ceilings) vs measured GEMM speedups
+  waterfall [--db DB]          why FP8 is not 2x: linear/layer speedup stage by stage from measured kernel times
   doctor                       device, versions, backends and the capability matrix
 """
 
@@ -245,6 +246,32 @@ def cmd_roofline(args: list[str]) -> int:
     return 0
 
 
+def cmd_waterfall(args: list[str]) -> int:
+    from fp8bench.waterfall import from_db
+
+    p = _Parser(prog="fp8bench waterfall")
+    p.add_argument("--db", default=None)
+    ns = p.parse_args(args)
+    with _reading(ns.db) as con:
+        rows = from_db(con)
+    if not rows:
+        out.print("no linear/layer/train case has per-kernel times and a BF16 twin in its run: run those "
+                  "workloads on a GPU (the kernel breakdown is CUDA-only)")
+        return 0
+    table = Table(title="speedup waterfall vs BF16: promise 2x; ideal = GEMMs 2x, rest as BF16; then the measured "
+                        "FP8 GEMMs, + casts, + non-GEMM kernels, + idle (= measured); kernels% = FP8 kernel time "
+                        "/ measured step")
+    table.add_column("case", overflow="fold")
+    stage_names = [name for name, _ in rows[0][4].stages()]
+    for name in stage_names:
+        table.add_column(name, justify="right")
+    table.add_column("kernels%", justify="right")
+    for case_id, *_, w in rows:
+        table.add_row(case_id, *(f"{v:.2f}x" for _, v in w.stages()), f"{w.explained_pct:.1f}%")
+    out.print(table)
+    return 0
+
+
 def cmd_asv_compare(args: list[str]) -> int:
     from fp8bench.asv_results import compare_commits
 
@@ -362,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
                 "compare": cmd_compare, "asv-compare": cmd_asv_compare, "history": cmd_history,
-                "calibrate": cmd_calibrate, "roofline": cmd_roofline, "doctor": cmd_doctor}
+                "calibrate": cmd_calibrate, "roofline": cmd_roofline, "waterfall": cmd_waterfall, "doctor": cmd_doctor}
     from fp8bench.records import StoreError
 
     try:

@@ -36,7 +36,7 @@ def _configs() -> list[triton.Config]:
         return [triton.Config({"BLOCK_M": 32, "NSUB": n, "GROUP_M": 4, "PROMOTE": p}, num_warps=4, num_stages=1,
                               pre_hook=_set_block_shapes) for p in (True, False) for n in (1, 2)]
     grid = [(True, 128, 1, 8, 3), (True, 128, 1, 8, 4), (True, 64, 1, 4, 4), (True, 128, 2, 8, 3),
-            (True, 64, 2, 4, 4),
+            (True, 64, 2, 4, 4), (True, 64, 1, 4, 3), (True, 64, 1, 4, 5), (True, 64, 1, 4, 6),
             (False, 128, 1, 4, 4), (False, 128, 1, 8, 4), (False, 128, 2, 8, 3), (False, 128, 2, 8, 4),
             (False, 64, 2, 4, 4), (False, 256, 1, 8, 3)]
     return [triton.Config({"BLOCK_M": bm, "NSUB": n, "GROUP_M": 8, "PROMOTE": p}, num_warps=w, num_stages=s,

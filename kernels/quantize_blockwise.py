@@ -28,20 +28,32 @@ def _configs(block_ms: list[int], warps: list[int]) -> list[triton.Config]:
     return [triton.Config({"BLOCK_M": bm}, num_warps=w) for bm in block_ms for w in warps]
 
 
-@triton.autotune(configs=_configs([16, 8, 32, 64], [4, 8]), key=["M", "K", "POW2"])
+def _group_configs() -> list[triton.Config]:
+    if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter cannot time configs; 2 groups per program
+        return [triton.Config({"BLOCK_M": 16, "GROUPS": 2}, num_warps=4)]
+    return [triton.Config({"BLOCK_M": bm, "GROUPS": g}, num_warps=w)
+            for bm, g, w in [(64, 1, 8), (16, 1, 4), (32, 1, 4), (128, 1, 8), (32, 2, 4), (32, 4, 8), (16, 4, 4),
+                             (64, 2, 8), (8, 8, 4), (16, 8, 8)]]
+
+
+@triton.autotune(configs=_group_configs(), key=["M", "K", "POW2"])
 @triton.jit
 def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
-                         BLOCK_M: tl.constexpr, GROUP_K: tl.constexpr, POW2: tl.constexpr):
+                         BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, GROUP_K: tl.constexpr, POW2: tl.constexpr):
+    # each program: BLOCK_M rows x GROUPS consecutive 128-column groups, as a [BLOCK_M, GROUPS, 128] tile
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * GROUP_K + tl.arange(0, GROUP_K)
-    mask = (rows[:, None] < M) & (cols[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_EPS_C))
+    groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    cols = groups[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]                  # [G, 128]
+    mask = (rows[:, None, None] < M) & (cols[None, :, :] < K)
+    x = tl.load(x_ptr + rows[:, None, None] * stride_m + cols[None, :, :] * stride_k, mask=mask,
+                other=0.0).to(tl.float32)
+    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=2), AMAX_EPS_C))  # [BM, G]
     if POW2:
         scale = pow2_floor(scale)
-    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale[:, None], -E4M3_MAX_C), E4M3_MAX_C))
-    tl.store(y_ptr + rows[:, None] * K + cols[None, :], q.to(tl.float8e4nv), mask=mask)
-    tl.store(s_ptr + rows * n_groups + tl.program_id(1), exact_rcp(scale), mask=rows < M)
+    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale[:, :, None], -E4M3_MAX_C), E4M3_MAX_C))
+    tl.store(y_ptr + rows[:, None, None] * K + cols[None, :, :], q.to(tl.float8e4nv), mask=mask)
+    smask = (rows[:, None] < M) & (groups[None, :] < n_groups)
+    tl.store(s_ptr + rows[:, None] * n_groups + groups[None, :], exact_rcp(scale), mask=smask)
 
 
 @triton.autotune(configs=_configs([128], [4, 8, 16]), key=["M", "K", "POW2"])
@@ -70,7 +82,7 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP),
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
     if block == (1, GROUP):
         s = torch.empty((m, n_groups), device=x.device, dtype=torch.float32)
-        _groups_1x128_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), n_groups)](
+        _groups_1x128_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n_groups, meta["GROUPS"]))](
             x, y, s, m, k, x.stride(0), x.stride(1), n_groups, GROUP_K=GROUP, POW2=pow2_scales)
     elif block == (GROUP, GROUP):
         s = torch.empty((triton.cdiv(m, GROUP), n_groups), device=x.device, dtype=torch.float32)

@@ -33,7 +33,7 @@ def run(case: CaseInput) -> CaseOutput:
     op = case.backend.gemm(a, b, role, case.recipe)
     timer = timer_kwargs(case, cuda_graph=ms.cuda_graph)
     timing = time_fn(op.with_quant, **timer)
-    metrics = speed_metrics(case, timing, flops(s))
+    metrics = speed_metrics(case, timing, flops(s), step=op.with_quant)
     samples = {"time_ms": timing.samples_ms}
     if op.real_kernel and op.kernel_only is not None and case.recipe.format is not Format.BF16:
         kt = time_fn(op.kernel_only, **timer)

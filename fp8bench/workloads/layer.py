@@ -32,9 +32,8 @@ def run(case: CaseInput) -> CaseOutput:
     # first step's own peak is recorded next to it.
     op.step()
     first_peak = peak_memory_bytes(dev)
-    reset_peak_memory(dev)
     timing = time_fn(op.step, **timer_kwargs(case))
-    metrics = speed_metrics(case, timing, block_flops(case.config.model, s["batch"], s["seq"]))
+    metrics = speed_metrics(case, timing, block_flops(case.config.model, s["batch"], s["seq"]), step=op.step)
     if first_peak is not None:
         metrics.append(Metric.of("peak_mem_first_step_bytes", first_peak))
     if op.probe is not None:  # after timing: the breakdown's own step must not move peak_mem_bytes

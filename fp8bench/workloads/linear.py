@@ -35,7 +35,7 @@ def run(case: CaseInput) -> CaseOutput:
     reset_peak_memory(dev)
     op = case.backend.linear(x, w, dy, case.recipe)
     timing = time_fn(op.step, **timer_kwargs(case))
-    metrics = speed_metrics(case, timing, flops(s), pct_of_peak=False)
+    metrics = speed_metrics(case, timing, flops(s), pct_of_peak=False, step=op.step)
     if case.backend.timed:  # after timing: the profiler's overhead stays out of time_ms
         metrics += kernel_metrics(op.step, dev)
     y, dx, dw = op.outputs()
