@@ -1,0 +1,68 @@
+"""The speedup waterfall's arithmetic, the kernel-name categories it rests on, and `fp8bench waterfall` on the
+committed H200 layer runs (results/h200-layer)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fp8bench import store
+from fp8bench.waterfall import Step, from_db, waterfall
+from fp8bench.workloads.profile import category, kernel_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_stages_swap_one_measured_component_at_a_time():
+    bf16 = Step(time_ms=20.0, gemm=12.0, quantize=0.0, attention=3.0, other=3.0, busy=18.0)
+    fp8 = Step(time_ms=14.0, gemm=7.0, quantize=2.0, attention=3.0, other=2.0, busy=14.0)
+    w = waterfall(bf16, fp8)
+    assert w.ideal == pytest.approx(20 / (20 - 6))            # GEMMs twice as fast, the rest unchanged
+    assert w.gemm_only == pytest.approx(20 / (20 - 12 + 7))   # the measured FP8 GEMMs
+    assert w.with_casts == pytest.approx(20 / (15 + 2))       # + the casts BF16 does not pay
+    assert w.with_non_gemm == pytest.approx(20 / (17 - 1))    # + cheaper non-GEMM kernels
+    assert w.measured == pytest.approx(20 / 14)               # + idle: BF16 idled 2 ms, FP8 none
+    assert w.explained_pct == pytest.approx(100.0)
+    assert [name for name, _ in w.stages()][0] == "promise" and w.stages()[-1][1] == w.measured
+
+
+def test_the_last_stage_is_the_measured_speedup_whatever_the_components():
+    bf16 = Step(time_ms=10.0, gemm=5.0, quantize=0.1, attention=1.0, other=2.0, busy=8.1)
+    fp8 = Step(time_ms=9.0, gemm=3.0, quantize=1.5, attention=1.0, other=2.5, busy=8.0)
+    w = waterfall(bf16, fp8)
+    # the non-GEMM stage plus the change in idle time lands exactly on T16 / T8
+    after_other = 10.0 / w.with_non_gemm
+    assert after_other + (fp8.idle - bf16.idle) == pytest.approx(fp8.time_ms)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128_warpgroupsize2x1x1", "gemm"),
+    ("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNT", "gemm"),
+    ("cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x256x64_1x2x1_0_tnn_align8_warpspecialized", "gemm"),
+    ("_gemm_kernel", "gemm"),
+    ("flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1", "attention"),
+    ("void transformer_engine::detail::cast_transpose_kernel<4, float, __nv_bfloat16, unsigned char>", "quantize"),
+    ("_cast_transpose_kernel", "quantize"),
+    ("_amax_kernel", "quantize"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "other"),
+    ("void transformer_engine::normalization::rmsnorm_fwd_tuned_kernel<__nv_bfloat16>", "other"),
+])
+def test_kernel_names_fall_in_their_category(name, expected):
+    assert category(name) == expected
+
+
+def test_the_kernel_breakdown_is_cuda_only():
+    assert kernel_metrics(lambda: None, torch.device("cpu")) == []
+
+
+def test_waterfall_of_the_committed_h200_layer_runs(tmp_path):
+    con = store.connect(tmp_path / "db.duckdb")
+    store.ingest(con, [ROOT / "results" / "h200-layer"])
+    rows = {case: (fp8, bf16, w) for case, _, fp8, bf16, w in from_db(con)}
+    delayed = rows["layer.llama2-7b.b2s4096.e4m3.delayed.te"]
+    fp8, bf16, w = delayed
+    assert w.measured == pytest.approx(bf16.time_ms / fp8.time_ms)
+    assert 1.0 < w.measured < 2.0 and w.ideal < 2.0  # attention and norms stay BF16: Amdahl caps the ideal
+    assert w.with_casts < w.gemm_only  # the casts are a cost BF16 does not pay
+    assert 80.0 < w.explained_pct <= 110.0
