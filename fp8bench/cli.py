@@ -207,7 +207,7 @@ def cmd_calibrate(args: list[str]) -> int:
 
     p = _Parser(prog="fp8bench calibrate")
     p.add_argument("--out", type=Path, default=Path("results/calibration"))
-    p.add_argument("--budget", type=float, default=0.3, help="seconds of timing per GEMM shape and format")
+    p.add_argument("--budget", type=float, default=0.15, help="seconds of timing per GEMM shape and format")
     ns = p.parse_args(args)
     if not ns.budget > 0:
         raise UsageError(f"--budget={ns.budget!r} must be a positive number of seconds")

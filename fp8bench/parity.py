@@ -32,6 +32,13 @@ def _group_key(r: CaseRecord) -> tuple:
     return (r.model, s.get("batch"), s.get("seq"), s.get("steps"))
 
 
+def _layout(r: CaseRecord) -> tuple:
+    """How a run was spread over GPUs: a distributed run is judged against the one-GPU BF16 band (same global
+    batch, same tokens), but its speed only against BF16 laid out the same way."""
+    s = r.shape
+    return (s.get("nproc", 1), s.get("strategy"))
+
+
 def _area(r: CaseRecord) -> float | None:
     losses = r.samples.get("loss") or []
     return statistics.fmean(losses) if losses and all(math.isfinite(v) for v in losses) else None
@@ -60,9 +67,9 @@ def derive_parity(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metr
     train = [r for r in records if r.workload == "train" and r.status == "ok"]
     bands: dict[tuple, dict[int, CaseRecord]] = {}
     for r in sorted(train, key=lambda r: r.backend):
-        if r.format == "bf16" and r.metric("loss_final") is not None:
+        if r.format == "bf16" and r.metric("loss_final") is not None and r.shape.get("nproc", 1) == 1:
             bands.setdefault(_group_key(r), {}).setdefault(r.shape.get("seed"), r)
-    bf16_time = {(r.backend, variant_of(r.case_id), _group_key(r), r.shape.get("seed")): r.metric("time_ms")
+    bf16_time = {(r.backend, variant_of(r.case_id), _group_key(r), r.shape.get("seed"), _layout(r)): r.metric("time_ms")
                  for r in train if r.format == "bf16"}
     out = []
     for r in train:
@@ -81,7 +88,7 @@ def derive_parity(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metr
             metrics.append(Metric.of("loss_area_gap_pct", area_gap))
             passed = passed and area_gap <= AREA_LIMIT_PCT
         metrics.append(Metric.of("parity_pass", 1.0 if passed else 0.0))
-        base_ms = bf16_time.get((r.backend, variant_of(r.case_id), _group_key(r), r.shape.get("seed")))
+        base_ms = bf16_time.get((r.backend, variant_of(r.case_id), _group_key(r), r.shape.get("seed"), _layout(r)))
         reach = steps_to_reach(r, mean_final)
         if r.backend != "emulated" and base_ms and r.metric("time_ms") and reach:
             metrics.append(Metric.of("quality_speedup", r.shape["steps"] * base_ms / (reach * r.metric("time_ms"))))

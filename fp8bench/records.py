@@ -49,6 +49,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "parity_pass": ("1", "higher"),
     "quality_speedup": ("x", "higher"),
     "tokens_per_s": ("tokens/s", "higher"),
+    "tokens_per_s_per_rank": ("tokens/s", "higher"),
     "mem_weights_bytes": ("bytes", "lower"),
     "mem_grads_bytes": ("bytes", "lower"),
     "mem_optimizer_bytes": ("bytes", "lower"),

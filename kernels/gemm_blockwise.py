@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._tune import steady_do_bench
+
 GROUP = 128
 
 
@@ -67,7 +69,7 @@ def _scale_step(acc, a, b, sa, sb, s_prev, PROMOTE: tl.constexpr):
 
 
 # the interpreter cannot time configs: it autotunes over the first alone (tests run the others by name)
-@triton.autotune(configs=CONFIGS[:1] if _INTERPRETING else CONFIGS, key=["M", "N", "K"])
+@triton.autotune(configs=CONFIGS[:1] if _INTERPRETING else CONFIGS, key=["M", "N", "K"], do_bench=steady_do_bench)
 @triton.jit
 def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups,
                  BLOCK_M: tl.constexpr, NSUB: tl.constexpr, GROUP_M: tl.constexpr, PROMOTE: tl.constexpr):

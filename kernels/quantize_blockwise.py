@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, pow2_floor, round_to_e4m3
+from ._tune import steady_do_bench
 
 GROUP = 128
 
@@ -36,7 +37,7 @@ def _group_configs() -> list[triton.Config]:
                              (64, 2, 8), (8, 8, 4), (16, 8, 8)]]
 
 
-@triton.autotune(configs=_group_configs(), key=["M", "K", "POW2"])
+@triton.autotune(configs=_group_configs(), key=["M", "K", "POW2"], do_bench=steady_do_bench)
 @triton.jit
 def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
                          BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, GROUP_K: tl.constexpr, POW2: tl.constexpr):
@@ -56,7 +57,7 @@ def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups
     tl.store(s_ptr + rows[:, None] * n_groups + groups[None, :], exact_rcp(scale), mask=smask)
 
 
-@triton.autotune(configs=_configs([128], [4, 8, 16]), key=["M", "K", "POW2"])
+@triton.autotune(configs=_configs([128], [4, 8, 16]), key=["M", "K", "POW2"], do_bench=steady_do_bench)
 @triton.jit
 def _blocks_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
                            BLOCK_M: tl.constexpr, POW2: tl.constexpr):

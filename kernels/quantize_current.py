@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, round_to_e4m3
+from ._tune import steady_do_bench
 
 AMAX_TILE = (64, 128)
 """The amax pass's tile (4 warps): on the H200 any tile from 32x128 to 128x128 reads at the same speed."""
@@ -51,7 +52,7 @@ def _cast_configs() -> list[triton.Config]:
                               (128, 128, 4)]]
 
 
-@triton.autotune(configs=_cast_configs(), key=["M", "N", "TRANSPOSE"])
+@triton.autotune(configs=_cast_configs(), key=["M", "N", "TRANSPOSE"], do_bench=steady_do_bench)
 @triton.jit
 def _cast_transpose_kernel(x_ptr, y_ptr, yt_ptr, amax_ptr, inv_scale_ptr, M, N, stride_m, stride_n,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSE: tl.constexpr):

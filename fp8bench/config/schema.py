@@ -106,8 +106,17 @@ class TrainConfig:
     folder (its *.py, *.txt, *.md and *.rst files)."""
     val_percent: int = 5
     """Share of the corpus's files held out for validation (chosen by a hash of each file's path)."""
+    nproc: int = 1
+    """Processes (one GPU each) of one run; above 1 the run is launched with torchrun and the global batch
+    (`workload.batch`) is split across ranks, so each step sees the same tokens as a one-GPU run."""
+    strategy: str = "fsdp2"
+    """With nproc > 1: 'fsdp2' (fully_shard per block and root, BF16 params, FP32 reduce) or 'ddp'."""
+    fp8_all_gather: bool = False
+    """FSDP2 + torchao tensorwise float8: all-gather the sharded weights already cast to FP8."""
 
     def __post_init__(self) -> None:
+        _positive("workload.train.nproc", self.nproc)
+        _one_of("workload.train.strategy", self.strategy, ["fsdp2", "ddp"])
         for f in ("steps", "eval_every", "eval_batches", "bf16_seeds", "lr", "loss_scale"):
             _positive(f"workload.train.{f}", getattr(self, f))
         for f in ("warmup_steps", "weight_decay", "grad_clip", "ckpt_every", "min_lr_ratio"):

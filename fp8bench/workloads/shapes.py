@@ -58,12 +58,18 @@ def train(config: Config) -> list[tuple[str, dict]]:
     """One training run per seed: BF16 points train `train.bf16_seeds` seeds (the band FP8 is judged
     against), other formats the configured seed."""
     w, t = config.workload, config.workload.train
-    n_seeds = t.bf16_seeds if config.format.name == "bf16" else 1
+    # the BF16 band comes from one-GPU runs; a distributed BF16 run is one seed, for its speed
+    n_seeds = t.bf16_seeds if config.format.name == "bf16" and t.nproc == 1 else 1
     out = []
+    dist = ""
+    if t.nproc > 1:  # e.g. ".fsdp2x2fp8ag": a distributed run of the same global batch
+        dist = f".{t.strategy}x{t.nproc}" + ("fp8ag" if t.fp8_all_gather else "")
     for seed in range(config.seed, config.seed + n_seeds):
         shape = {"batch": w.batch, "seq": w.seq, "steps": t.steps, "seed": seed, "vocab": TRAIN_VOCAB,
                  "tokens_per_step": w.batch * w.seq}
-        out.append((f"b{w.batch}s{w.seq}n{t.steps}.seed{seed}", shape))
+        if t.nproc > 1:
+            shape |= {"nproc": t.nproc, "strategy": t.strategy, "fp8_all_gather": t.fp8_all_gather}
+        out.append((f"b{w.batch}s{w.seq}n{t.steps}.seed{seed}{dist}", shape))
     return out
 
 

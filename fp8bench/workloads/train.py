@@ -112,6 +112,10 @@ def _optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.optim
 
 
 def run(case: CaseInput) -> CaseOutput:
+    if case.config.workload.train.nproc > 1:
+        from fp8bench.workloads import dist_train
+
+        return dist_train.run(case)
     cfg, dev = case.config.workload.train, case.device
     batch, seq, steps, seed = case.shape["batch"], case.shape["seq"], case.shape["steps"], case.shape["seed"]
     data = corpus_mod.load(cfg.corpus, cfg.val_percent)

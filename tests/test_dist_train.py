@@ -1,0 +1,86 @@
+"""Distributed training (`workload.train.nproc` > 1) through torchrun: on CPU with gloo, two ranks of FSDP2 and
+of DDP train the same tokens as one process and land on the same loss; the planner says why a point cannot run
+here. FP8 under FSDP2 (all-gather on and off) needs GPUs: tests/test_gpu.py and the H200 x2 study."""
+
+import json
+
+import pytest
+
+from fp8bench.config.compose import expand
+from fp8bench.hardware import detect_device
+from fp8bench.plan import plan
+from fp8bench.runner import execute
+
+BASE = ["workload=train", "model=tiny", "device=cpu", "format=bf16", "scaling=none", "backend=torch",
+        "workload.train.steps=30", "workload.train.eval_every=15", "workload.train.bf16_seeds=1"]
+
+
+def _run(tmp_path, extra, base=BASE):
+    points, _ = expand(base + extra + [f"results_dir={tmp_path}"])
+    cases = plan(points)
+    [rec] = execute(cases, tmp_path / "r", "r", detect_device(), progress=False)
+    return rec
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
+def test_two_ranks_train_the_same_tokens_as_one_process(tmp_path, strategy):
+    one = _run(tmp_path / "one", [])
+    two = _run(tmp_path / "two", ["workload.train.nproc=2", f"workload.train.strategy={strategy}"])
+    assert two.status == "ok", two.reason
+    assert two.case_id == f"train.tiny.b8s128n30.seed0.{strategy}x2.bf16.none.torch"
+    assert two.shape["nproc"] == 2 and two.shape["batch"] == 8  # the global batch, split over the ranks
+    # same windows, same schedule: the validation curve agrees with the one-process run to rounding
+    assert two.samples["val_step"] == one.samples["val_step"] == [0.0, 15.0, 30.0]
+    for a, b in zip(two.samples["val_loss"], one.samples["val_loss"], strict=True):
+        assert a == pytest.approx(b, rel=0.01)
+    assert two.metric("loss_final") < 0.8 * two.metric("loss_initial")
+    tps, per_rank = two.metric("tokens_per_s"), two.metric("tokens_per_s_per_rank")
+    assert tps > 0 and per_rank == pytest.approx(tps / 2)
+    assert len(two.samples["loss"]) == 30
+
+
+def test_the_planner_says_why_a_distributed_point_cannot_run(tmp_path):
+    def reason(extra):
+        points, _ = expand(BASE[:3] + extra + [f"results_dir={tmp_path}"])
+        [case] = plan(points)[:1]
+        return case.runnable, case.reason
+
+    ok, why = reason(["format=hybrid", "scaling=current", "backend=torchao", "workload.train.nproc=2",
+                      "workload.train.fp8_all_gather=true"])
+    assert not ok and "needs GPUs" in why
+    ok, why = reason(["format=bf16", "scaling=none", "backend=torch", "workload.train.fp8_all_gather=true"])
+    assert not ok and "nproc > 1" in why
+    ok, why = reason(["format=bf16", "scaling=none", "backend=te", "workload.train.nproc=2"])
+    assert not ok  # TE needs a GPU; on one it would say fsdp2 runs torch/torchao only
+    ok, why = reason(["format=bf16", "scaling=none", "backend=torch", "workload.train.nproc=3"])
+    assert not ok and "split evenly" in why
+
+
+def test_a_failing_rank_fails_the_case_not_the_sweep(tmp_path):
+    tiny = tmp_path / "corpus.txt"
+    tiny.write_text("too short to hold one training window")  # exists (the config accepts it); ranks fail
+    points, _ = expand(BASE + ["workload.train.nproc=2", f"workload.train.corpus={tiny}",
+                               f"results_dir={tmp_path}"])
+    records = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
+    assert [r.status for r in records] == ["failed"]
+    assert "torchrun with 2 ranks exited" in records[0].reason
+    shard = next((tmp_path / "r").glob("shard-*.jsonl"))
+    assert json.loads(shard.read_text().splitlines()[0])["status"] == "failed"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("all_gather", [False, True])
+def test_fsdp2_float8_on_two_gpus_tracks_bf16(tmp_path, all_gather):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, {torch.cuda.device_count()} visible")
+    common = ["workload=train", "model=tiny", "device=cuda", "workload.train.steps=60",
+              "workload.train.eval_every=30", "workload.train.nproc=2", "backend=torchao"]
+    bf16 = _run(tmp_path / "bf16", ["format=bf16", "scaling=none"], base=common)
+    fp8 = _run(tmp_path / "fp8", ["format=hybrid", "scaling=current",
+                                  f"workload.train.fp8_all_gather={str(all_gather).lower()}"], base=common)
+    assert bf16.status == "ok" and fp8.status == "ok", (bf16.reason, fp8.reason)
+    assert fp8.case_id.endswith(".torchao") and ("fp8ag" in fp8.case_id) == all_gather
+    assert fp8.metric("loss_final") == pytest.approx(bf16.metric("loss_final"), rel=0.05)
+    assert len(fp8.samples["peak_mem_rank_bytes"]) == 2 and fp8.metric("tokens_per_s") > 0
