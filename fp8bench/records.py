@@ -181,6 +181,13 @@ def read_run(run_dir: Path) -> tuple[dict | None, list[CaseRecord], list[ShardPr
         recs, probs = read_shard(shard)
         problems += probs
         for r in recs:
+            kept = by_case.get(r.case_id)
+            if kept is not None and r.status == "skipped" and kept.status != "skipped":
+                # two sweep points that map to one case id (a resumed run re-runs nothing it recorded): a
+                # skip verdict never overwrites a measurement
+                problems.append(ShardProblem(str(shard), 0, f"{r.case_id} recorded twice; kept the {kept.status} "
+                                                            f"record over a later skip ({r.reason})"))
+                continue
             by_case[r.case_id] = r
     return manifest, list(by_case.values()), problems
 

@@ -83,3 +83,24 @@ def test_storage_version_is_pinned_for_duckdb_1_4(tmp_path):
     raw = duckdb.connect(str(tmp_path / "db.duckdb"), read_only=True)
     tags = raw.execute("SELECT tags FROM duckdb_databases() WHERE NOT internal AND path IS NOT NULL").fetchone()[0]
     assert tags["storage_version"].startswith("v1.4.0")
+
+
+def test_a_later_skip_never_overwrites_a_measured_case(tmp_path):
+    """Two sweep points mapping to one case id (jobs of a multirun): the measurement stays, the clash is
+    reported; a later *measured* record still replaces an earlier one (a failed case re-run)."""
+    from fp8bench.records import read_run
+
+    C1, C2 = "gemm.tiny.a.e4m3.current.torch", "gemm.tiny.b.e4m3.current.torch"
+
+    run_dir = tmp_path / "runs" / "r1"
+    write_manifest(run_dir, {"run_id": "r1", "env": {}, "config": {}})
+    with ShardWriter(run_dir, "a") as w:
+        w.write(_record("r1", C1))
+        w.write(_record("r1", C2, status="failed"))
+    with ShardWriter(run_dir, "b") as w:
+        w.write(_record("r1", C1, status="skipped"))
+        w.write(_record("r1", C2, t=2.0))
+    _, records, problems = read_run(run_dir)
+    by_id = {r.case_id: r for r in records}
+    assert by_id[C1].status == "ok" and by_id[C2].status == "ok" and by_id[C2].metric("time_ms") == 2.0
+    assert any(f"{C1} recorded twice" in p.error for p in problems)

@@ -79,3 +79,25 @@ def not_measured(df: pd.DataFrame, workloads: tuple[str, ...] | None = None) -> 
         return pd.DataFrame(columns=["device", "status", "workload", "backend", "format", "scaling", "reason", "cases"])
     return (sub.groupby(["device", "status", "workload", "backend", "format", "scaling", "reason"], dropna=False)
             .size().reset_index(name="cases").sort_values(["status", "cases"], ascending=[True, False]))
+
+
+def waterfalls(con) -> pd.DataFrame:
+    """One row per (FP8 linear/layer/train case, waterfall stage): the speedup after that stage
+    (fp8bench.waterfall), and how much of the FP8 step its kernels explain."""
+    from fp8bench.waterfall import from_db
+
+    rows = [{"case_id": case, "stage": name, "speedup": value, "kernels_pct": w.explained_pct, "order": i}
+            for case, _, _, _, w in from_db(con) for i, (name, value) in enumerate(w.stages())]
+    return pd.DataFrame(rows, columns=["case_id", "stage", "speedup", "kernels_pct", "order"])
+
+
+def roofline(con) -> pd.DataFrame:
+    """Expected (roofline on the measured ceilings) vs measured kernel-only speedup of each FP8 GEMM case."""
+    has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ceilings'").fetchone()[0]
+    if not has:
+        return pd.DataFrame(columns=["run_id", "device", "case_id", "expected", "measured", "rel_error"])
+    from fp8bench.roofline import expected_vs_measured
+
+    df = expected_vs_measured(con)
+    return df if not df.empty else pd.DataFrame(columns=["run_id", "device", "case_id", "expected", "measured",
+                                                         "rel_error"])

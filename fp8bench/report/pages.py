@@ -69,7 +69,26 @@ def _verdict(row) -> str:
     return "ok"
 
 
-def overview(df: pd.DataFrame, runs: pd.DataFrame) -> Page:
+def why_not_2x(adv: pd.DataFrame, df: pd.DataFrame, falls: pd.DataFrame | None) -> pd.DataFrame:
+    """For each advisor row with measured waterfalls: where the speedup went, in the waterfall's own terms."""
+    if falls is None or falls.empty or adv.empty:
+        return adv.assign(why="")
+    wide = falls.pivot_table(index="case_id", columns="stage", values="speedup").reset_index()
+    wide = wide.merge(df[["case_id", "device", "model", "workload", "recipe"]].drop_duplicates("case_id"),
+                      on="case_id")
+    g = wide.groupby(["device", "model", "workload", "recipe"])[["ideal", "gemm", "+casts", "+non-gemm",
+                                                                 "measured"]].median().reset_index()
+
+    def text(r) -> str:
+        return (f"GEMMs 2x would give {r['ideal']:.2f}x (Amdahl); its FP8 GEMMs give {r['gemm']:.2f}x; "
+                f"casts take it to {r['+casts']:.2f}x, other kernels to {r['+non-gemm']:.2f}x; "
+                f"measured {r['measured']:.2f}x")
+    g["why"] = g.apply(text, axis=1)
+    return adv.merge(g[["device", "model", "workload", "recipe", "why"]], how="left",
+                     on=["device", "model", "workload", "recipe"]).fillna({"why": ""})
+
+
+def overview(df: pd.DataFrame, runs: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
     p = Page("index.html", "Overview: which FP8 recipe pays here?")
     p.note("Every number on this site is a measurement from a recorded run (see Runs). Speedups compare each "
            "recipe with the BF16 case of the same shape and backend in the same run; accuracy compares the "
@@ -77,19 +96,19 @@ def overview(df: pd.DataFrame, runs: pd.DataFrame) -> Page:
     counts = df.groupby(["device", "status"]).size().unstack(fill_value=0).reset_index() if not df.empty else df
     p.h2("What was measured")
     p.table(counts)
-    adv = advisor(df)
+    adv = why_not_2x(advisor(df), df, falls)
     p.h2("Advisor: recipes per device × model × workload")
     if adv.empty:
         p.note("No real-kernel FP8 cases yet: run a sweep on a GPU (or `make run` for the CPU study).")
     else:
         rec = adv[adv["recommended"] != ""][["device", "model", "workload", "recipe", "speedup", "accuracy",
-                                              "mem_change_pct", "recommended"]]
+                                              "mem_change_pct", "recommended", "why"]]
         p.raw('<p class="note">The recommendation per row group: the fastest recipe whose numerics agree with '
               'the emulator, if any beats BF16. Details: <a href="gemm.html">GEMMs</a>, '
               '<a href="modules.html">modules</a>, <a href="numerics.html">numerics</a>.</p>')
         p.table(rec, {"speedup": 2, "mem_change_pct": 0})
         p.raw("<details><summary>All recipes</summary>")
-        p.table(adv.drop(columns=["recommended"]), {"speedup": 2, "sqnr_db": 1, "vs_emulator_db": 1,
+        p.table(adv.drop(columns=["recommended", "why"]), {"speedup": 2, "sqnr_db": 1, "vs_emulator_db": 1,
                                                     "mem_change_pct": 0})
         p.raw("</details>")
     p.h2("Not measured, and why")
@@ -101,7 +120,11 @@ def overview(df: pd.DataFrame, runs: pd.DataFrame) -> Page:
 
 # --------------------------------------------------------------------------- GEMMs
 
-def gemm_page(df: pd.DataFrame) -> Page:
+ROOFLINE_SHORT = 0.85
+"""A GEMM case reaching less than this share of its roofline speedup is flagged on the GEMM page."""
+
+
+def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None) -> Page:
     p = Page("gemm.html", "GEMMs: speedup per shape and recipe")
     g = _with_bf16(df[df["workload"] == "gemm"], ("time_ms",))
     g = g[(g["backend"] != "emulated") & (g["format"] != "bf16")]
@@ -123,6 +146,20 @@ def gemm_page(df: pd.DataFrame) -> Page:
         p.table(d.sort_values(["shape", "tflops_kernel"], ascending=[True, False])[cols],
                 {"tflops": 0, "tflops_kernel": 0, "pct_of_peak": 1, "pct_of_ceiling": 1, "speedup": 2,
                  "kernel_speedup": 2})
+    if roof is not None and not roof.empty:
+        for device, r in roof.groupby("device"):
+            p.h2(f"{device}: roofline expected vs measured kernel speedup")
+            p.note("Expected: max(compute, memory) + launch floor per GEMM on the ceilings `fp8bench calibrate` "
+                   f"measured (fp8bench.roofline). Median |error| {r['rel_error'].abs().median():.1%} over "
+                   f"{len(r)} cases; cases under {ROOFLINE_SHORT:.0%} of their expected speedup are listed.")
+            fig = px.scatter(r, x="expected", y="measured", hover_name="case_id", height=PLOT_H)
+            lo, hi = float(min(r["expected"].min(), r["measured"].min())), float(max(r["expected"].max(),
+                                                                                    r["measured"].max()))
+            fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="measured = expected"))
+            p.figure(fig)
+            short = r[r["measured"] < ROOFLINE_SHORT * r["expected"]]
+            p.table(short.sort_values("rel_error")[["case_id", "expected", "measured", "rel_error"]],
+                    {"expected": 2, "measured": 2, "rel_error": 2})
     p.h2("Not measured, and why")
     p.table(not_measured(df, ("gemm",)))
     return p
@@ -138,8 +175,22 @@ def _heatmap(d: pd.DataFrame, col: str) -> go.Figure:
 
 # --------------------------------------------------------------------------- modules and layers
 
-def modules_page(df: pd.DataFrame) -> Page:
+def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
     p = Page("modules.html", "Modules and layers: fwd+bwd time per backend and recipe")
+    if falls is not None and not falls.empty:
+        p.h2("Why not 2x: the speedup waterfall, from measured kernel times")
+        p.note("Each stage swaps one more measured BF16 component for its FP8 one (fp8bench.waterfall): the 2x "
+               "promise; GEMMs 2x with everything else as BF16 (Amdahl); the FP8 GEMM kernels as measured; plus "
+               "the casts/transposes; plus the other kernels; plus idle time, which lands on the measured "
+               "speedup. kernels% is the FP8 step's kernel time over its separately timed step (the profiler "
+               "adds a little to each kernel, so many-kernel steps read above 100%).")
+        f = falls.sort_values(["case_id", "order"])
+        p.figure(px.line(f, x="stage", y="speedup", color="case_id", markers=True,
+                         height=max(PLOT_H, 14 * f["case_id"].nunique() + 200)))
+        p.table(f.pivot_table(index="case_id", columns="stage", values="speedup")
+                .reindex(columns=list(f.drop_duplicates("stage").sort_values("order")["stage"]))
+                .join(f.groupby("case_id")["kernels_pct"].first()).reset_index(),
+                {c: 2 for c in f["stage"].unique()} | {"kernels_pct": 1})
     mods = _with_bf16(df[df["workload"].isin(["linear", "layer"])])
     mods = mods[mods["backend"] != "emulated"]
     for (device, workload), d in mods.groupby(["device", "workload"]):

@@ -62,7 +62,7 @@ def train(config: Config) -> list[tuple[str, dict]]:
     n_seeds = t.bf16_seeds if config.format.name == "bf16" and t.nproc == 1 else 1
     out = []
     dist = ""
-    if t.nproc > 1:  # e.g. ".fsdp2x2fp8ag": a distributed run of the same global batch
+    if t.nproc > 1 or t.fp8_all_gather:  # e.g. ".fsdp2x2fp8ag": a distributed run of the same global batch
         dist = f".{t.strategy}x{t.nproc}" + ("fp8ag" if t.fp8_all_gather else "")
     for seed in range(config.seed, config.seed + n_seeds):
         shape = {"batch": w.batch, "seq": w.seq, "steps": t.steps, "seed": seed, "vocab": TRAIN_VOCAB,
