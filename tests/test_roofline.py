@@ -76,3 +76,21 @@ def test_roofline_command_joins_cases_with_ceilings(cli, tmp_path):
     assert res.returncode == 0 and "median |error|" in res.stdout and "gemm.tiny.fprop_o.e4m3.current.torch" in res.stdout
     bad = cli("calibrate", "--budget", "-1")
     assert bad.returncode == 2 and "--budget" in bad.stderr
+
+
+def test_roofline_on_the_committed_h200_gemm_sweep(tmp_path):
+    """The model against real data: the hopper GEMM sweep (torch backend) and the H200's calibration file."""
+    from pathlib import Path
+
+    from fp8bench.roofline import expected_vs_measured, median_abs_error
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    cal = tmp_path / "calibration"
+    cal.mkdir()
+    (cal / "nvidia-h200.json").write_text((root / "calibration" / "nvidia-h200.json").read_text())
+    con = store.connect(tmp_path / "db.duckdb")
+    store.ingest(con, [root / "h200-hopper-gemm", tmp_path])
+    df = expected_vs_measured(con)
+    assert len(df) > 300 and set(df["device"]) == {"NVIDIA H200"}
+    assert median_abs_error(df) < 0.15  # issue acceptance: kernel-only roofline within 15% (median)
+    assert df["expected"].between(1.0, 2.6).all()  # compute-bound FP8 vs BF16: near the ceilings' ratio
