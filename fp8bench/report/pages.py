@@ -185,8 +185,10 @@ def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
                "speedup. kernels% is the FP8 step's kernel time over its separately timed step (the profiler "
                "adds a little to each kernel, so many-kernel steps read above 100%).")
         f = falls.sort_values(["case_id", "order"])
-        p.figure(px.line(f, x="stage", y="speedup", color="case_id", markers=True,
-                         height=max(PLOT_H, 14 * f["case_id"].nunique() + 200)))
+        for workload, fw in f.groupby(f["case_id"].str.split(".").str[0]):
+            p.note(f"{workload} cases")
+            p.figure(px.line(fw, x="stage", y="speedup", color="case_id", markers=True,
+                             height=max(PLOT_H, 14 * fw["case_id"].nunique() + 200)))
         p.table(f.pivot_table(index="case_id", columns="stage", values="speedup")
                 .reindex(columns=list(f.drop_duplicates("stage").sort_values("order")["stage"]))
                 .join(f.groupby("case_id")["kernels_pct"].first()).reset_index(),
