@@ -3,10 +3,10 @@ instruction does it (cvt.rn.satfinite); under Triton's interpreter, whose float3
 values to the wrong binade, it is done on float32 bit patterns, so the value handed to `.to(tl.float8e4nv)` is
 already exactly representable and the cast is exact there too."""
 
-import os
-
 import triton
 import triton.language as tl
+
+from ._tune import INTERPRETING
 
 E4M3_MAX = 448.0
 AMAX_EPS = 1e-12
@@ -17,7 +17,7 @@ E4M3_MAX_C = tl.constexpr(E4M3_MAX)
 AMAX_EPS_C = tl.constexpr(AMAX_EPS)
 
 
-SOFTWARE_ROUNDING = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+SOFTWARE_ROUNDING = tl.constexpr(INTERPRETING)
 """Round on bit patterns only under the interpreter. Compiled for a GPU, `.to(tl.float8e4nv)` is one
 `cvt.rn.satfinite` per two elements (ties to even, saturating), which the GPU tests check bit for bit against
 the same reference; the bit arithmetic would cost ~20 ALU ops per element and make the casts compute-bound."""

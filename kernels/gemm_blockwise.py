@@ -21,28 +21,14 @@ dequantized reference.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._tune import steady_do_bench
+from ._tune import INTERPRETING, steady_do_bench, tuning_configs
 
 GROUP = 128
-
-
-def _configs() -> list[triton.Config]:
-    if os.environ.get("TRITON_INTERPRET") == "1":  # small M tiles: the interpreter runs on CPU; tests pick each
-        return [triton.Config({"BLOCK_M": 32, "NSUB": n, "GROUP_M": 4, "PROMOTE": p}, num_warps=4, num_stages=1,
-                              pre_hook=_set_block_shapes) for p in (True, False) for n in (1, 2)]
-    grid = [(True, 128, 1, 8, 3), (True, 128, 1, 8, 4), (True, 64, 1, 4, 4), (True, 128, 2, 8, 3),
-            (True, 64, 2, 4, 4), (True, 64, 1, 4, 3), (True, 64, 1, 4, 5), (True, 64, 1, 4, 6),
-            (False, 128, 1, 4, 4), (False, 128, 1, 8, 4), (False, 128, 2, 8, 3), (False, 128, 2, 8, 4),
-            (False, 64, 2, 4, 4), (False, 256, 1, 8, 3)]
-    return [triton.Config({"BLOCK_M": bm, "NSUB": n, "GROUP_M": 8, "PROMOTE": p}, num_warps=w, num_stages=s,
-                          pre_hook=_set_block_shapes) for p, bm, n, w, s in grid]
 
 
 def _set_block_shapes(nargs: dict) -> None:
@@ -53,8 +39,21 @@ def _set_block_shapes(nargs: dict) -> None:
     nargs["c_desc"].block_shape = [bm, GROUP]
 
 
+def _configs() -> list[triton.Config]:
+    """Every variant (promote/rescale, tile, warps, stages); under the interpreter, small-M tiles of each
+    variant (tests run each by name; the interpreter's autotuner takes the first)."""
+    if INTERPRETING:
+        grid = [(p, 32, n, 4, 1) for p in (True, False) for n in (1, 2)]
+    else:
+        grid = [(True, 128, 1, 8, 3), (True, 128, 1, 8, 4), (True, 64, 1, 4, 4), (True, 128, 2, 8, 3),
+                (True, 64, 2, 4, 4), (True, 64, 1, 4, 3), (True, 64, 1, 4, 5), (True, 64, 1, 4, 6),
+                (False, 128, 1, 4, 4), (False, 128, 1, 8, 4), (False, 128, 2, 8, 3), (False, 128, 2, 8, 4),
+                (False, 64, 2, 4, 4), (False, 256, 1, 8, 3)]
+    return [triton.Config({"BLOCK_M": bm, "NSUB": n, "GROUP_M": 4 if INTERPRETING else 8, "PROMOTE": p},
+                          num_warps=w, num_stages=st, pre_hook=_set_block_shapes) for p, bm, n, w, st in grid]
+
+
 CONFIGS = _configs()
-_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -68,8 +67,8 @@ def _scale_step(acc, a, b, sa, sb, s_prev, PROMOTE: tl.constexpr):
     return acc, s
 
 
-# the interpreter cannot time configs: it autotunes over the first alone (tests run the others by name)
-@triton.autotune(configs=CONFIGS[:1] if _INTERPRETING else CONFIGS, key=["M", "N", "K"], do_bench=steady_do_bench)
+@triton.autotune(configs=tuning_configs(CONFIGS, interpreter=CONFIGS[0]), key=["M", "N", "K"],
+                 do_bench=steady_do_bench)
 @triton.jit
 def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups,
                  BLOCK_M: tl.constexpr, NSUB: tl.constexpr, GROUP_M: tl.constexpr, PROMOTE: tl.constexpr):

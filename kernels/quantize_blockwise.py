@@ -11,33 +11,26 @@ Scale layouts (row-major float32): 1x128 -> [M, ceil(K/128)]; 128x128 -> [ceil(M
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, pow2_floor, round_to_e4m3
-from ._tune import steady_do_bench
+from ._tune import steady_do_bench, tuning_configs
 
 GROUP = 128
 
 
-def _configs(block_ms: list[int], warps: list[int]) -> list[triton.Config]:
-    if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter cannot time configs
-        return [triton.Config({"BLOCK_M": block_ms[0]}, num_warps=4)]
-    return [triton.Config({"BLOCK_M": bm}, num_warps=w) for bm in block_ms for w in warps]
+GROUP_CONFIGS = tuning_configs(  # 1x128: rows per program x 128-column groups per program
+    [triton.Config({"BLOCK_M": bm, "GROUPS": g}, num_warps=w)
+     for bm, g, w in [(64, 1, 8), (16, 1, 4), (32, 1, 4), (128, 1, 8), (32, 2, 4), (32, 4, 8), (16, 4, 4),
+                      (64, 2, 8), (8, 8, 4), (16, 8, 8)]],
+    interpreter=triton.Config({"BLOCK_M": 16, "GROUPS": 2}, num_warps=4))
+BLOCK_CONFIGS = tuning_configs([triton.Config({"BLOCK_M": 128}, num_warps=w) for w in (4, 8, 16)],
+                               interpreter=triton.Config({"BLOCK_M": 128}, num_warps=4))
 
 
-def _group_configs() -> list[triton.Config]:
-    if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter cannot time configs; 2 groups per program
-        return [triton.Config({"BLOCK_M": 16, "GROUPS": 2}, num_warps=4)]
-    return [triton.Config({"BLOCK_M": bm, "GROUPS": g}, num_warps=w)
-            for bm, g, w in [(64, 1, 8), (16, 1, 4), (32, 1, 4), (128, 1, 8), (32, 2, 4), (32, 4, 8), (16, 4, 4),
-                             (64, 2, 8), (8, 8, 4), (16, 8, 8)]]
-
-
-@triton.autotune(configs=_group_configs(), key=["M", "K", "POW2"], do_bench=steady_do_bench)
+@triton.autotune(configs=GROUP_CONFIGS, key=["M", "K", "POW2"], do_bench=steady_do_bench)
 @triton.jit
 def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
                          BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, GROUP_K: tl.constexpr, POW2: tl.constexpr):
@@ -57,7 +50,7 @@ def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups
     tl.store(s_ptr + rows[:, None] * n_groups + groups[None, :], exact_rcp(scale), mask=smask)
 
 
-@triton.autotune(configs=_configs([128], [4, 8, 16]), key=["M", "K", "POW2"], do_bench=steady_do_bench)
+@triton.autotune(configs=BLOCK_CONFIGS, key=["M", "K", "POW2"], do_bench=steady_do_bench)
 @triton.jit
 def _blocks_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
                            BLOCK_M: tl.constexpr, POW2: tl.constexpr):

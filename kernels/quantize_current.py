@@ -15,14 +15,13 @@ Two passes over the data, the fewest the math allows (every element's cast needs
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, round_to_e4m3
-from ._tune import steady_do_bench
+from ._tune import steady_do_bench, tuning_configs
 
 AMAX_TILE = (64, 128)
 """The amax pass's tile (4 warps): on the H200 any tile from 32x128 to 128x128 reads at the same speed."""
@@ -44,15 +43,14 @@ def _amax_kernel(x_ptr, amax_ptr, M, N, stride_m, stride_n, BLOCK_M: tl.constexp
     tl.atomic_max(amax_ptr, tl.max(tl.max(best, axis=1), axis=0))
 
 
-def _cast_configs() -> list[triton.Config]:
-    if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter cannot time configs
-        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w)
-            for bm, bn, w in [(64, 128, 4), (128, 64, 4), (32, 256, 4), (64, 256, 8), (128, 128, 8), (64, 64, 4),
-                              (128, 128, 4)]]
+CAST_CONFIGS = tuning_configs(
+    [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w)
+     for bm, bn, w in [(64, 128, 4), (128, 64, 4), (32, 256, 4), (64, 256, 8), (128, 128, 8), (64, 64, 4),
+                       (128, 128, 4)]],
+    interpreter=triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4))
 
 
-@triton.autotune(configs=_cast_configs(), key=["M", "N", "TRANSPOSE"], do_bench=steady_do_bench)
+@triton.autotune(configs=CAST_CONFIGS, key=["M", "N", "TRANSPOSE"], do_bench=steady_do_bench)
 @triton.jit
 def _cast_transpose_kernel(x_ptr, y_ptr, yt_ptr, amax_ptr, inv_scale_ptr, M, N, stride_m, stride_n,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSE: tl.constexpr):
