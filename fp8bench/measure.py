@@ -152,6 +152,14 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def steady_peak_bytes(step: Callable[[], object], device: torch.device) -> int | None:
+    """Peak bytes of one `step()` run on its own (None on CPU). Measured apart from timing: the timer's
+    L2-flush buffer (256 MiB, live through every timed iteration) must not count as the workload's memory."""
+    reset_peak_memory(device)
+    step()
+    return peak_memory_bytes(device)
+
+
 def peak_memory_bytes(device: torch.device) -> int | None:
     """Peak bytes allocated by torch since the last reset; None on CPU (torch keeps no such counter there)."""
     if device.type == "cuda":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,22 +83,14 @@ def randn(shape: tuple[int, ...], g: torch.Generator, device: torch.device, scal
 
 
 def speed_metrics(case: CaseInput, timing, flops: float, pct_of_peak: bool = True,
-                  step: Callable[[], object] | None = None) -> list[Metric]:
-    """time_ms, peak_mem_bytes (CUDA), and for real kernels TFLOPS and % of the spec-sheet peak of the
-    case's format (BF16 or FP8). The emulator's time is not a kernel's, so it gets neither.
-
-    peak_mem_bytes is the peak of one more `step()` run on its own after timing: the timer's L2-flush buffer
-    (256 MiB, live through every timed iteration) must not count as the workload's memory."""
+                  peak_bytes: int | None = None) -> list[Metric]:
+    """time_ms, peak_mem_bytes (when given: CUDA), and for real kernels TFLOPS and % of the spec-sheet peak
+    of the case's format (BF16 or FP8). The emulator's time is not a kernel's, so it gets neither."""
     from fp8bench.hardware import detect_device, spec_sheet
-    from fp8bench.measure import peak_memory_bytes, reset_peak_memory
 
     metrics = [Metric.of("time_ms", timing.median_ms)]
-    if step is not None:
-        reset_peak_memory(case.device)
-        step()
-    peak = peak_memory_bytes(case.device)
-    if peak is not None:
-        metrics.append(Metric.of("peak_mem_bytes", peak))
+    if peak_bytes is not None:
+        metrics.append(Metric.of("peak_mem_bytes", peak_bytes))
     if not case.backend.timed:
         return metrics
     tflops = flops / timing.median_ms / 1e9

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fp8bench.backends.emulated import emulated_gemm
-from fp8bench.measure import reset_peak_memory, time_fn
+from fp8bench.measure import steady_peak_bytes, time_fn
 from fp8bench.numerics import rel_err, sqnr_db
 from fp8bench.records import Metric
 from fp8bench.types import Format, GemmRole
@@ -29,11 +29,10 @@ def run(case: CaseInput) -> CaseOutput:
     a = randn((s["m"], s["k"]), g, dev)
     b = randn((s["n"], s["k"]), g, dev)
     role = GemmRole(s["role"])
-    reset_peak_memory(dev)
     op = case.backend.gemm(a, b, role, case.recipe)
     timer = timer_kwargs(case, cuda_graph=ms.cuda_graph)
     timing = time_fn(op.with_quant, **timer)
-    metrics = speed_metrics(case, timing, flops(s), step=op.with_quant)
+    metrics = speed_metrics(case, timing, flops(s), peak_bytes=steady_peak_bytes(op.with_quant, dev))
     samples = {"time_ms": timing.samples_ms}
     if op.real_kernel and op.kernel_only is not None and case.recipe.format is not Format.BF16:
         kt = time_fn(op.kernel_only, **timer)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.measure import peak_memory_bytes, reset_peak_memory, time_fn
+from fp8bench.measure import peak_memory_bytes, reset_peak_memory, steady_peak_bytes, time_fn
 from fp8bench.numerics import rel_err, sqnr_db
 from fp8bench.records import Metric
 from fp8bench.types import Format
@@ -33,10 +33,11 @@ def run(case: CaseInput) -> CaseOutput:
     op.step()
     first_peak = peak_memory_bytes(dev)
     timing = time_fn(op.step, **timer_kwargs(case))
-    metrics = speed_metrics(case, timing, block_flops(case.config.model, s["batch"], s["seq"]), step=op.step)
+    metrics = speed_metrics(case, timing, block_flops(case.config.model, s["batch"], s["seq"]),
+                            peak_bytes=steady_peak_bytes(op.step, dev))
     if first_peak is not None:
         metrics.append(Metric.of("peak_mem_first_step_bytes", first_peak))
-    if op.probe is not None:  # after timing: the breakdown's own step must not move peak_mem_bytes
+    if op.probe is not None:  # one more, instrumented step: where that peak goes
         metrics += step_breakdown(op, op.params, dev)
     if case.backend.timed:  # after timing: the profiler's overhead stays out of time_ms
         metrics += kernel_metrics(op.step, dev)

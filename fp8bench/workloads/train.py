@@ -249,10 +249,9 @@ def _output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None
         samples["time_ms"] = timed
         timing = SimpleNamespace(median_ms=statistics.median(timed))
         flops = model_flops(case.config.model, s["vocab"], s["batch"], s["seq"])
-        metrics += [m for m in speed_metrics(case, timing, flops) if m.name != "peak_mem_bytes"]
-        run_peak = peak_memory_bytes(case.device)
-        if run_peak is not None:  # the counter was reset at the census step: the run's peak is the larger
-            metrics.append(Metric.of("peak_mem_bytes", max(run_peak, memory.get("run_peak_before", 0))))
+        run_peak = peak_memory_bytes(case.device)  # reset at the census step: the run's peak is the larger
+        metrics += speed_metrics(case, timing, flops, peak_bytes=None if run_peak is None
+                                 else max(run_peak, memory.get("run_peak_before", 0)))
         if case.backend.timed:
             metrics.append(Metric.of("tokens_per_s", s["tokens_per_step"] / (timing.median_ms / 1e3)))
     if curve.val_losses:
