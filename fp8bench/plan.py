@@ -74,9 +74,8 @@ def verdict(config: Config, device: DeviceInfo) -> tuple[bool, str]:
     ok, why = get_backend(b).supports(config.workload.name, recipe, device.torch_device)
     if not ok:
         return False, why
-    if config.workload.name == "train" and config.workload.train.fp8_all_gather and config.workload.train.nproc == 1:
-        return False, "fp8_all_gather is an FSDP2 option: it needs workload.train.nproc > 1"
-    if config.workload.name == "train" and config.workload.train.nproc > 1:
+    t = config.workload.train
+    if config.workload.name == "train" and (t.nproc > 1 or t.fp8_all_gather):
         from fp8bench.workloads.dist_train import distributed_verdict
 
         ok, why = distributed_verdict(config, device)

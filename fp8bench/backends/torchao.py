@@ -92,13 +92,19 @@ class TorchaoBackend(Backend):
         return module_op(list(block.parameters()), compile_(block), x, dy, reference_forward=ref,
                          notes={"recipe": recipe_name(recipe)}, context=lambda: cpu_scaled_mm_path(recipe, x.device))
 
-    def prepare_training(self, model, recipe):
+    def prepare_training(self, model, recipe, fp8_all_gather: bool = False):
         """convert_to_float8_training on the blocks (the output head stays high precision);
-        `backend.compile` compiles each block, as torchao float8 is meant to run."""
+        `backend.compile` compiles each block, as torchao float8 is meant to run. `fp8_all_gather`: the
+        weights are to be sharded by FSDP2 and all-gathered already in FP8 (tensorwise only)."""
+        import dataclasses
+
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         if recipe.format is not Format.BF16:
-            convert_to_float8_training(model.blocks, config=Float8LinearConfig.from_recipe_name(recipe_name(recipe)))
+            config = Float8LinearConfig.from_recipe_name(recipe_name(recipe))
+            if fp8_all_gather:
+                config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+            convert_to_float8_training(model.blocks, config=config)
             kinds = {type(m).__name__ for b in model.blocks for m in b.children() if "Linear" in type(m).__name__}
             if kinds != {"Float8Linear"}:  # never measure BF16 under an FP8 label
                 raise RuntimeError(f"torchao left block linears unconverted: {sorted(kinds)}")

@@ -18,8 +18,6 @@ record; a rank that fails fails the case, never the sweep.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -41,8 +39,11 @@ is the BF16 baseline of both."""
 
 
 def distributed_verdict(config, device) -> tuple[bool, str]:
-    """Can this machine run the distributed point? (the planner records the reason when not)"""
+    """Can this machine run the distributed point (nproc > 1, or an FSDP2 option)? The planner records the
+    reason when not."""
     t, b, fmt = config.workload.train, config.backend.name, config.format.name
+    if t.nproc == 1:
+        return False, "fp8_all_gather is an FSDP2 option: it needs workload.train.nproc > 1"
     if b not in STRATEGIES[t.strategy]:
         return False, f"strategy={t.strategy} runs backends {list(STRATEGIES[t.strategy])}, not {b}"
     if b == "torch" and fmt != "bf16":
@@ -85,44 +86,33 @@ def run(case: CaseInput) -> CaseOutput:
 
 # --------------------------------------------------------------------------- ranks
 
-def _prepare(model, p: dict, dev: torch.device, rank: int):
-    """The model under the strategy: (model, forward context, autocast?, after-step hook)."""
+def _prepare(model, p: dict, dev: torch.device):
+    """The model under the strategy: (model, forward context, autocast?, after-step hook). The backend
+    prepares it exactly as for one GPU; then DDP wraps it, or FSDP2 shards it."""
     from fp8bench.backends import get_backend
-    from fp8bench.backends.base import compile_blocks
-    from fp8bench.types import Format
 
-    t, recipe = p["config"].workload.train, p["recipe"]
+    t, recipe, backend = p["config"].workload.train, p["recipe"], get_backend(p["backend"])
     if t.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        setup = get_backend(p["backend"]).prepare_training(model, recipe)
+        setup = backend.prepare_training(model, recipe)
         ddp = DistributedDataParallel(setup.model, device_ids=[dev.index] if dev.type == "cuda" else None)
         return ddp, setup.forward_context, True, lambda: None
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     after_step = lambda: None  # noqa: E731
-    if recipe.format is not Format.BF16:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    if t.fp8_all_gather:  # torchao tensorwise (distributed_verdict): scales precomputed after each step
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
-        from fp8bench.backends.torchao import recipe_name
-
-        cfg = Float8LinearConfig.from_recipe_name(recipe_name(recipe))
-        if t.fp8_all_gather:
-            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
-
-            cfg = dataclasses.replace(cfg, enable_fsdp_float8_all_gather=True)
-            after_step = lambda: precompute_float8_dynamic_scale_for_fsdp(model)  # noqa: E731
-        convert_to_float8_training(model.blocks, config=cfg)
-        kinds = {type(m).__name__ for b in model.blocks for m in b.children() if "Linear" in type(m).__name__}
-        if kinds != {"Float8Linear"}:  # never measure BF16 under an FP8 label
-            raise RuntimeError(f"torchao left block linears unconverted: {sorted(kinds)}")
-    if recipe.backend_cfg.compile:
-        compile_blocks(model)
+        setup = backend.prepare_training(model, recipe, fp8_all_gather=True)
+        after_step = lambda: precompute_float8_dynamic_scale_for_fsdp(setup.model)  # noqa: E731
+    else:
+        setup = backend.prepare_training(model, recipe)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.blocks:
+    for block in setup.model.blocks:
         fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    return model, contextlib.nullcontext, False, after_step
+    fully_shard(setup.model, mp_policy=mp)
+    return setup.model, setup.forward_context, False, after_step
 
 
 def _train(p: dict, rank: int, world: int, dev: torch.device) -> dict:
@@ -130,7 +120,7 @@ def _train(p: dict, rank: int, world: int, dev: torch.device) -> dict:
 
     from fp8bench.workloads import corpus as corpus_mod
     from fp8bench.workloads.decoder import LlamaDecoder, lm_loss, model_flops
-    from fp8bench.workloads.train import FINITE_CHECK_EVERY, StepTimer, lr_at
+    from fp8bench.workloads.train import FINITE_CHECK_EVERY, StepTimer, lr_at, optimizer, steady_steps
 
     config, shape = p["config"], p["shape"]
     t = config.workload.train
@@ -142,12 +132,8 @@ def _train(p: dict, rank: int, world: int, dev: torch.device) -> dict:
 
     torch.manual_seed(seed)  # every rank builds the same initial weights (FSDP2 then keeps its shard)
     model, fwd_ctx, autocast, after_step = _prepare(LlamaDecoder(config.model, corpus_mod.VOCAB, device=dev), p,
-                                                    dev, rank)
-    decay = [q for q in model.parameters() if q.dim() >= 2]
-    no_decay = [q for q in model.parameters() if q.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=t.lr, betas=tuple(t.betas), eps=1e-8, foreach=True)
+                                                    dev)
+    opt = optimizer(model, t, foreach=True)
 
     def forward_loss(tok: torch.Tensor) -> torch.Tensor:
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast), fwd_ctx():
@@ -197,10 +183,8 @@ def _train(p: dict, rank: int, world: int, dev: torch.device) -> dict:
     peak = torch.tensor([float(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else 0.0], device=dev)
     peaks = [torch.zeros_like(peak) for _ in range(world)]
     dist.all_gather(peaks, peak)
-    # a step ends when its slowest rank does; the first steps (compilation, allocator warm-up) are left out
-    per_step = torch.stack(gathered).max(dim=0).values.tolist()
-    warm = min(config.measure.warmup, max(0, len(per_step) - 1))
-    timed = per_step[warm:] or per_step
+    # a step ends when its slowest rank does
+    timed = steady_steps(torch.stack(gathered).max(dim=0).values.tolist(), config.measure.warmup)
     median_ms = statistics.median(timed)
     tokens = batch * seq
     metrics = {"time_ms": median_ms, "tokens_per_s": tokens / (median_ms / 1e3),

@@ -102,13 +102,18 @@ def _load_checkpoint(path: Path, model, opt, scaler) -> Curve:
     return Curve(**state["curve"])
 
 
-def _optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on norms (1-D parameters), as in GPT-2/Llama training."""
+def optimizer(model: torch.nn.Module, cfg, **implementation) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on norms (1-D parameters), as in GPT-2/Llama training. `implementation`:
+    AdamW's fused=/foreach= choice (fused on one GPU; FSDP2's sharded parameters take foreach)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8,
-                             fused=device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, **implementation)
+
+
+def steady_steps(step_ms: list[float], warmup: int) -> list[float]:
+    """Step times without the first `warmup` steps (compilation, allocator warm-up), keeping at least one."""
+    return step_ms[min(warmup, max(0, len(step_ms) - 1)):] or step_ms
 
 
 def run(case: CaseInput) -> CaseOutput:
@@ -129,7 +134,7 @@ def run(case: CaseInput) -> CaseOutput:
         LlamaDecoder(case.config.model, corpus_mod.VOCAB, device=dev, dtype=dtype), case.recipe)
     model = setup.model
     params = list(model.parameters())
-    opt = _optimizer(model, cfg, dev)
+    opt = optimizer(model, cfg, fused=dev.type == "cuda")
     scaler = torch.amp.GradScaler(dev.type, enabled=cfg.dynamic_loss_scale)
     mixed = cfg.master_weights == "fp32"
 
@@ -236,8 +241,7 @@ def run(case: CaseInput) -> CaseOutput:
 
 def _output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None = None) -> CaseOutput:
     s = case.shape
-    warm = min(case.measure.warmup, max(0, len(curve.step_ms) - 1))
-    timed = curve.step_ms[warm:] or curve.step_ms
+    timed = steady_steps(curve.step_ms, case.measure.warmup)
     metrics: list[Metric] = []
     samples: dict[str, list[float]] = {"loss": curve.losses, "val_loss": curve.val_losses,
                                        "val_step": [float(v) for v in curve.val_steps]}
