@@ -34,10 +34,15 @@ NO_CEILINGS = "(SELECT NULL::VARCHAR AS device_name, NULL::DOUBLE AS bf16_tflops
               "NULL::DOUBLE AS copy_gbps WHERE false)"
 
 
+def _has_ceilings(con) -> bool:
+    """A database written before `fp8bench calibrate` existed has no ceilings table."""
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ceilings'")
+                .fetchone()[0])
+
+
 def cases(con) -> pd.DataFrame:
     """Every case of every run, measurements pivoted wide, with a `recipe` label."""
-    has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ceilings'").fetchone()[0]
-    df = con.execute(WIDE.format(ceilings="ceilings" if has else NO_CEILINGS)).fetchdf()
+    df = con.execute(WIDE.format(ceilings="ceilings" if _has_ceilings(con) else NO_CEILINGS)).fetchdf()
     if df.empty:
         return df.assign(recipe=pd.Series(dtype=str), device=pd.Series(dtype=str))
     df["device"] = df["device_name"].fillna("unknown device")
@@ -93,11 +98,8 @@ def waterfalls(con) -> pd.DataFrame:
 
 def roofline(con) -> pd.DataFrame:
     """Expected (roofline on the measured ceilings) vs measured kernel-only speedup of each FP8 GEMM case."""
-    has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ceilings'").fetchone()[0]
-    if not has:
-        return pd.DataFrame(columns=["run_id", "device", "case_id", "expected", "measured", "rel_error"])
     from fp8bench.roofline import expected_vs_measured
 
-    df = expected_vs_measured(con)
+    df = expected_vs_measured(con) if _has_ceilings(con) else pd.DataFrame()
     return df if not df.empty else pd.DataFrame(columns=["run_id", "device", "case_id", "expected", "measured",
                                                          "rel_error"])
