@@ -13,10 +13,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fp8bench.records import StoreError
+from fp8bench.records import METRICS, StoreError
 
-DIRECTION = {"track_time_ms": "lower", "track_peak_mem_bytes": "lower", "track_tflops": "higher",
-             "track_speedup_vs_bf16": "higher", "track_sqnr_db": "higher"}
+
+def direction(benchmark: str) -> str:
+    """`track_<metric>` keeps its metric's direction (fp8bench.records.METRICS); asv's own default is lower."""
+    return METRICS.get(benchmark.removeprefix("track_"), ("", "lower"))[1]
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,10 @@ def compare_commits(results_dir: Path, machine: str, base: str, head: str, thres
     changes = []
     for key in sorted(set(a) & set(b)):
         bench, case_id = key
-        direction = DIRECTION.get(bench, "lower")
+        lower = direction(bench) == "lower"
         rel = (b[key] - a[key]) / abs(a[key]) if a[key] else 0.0
-        worse = rel > threshold if direction == "lower" else rel < -threshold
-        better = rel < -threshold if direction == "lower" else rel > threshold
+        worse = rel > threshold if lower else rel < -threshold
+        better = rel < -threshold if lower else rel > threshold
         changes.append(AsvChange(bench, case_id, a[key], b[key], rel,
                                  "regression" if worse else "improvement" if better else "unchanged"))
     return changes
