@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,cpu-extras]"
+	$(BIN)/python -m pip install -q -e ".[dev,cpu-extras,integrations]"
 	touch $(STAMP)
 
 # The sweep on this machine, then everything under results/ (the committed H200 exports too) into one DuckDB.

@@ -210,6 +210,20 @@ RULES: tuple[Rule, ...] = (
          "fp8bench_kernels use Hopper FP8 tensor cores (sm_90+)"),
     Rule("triton", frozenset({"mxfp8"}), frozenset({"mx"}), (9, 0), None, False,
          "fp8bench_kernels MX quantizer (numerics on Hopper)"),
+    # framework integrations: the library underneath sets the limits (each backend narrows them further)
+    Rule("lightning-te", _FP8, _TENSORWISE, (8, 9), None, False, "Lightning TransformerEnginePrecision: TE, sm_89+"),
+    Rule("lightning-te", _FP8, frozenset({"blockwise"}), (9, 0), (12, 9), False,
+         "Lightning TransformerEnginePrecision with TE Float8BlockScaling: sm_90 and CUDA >= 12.9"),
+    Rule("accelerate", _FP8, frozenset({"delayed"}), (8, 9), None, False,
+         "Accelerate TERecipeKwargs: TE DelayedScaling, sm_89+"),
+    Rule("accelerate", _FP8, frozenset({"current", "rowwise"}), (8, 9), None, True,
+         "Accelerate AORecipeKwargs: torchao float8 (runs on CPU too)"),
+    Rule("coat", frozenset({"hybrid"}), frozenset({"current"}), (8, 9), None, False,
+         "COAT FP8Linear (Triton) and CoatAdamW (CUDA): FP8 tensor cores, sm_89+"),
+    Rule("deepgemm", frozenset({"e4m3"}), frozenset({"blockwise"}), (9, 0), None, False,
+         "DeepGEMM: sm_90a wgmma kernels, Hopper only"),
+    Rule("msamp", frozenset({"hybrid"}), frozenset({"delayed"}), (8, 9), None, False,
+         "MS-AMP O2 through Accelerate: FP8 tensor cores, sm_89+"),
 )
 
 

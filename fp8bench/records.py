@@ -59,6 +59,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "mem_saved_hp_bytes": ("bytes", "lower"),
     "mem_transient_bytes": ("bytes", "lower"),
     "mem_step_peak_bytes": ("bytes", "lower"),
+    "linears_fp8": ("count", "higher"),
+    "linears_total": ("count", "higher"),
 }
 
 

@@ -17,6 +17,16 @@ def get_backend(name: str) -> Backend:
         from fp8bench.backends.te import TEBackend as cls
     elif name == "triton":
         from fp8bench.backends.triton import TritonBackend as cls
+    elif name == "lightning-te":
+        from fp8bench.backends.lightning_te import LightningTEBackend as cls
+    elif name == "accelerate":
+        from fp8bench.backends.accelerate import AccelerateBackend as cls
+    elif name == "coat":
+        from fp8bench.backends.coat import CoatBackend as cls
+    elif name == "deepgemm":
+        from fp8bench.backends.deepgemm import DeepGemmBackend as cls
+    elif name == "msamp":
+        from fp8bench.backends.msamp import MsampBackend as cls
     else:
         raise ValueError(f"backend={name!r} is unknown; choose one of {choices(BackendName)}")
     return cls()

@@ -116,6 +116,9 @@ class TrainSetup:
     model: torch.nn.Module
     forward_context: Callable[[], object] = contextlib.nullcontext
     step_context: Callable[[], object] = contextlib.nullcontext
+    make_optimizer: Callable[..., torch.optim.Optimizer] | None = None
+    """make_optimizer(param_groups, lr=, betas=, eps=): the recipe's own AdamW (COAT's FP8-state one);
+    None for torch's."""
 
 
 class RecipeLinear(torch.nn.Module):
@@ -144,6 +147,9 @@ class Backend:
     workloads: frozenset[str] = frozenset()
     timed: bool = True
     """False for the emulator: its cases run once (their time is what emulation costs, not a kernel's)."""
+    loop: str = "fp8bench"
+    """Whose training loop runs its `train` cases: fp8bench's own (`prepare_training`), or a framework's
+    (`lightning`, `accelerate`: fp8bench.workloads.framework_train), as users of that framework run it."""
 
     def available(self) -> tuple[bool, str]:
         """Is the backend's software importable here? (ok, reason with the fix)."""
@@ -216,3 +222,36 @@ def import_probe(module: str, extra: str) -> tuple[bool, str]:
         return False, f"{module} is not installed ({exc.__class__.__name__}: {str(exc)[:80]}); pip install 'fp8bench[{extra}]'"
     except Exception as exc:  # a broken install (e.g. CUDA library mismatch) is also "not available"
         return False, f"{module} failed to import: {exc.__class__.__name__}: {str(exc)[:160]}"
+
+
+def install_attempt(package: str) -> str:
+    """How the last attempt to install `package` on this machine ended, as scripts/install_integrations.sh
+    records it (a JSON object package → message in the file $FP8BENCH_INSTALL_LOG), or '' when unknown.
+    A probe adds it to its import error, so a skipped case says why the package is missing, not only that."""
+    import json
+    import os
+
+    path = os.environ.get("FP8BENCH_INSTALL_LOG")
+    if not path or not os.path.isfile(path):
+        return ""
+    try:
+        with open(path) as f:
+            return str(json.load(f).get(package, ""))
+    except (OSError, ValueError):
+        return ""
+
+
+def package_probe(module: str, package: str) -> tuple[bool, str]:
+    """Does `module` import? If not: the error, and how installing `package` ended on this machine (or how to
+    try: their pins, e.g. COAT's triton==3.1, clash with the GPU stack, so no fp8bench extra installs them)."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+        return True, ""
+    except Exception as exc:  # ImportError, or a broken build failing at import
+        why = f"{module} does not import ({exc.__class__.__name__}: {str(exc)[:160]})"
+    attempt = install_attempt(package)
+    if attempt:
+        return False, f"{why}; installing {package} here: {attempt}"
+    return False, f"{why}; install it with scripts/install_integrations.py (no-deps install, then its build)"

@@ -219,15 +219,27 @@ class BackendConfig:
     """torchao: wrap the module in torch.compile (how torchao float8 is meant to run on GPU)."""
     gw_hp: bool = False
     """torchao rowwise: keep the weight-gradient GEMM in high precision (recipe rowwise_with_gw_hp)."""
+    fp8_backend: str = "te"
+    """accelerate: the library Accelerate hands FP8 to: `te` (TERecipeKwargs) or `torchao` (AORecipeKwargs)."""
 
     def __post_init__(self) -> None:
         _one_of("backend", self.name, choices(BackendName))
+        _one_of("backend.fp8_backend", self.fp8_backend, ["te", "torchao"])
 
     def variant(self) -> str:
         """Short suffix naming the non-default knobs this backend reads, so case ids of variants differ
         (and a knob another backend ignores does not split one case into two)."""
-        reads = {"torch": ("fast_accum", "cpu_onednn"), "torchao": ("compile", "gw_hp", "cpu_onednn")}
-        return "+".join(k for k in reads.get(self.name, ()) if getattr(self, k))
+        reads = {"torch": ("fast_accum", "cpu_onednn"), "torchao": ("compile", "gw_hp", "cpu_onednn"),
+                 "accelerate": ("fp8_backend", "compile", "cpu_onednn")}
+        parts = []
+        for k in reads.get(self.name, ()):
+            value = getattr(self, k)
+            if isinstance(value, str):  # a choice: named by its value when it is not the default
+                if value != type(self).__dataclass_fields__[k].default:
+                    parts.append(value)
+            elif value:
+                parts.append(k)
+        return "+".join(parts)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,8 @@ WIDE_METRICS = (
     "peak_mem_bytes", "sqnr_db", "rel_err", "sqnr_vs_emulated_db", "tokens_per_s", "loss_initial", "loss_final",
     "loss_gap_vs_bf16", "loss_gap_allowed", "loss_area_gap_pct", "parity_pass", "quality_speedup",
     "mem_weights_bytes", "mem_optimizer_bytes", "mem_persistent_other_bytes", "mem_activations_bytes",
-    "mem_saved_fp8_bytes", "mem_saved_hp_bytes", "mem_transient_bytes", "mem_step_peak_bytes")
+    "mem_saved_fp8_bytes", "mem_saved_hp_bytes", "mem_transient_bytes", "mem_step_peak_bytes", "linears_fp8",
+    "linears_total")
 """The measurements the report reads, one column each (named after the metric; speedup_vs_bf16 as `speedup`)."""
 _COLUMNS = ",\n".join(f"    max(value) FILTER (WHERE metric = '{m}') AS {'speedup' if m == 'speedup_vs_bf16' else m}"
                        for m in WIDE_METRICS)

@@ -257,6 +257,36 @@ def _parity(row) -> str:
     return "pass" if row["parity_pass"] == 1.0 else "FAIL"
 
 
+INTEGRATIONS = {("lightning-te", ""): ("te", ""), ("accelerate", ""): ("te", ""),
+                ("accelerate", "torchao+compile"): ("torchao", "compile"), ("accelerate", "torchao"): ("torchao", "")}
+"""A framework integration (backend, variant) → the direct backend it drives, run the same way."""
+
+
+def integration_overhead(t: pd.DataFrame) -> pd.DataFrame:
+    """Each integration's training case next to the direct run of the same recipe, shape and run: what the
+    framework costs in tokens/s and memory, and whether it quantizes the same linears."""
+    ok = t[t["status"] == "ok"]
+    key = ["run_id", "model", "shape_name", "format", "scaling"]
+    rows = []
+    for (backend, variant), (direct, direct_variant) in INTEGRATIONS.items():
+        fw = ok[(ok["backend"] == backend) & (ok["variant"] == variant)]
+        base = ok[(ok["backend"] == direct) & (ok["variant"] == direct_variant)]
+        both = fw.merge(base, on=key, suffixes=("", "_direct"))
+        rows.append(both)
+    both = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+    if both.empty:
+        return both
+    return both.assign(
+        integration=both["recipe"], direct=both["recipe_direct"],
+        overhead_pct=(both["tokens_per_s_direct"] / both["tokens_per_s"] - 1) * 100,
+        peak_gib=both["peak_mem_bytes"] / 2**30, peak_gib_direct=both["peak_mem_bytes_direct"] / 2**30,
+        fp8_linears=both["linears_fp8"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}") + "/"
+        + both["linears_total"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
+        fp8_linears_direct=both["linears_fp8_direct"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}") + "/"
+        + both["linears_total_direct"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
+        verdict=both.apply(_parity, axis=1))
+
+
 def training_page(df: pd.DataFrame, curves: pd.DataFrame) -> Page:
     p = Page("training.html", "Training: does FP8 keep BF16's loss, and what does it buy?")
     p.note("Each run trains the same Llama-style decoder from the same initialisation per seed, on the same "
@@ -293,6 +323,18 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame) -> Page:
             p.note("Memory at the peak of one training step, measured: resident before its forward, saved by the "
                    "forward for backward (FP8 part from the saved tensors' dtypes), then the backward's transient.")
             p.figure(_memory_bars(m))
+    fw = integration_overhead(t)
+    if not fw.empty:
+        p.h2("Framework integrations: what Lightning and Accelerate add")
+        p.note("Each integration's run next to the direct TE / torchao run of the same recipe, seed and run. "
+               "Overhead: how much faster the direct run trains (tokens/s), in percent. FP8 linears: how many of "
+               "the model's linears each quantizes (Lightning's and Accelerate's TE conversion include the output "
+               "head; Accelerate's torchao filter leaves the first and last linear in high precision).")
+        p.table(fw.sort_values(["run_id", "integration"])[[
+            "integration", "direct", "verdict", "tokens_per_s", "tokens_per_s_direct", "overhead_pct", "peak_gib",
+            "peak_gib_direct", "fp8_linears", "fp8_linears_direct", "loss_final", "loss_final_direct"]],
+            {"tokens_per_s": 0, "tokens_per_s_direct": 0, "overhead_pct": 1, "peak_gib": 2, "peak_gib_direct": 2,
+             "loss_final": 4, "loss_final_direct": 4})
     p.h2("Not measured, and why")
     p.table(not_measured(df, ("train",)))
     return p

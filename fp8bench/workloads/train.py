@@ -102,13 +102,33 @@ def _load_checkpoint(path: Path, model, opt, scaler) -> Curve:
     return Curve(**state["curve"])
 
 
-def optimizer(model: torch.nn.Module, cfg, **implementation) -> torch.optim.Optimizer:
+def optimizer(model: torch.nn.Module, cfg, make=None, **implementation) -> torch.optim.Optimizer:
     """AdamW; no weight decay on norms (1-D parameters), as in GPT-2/Llama training. `implementation`:
-    AdamW's fused=/foreach= choice (fused on one GPU; FSDP2's sharded parameters take foreach)."""
+    AdamW's fused=/foreach= choice (fused on one GPU; FSDP2's sharded parameters take foreach). `make`: a
+    recipe's own AdamW (TrainSetup.make_optimizer), given the same groups and hyperparameters."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if make is not None:
+        return make(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, **implementation)
+
+
+FP8_LINEAR_CLASSES = {"Float8Linear", "FP8Linear", "RecipeLinear"}
+"""torchao's, COAT's and fp8bench's (torch/emulated) low-precision linears; te.Linear is told by its module."""
+
+
+def linear_coverage(model: torch.nn.Module, recipe) -> list[Metric]:
+    """How many of the model's linears run the recipe (`linears_fp8`) out of all (`linears_total`): the
+    backends and integrations differ here (the output head, Accelerate's first/last-layer filter)."""
+    total = low = 0
+    for m in model.modules():
+        kind = type(m).__name__
+        is_te = kind == "Linear" and type(m).__module__.startswith("transformer_engine")
+        if isinstance(m, torch.nn.Linear) or is_te or kind in FP8_LINEAR_CLASSES:
+            total += 1
+            low += recipe.format.value != "bf16" and (is_te or kind in FP8_LINEAR_CLASSES)
+    return [Metric.of("linears_fp8", low), Metric.of("linears_total", total)]
 
 
 def steady_steps(step_ms: list[float], warmup: int) -> list[float]:
@@ -116,25 +136,57 @@ def steady_steps(step_ms: list[float], warmup: int) -> list[float]:
     return step_ms[min(warmup, max(0, len(step_ms) - 1)):] or step_ms
 
 
+@dataclass
+class TrainData:
+    """A training case's text on its device: the batch of a step is a function of (seed, step) only, so
+    every loop (fp8bench's, Lightning's, Accelerate's) and a resumed run see the same tokens."""
+
+    corpus: corpus_mod.Corpus
+    tokens: torch.Tensor
+    val: list[torch.Tensor]
+    seed: int
+    batch: int
+    seq: int
+
+    def batch_at(self, step: int) -> torch.Tensor:
+        starts = corpus_mod.train_starts(self.corpus, self.seed, step, self.batch, self.seq)
+        return corpus_mod.windows(self.tokens, starts, self.seq)
+
+
+def load_data(case: CaseInput) -> TrainData:
+    cfg, s = case.config.workload.train, case.shape
+    data = corpus_mod.load(cfg.corpus, cfg.val_percent)
+    val = [b.to(case.device) for b in corpus_mod.val_batches(data, cfg.eval_batches, s["batch"], s["seq"])]
+    return TrainData(data, data.train.to(case.device), val, s["seed"], s["batch"], s["seq"])
+
+
+def new_decoder(case: CaseInput) -> LlamaDecoder:
+    """The case's model, freshly initialised from its seed: every recipe and loop of one seed starts from the
+    same weights (FP32 master weights unless `train.master_weights=bf16`)."""
+    torch.manual_seed(case.shape["seed"])
+    dtype = torch.float32 if case.config.workload.train.master_weights == "fp32" else torch.bfloat16
+    return LlamaDecoder(case.config.model, corpus_mod.VOCAB, device=case.device, dtype=dtype)
+
+
 def run(case: CaseInput) -> CaseOutput:
     if case.config.workload.train.nproc > 1:
         from fp8bench.workloads import dist_train
 
         return dist_train.run(case)
+    if case.backend.loop != "fp8bench":
+        from fp8bench.workloads import framework_train
+
+        return framework_train.run(case)
     cfg, dev = case.config.workload.train, case.device
-    batch, seq, steps, seed = case.shape["batch"], case.shape["seq"], case.shape["steps"], case.shape["seed"]
-    data = corpus_mod.load(cfg.corpus, cfg.val_percent)
-    train_tokens = data.train.to(dev)
-    val = [b.to(dev) for b in corpus_mod.val_batches(data, cfg.eval_batches, batch, seq)]
+    steps = case.shape["steps"]
+    data = load_data(case)
+    val = data.val
 
     reset_peak_memory(dev)
-    torch.manual_seed(seed)  # initialisation: every recipe of one seed starts from the same weights
-    dtype = torch.float32 if cfg.master_weights == "fp32" else torch.bfloat16
-    setup = case.backend.prepare_training(
-        LlamaDecoder(case.config.model, corpus_mod.VOCAB, device=dev, dtype=dtype), case.recipe)
+    setup = case.backend.prepare_training(new_decoder(case), case.recipe)
     model = setup.model
     params = list(model.parameters())
-    opt = optimizer(model, cfg, fused=dev.type == "cuda")
+    opt = optimizer(model, cfg, setup.make_optimizer, fused=dev.type == "cuda")
     scaler = torch.amp.GradScaler(dev.type, enabled=cfg.dynamic_loss_scale)
     mixed = cfg.master_weights == "fp32"
 
@@ -148,7 +200,7 @@ def run(case: CaseInput) -> CaseOutput:
             return float(torch.stack([forward_loss(b) for b in val]).mean())
 
     def train_step(step: int, census: SavedTensorCensus | None = None) -> torch.Tensor:
-        tokens = corpus_mod.windows(train_tokens, corpus_mod.train_starts(data, seed, step, batch, seq), seq)
+        tokens = data.batch_at(step)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         with setup.step_context():
@@ -236,7 +288,9 @@ def run(case: CaseInput) -> CaseOutput:
     memory["optimizer"] = tensor_bytes(v for st in opt.state.values() for v in st.values())
     if ckpt is not None and ckpt.is_file():
         ckpt.unlink()  # the record now holds the run; checkpoints of large models are GBs
-    return _output(case, curve, memory)
+    out = _output(case, curve, memory)
+    out.metrics += linear_coverage(model, case.recipe)
+    return out
 
 
 def _output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None = None) -> CaseOutput:

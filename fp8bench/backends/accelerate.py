@@ -1,0 +1,92 @@
+"""`accelerate`: Hugging Face Accelerate with `mixed_precision="fp8"`, as Accelerate users turn FP8 on.
+
+`backend.fp8_backend` picks the library Accelerate hands FP8 to:
+- `te`: `TERecipeKwargs` → Accelerate converts every suitable `nn.Linear` (the output head included) to
+  `te.Linear` and wraps the forward in `fp8_autocast(DelayedScaling(...))`. Accelerate builds DelayedScaling
+  (or MXFP8BlockScaling) only, so Current and Block scaling are not reachable through it. FP8 is kept in
+  evaluation too (`use_autocast_during_eval=True`), so validation losses compare with the `te` backend's.
+- `torchao`: `AORecipeKwargs(config=Float8LinearConfig.from_recipe_name(...))` → torchao's
+  `convert_to_float8_training` with Accelerate's default filter, which leaves the model's first and last
+  linears (here the first block's first projection and the output head) in high precision.
+`backend.compile` adds Accelerate's TorchDynamo plugin with regional compilation (each block compiled, as the
+`torchao-compiled` preset does). The BF16 baseline is `mixed_precision="bf16"`. Master weights stay FP32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from fp8bench.backends.base import Backend, Recipe, cpu_scaled_mm_path, import_probe
+from fp8bench.types import Format, Scaling
+
+
+class AccelerateBackend(Backend):
+    name = "accelerate"
+    workloads = frozenset({"train"})
+    loop = "accelerate"
+
+    def available(self):
+        return import_probe("accelerate", "integrations")
+
+    def supports(self, workload, recipe, device):
+        ok, why = super().supports(workload, recipe, device)
+        if not ok or recipe.format is Format.BF16:
+            return ok, why
+        if recipe.backend_cfg.fp8_backend == "te":
+            from fp8bench.backends.te import TEBackend, te_reason
+
+            if recipe.scaling is not Scaling.DELAYED:
+                return False, (f"Accelerate's TERecipeKwargs builds TE's DelayedScaling (or MXFP8BlockScaling) only; "
+                               f"{recipe.format.value}/{recipe.scaling.value} is not reachable through it")
+            ok, why = TEBackend().available()
+            return (te_reason(recipe) if ok else (False, f"Accelerate's TE backend needs Transformer Engine: {why}"))
+        from fp8bench.backends.torchao import TorchaoBackend
+
+        ok, why = TorchaoBackend().available()
+        if not ok:
+            return False, f"Accelerate's torchao backend needs torchao: {why}"
+        return TorchaoBackend().supports(workload, recipe, device)
+
+    def effective_recipe(self, recipe):
+        from fp8bench.backends.te import TEBackend
+        from fp8bench.backends.torchao import TorchaoBackend
+
+        inner = TEBackend() if recipe.backend_cfg.fp8_backend == "te" else TorchaoBackend()
+        return inner.effective_recipe(recipe)
+
+    def accelerator(self, recipe: Recipe, device):
+        """A fresh Accelerator for this case (Accelerate keeps process-wide state: it is reset first, so one
+        process can run cases of different precisions one after another)."""
+        from accelerate import Accelerator
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        kwargs: dict = {"cpu": device.type != "cuda"}
+        if recipe.backend_cfg.compile:
+            from accelerate.utils import TorchDynamoPlugin
+
+            kwargs["dynamo_plugin"] = TorchDynamoPlugin(backend="inductor", use_regional_compilation=True)
+        if recipe.format is Format.BF16:
+            return Accelerator(mixed_precision="bf16", **kwargs)
+        if recipe.backend_cfg.fp8_backend == "te":
+            from accelerate.utils import TERecipeKwargs
+
+            sc = recipe.scaling_cfg
+            handler = TERecipeKwargs(fp8_format="HYBRID" if recipe.format is Format.HYBRID else "E4M3",
+                                     amax_history_len=sc.amax_history_len, amax_compute_algo=sc.amax_compute_algo,
+                                     margin=sc.margin, use_autocast_during_eval=True)
+        else:
+            from accelerate.utils import AORecipeKwargs
+            from torchao.float8 import Float8LinearConfig
+
+            from fp8bench.backends.torchao import recipe_name
+
+            handler = AORecipeKwargs(config=Float8LinearConfig.from_recipe_name(recipe_name(recipe)))
+        return Accelerator(mixed_precision="fp8", kwargs_handlers=[handler], **kwargs)
+
+    def step_context(self, recipe: Recipe, device):
+        """torchao's FP8 GEMMs on CPU take torch's own path unless oneDNN is asked for (base.cpu_scaled_mm_path)."""
+        if recipe.backend_cfg.fp8_backend == "torchao":
+            return cpu_scaled_mm_path(recipe, device)
+        return contextlib.nullcontext()

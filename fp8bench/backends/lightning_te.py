@@ -1,0 +1,54 @@
+"""`lightning-te`: PyTorch Lightning's `TransformerEnginePrecision` plugin, as Lightning users turn FP8 on.
+
+The plugin replaces every `nn.Linear` whose dimensions suit FP8 (the output head included, unlike fp8bench's
+`te` backend, which keeps the head in high precision) with `te.Linear`, and runs the step under
+`te.fp8_autocast(recipe)` inside a BF16 `torch.autocast` fallback. Weights stay FP32 (`weights_dtype`), as in
+the `te` backend's runs, so the two differ only by what Lightning adds. Any TE recipe object passes through
+the plugin, so every recipe TE runs here runs here too. The BF16 baseline is Lightning's `bf16-mixed`.
+The training loop is Lightning's own (fp8bench.workloads.framework_train).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8bench.backends.base import Backend, Recipe, import_probe
+from fp8bench.types import Format
+
+
+class LightningTEBackend(Backend):
+    name = "lightning-te"
+    workloads = frozenset({"train"})
+    loop = "lightning"
+
+    def available(self):
+        return import_probe("lightning.pytorch", "integrations")
+
+    def supports(self, workload, recipe, device):
+        ok, why = super().supports(workload, recipe, device)
+        if not ok or recipe.format is Format.BF16:
+            return ok, why
+        from fp8bench.backends.te import TEBackend, te_reason
+
+        ok, why = TEBackend().available()
+        if not ok:
+            return False, f"Lightning's TransformerEnginePrecision needs Transformer Engine: {why}"
+        return te_reason(recipe)
+
+    def effective_recipe(self, recipe):
+        from fp8bench.backends.te import TEBackend
+
+        return TEBackend().effective_recipe(recipe)
+
+    def precision(self, recipe: Recipe, mixed: bool):
+        """The Trainer's `precision=`: the TE plugin for an FP8 recipe, Lightning's BF16 autocast otherwise
+        (`mixed`: FP32 master weights; else the weights themselves are BF16)."""
+        if recipe.format is Format.BF16:
+            return "bf16-mixed" if mixed else "bf16-true"
+        from lightning.pytorch.plugins import TransformerEnginePrecision
+
+        from fp8bench.backends.te import te_recipe
+
+        return TransformerEnginePrecision(weights_dtype=torch.float32 if mixed else torch.bfloat16,
+                                          recipe=te_recipe(recipe), replace_layers=True,
+                                          fallback_compute_dtype=torch.bfloat16)

@@ -1,0 +1,43 @@
+"""`msamp`: Microsoft's MS-AMP through Accelerate (`MSAMPRecipeKwargs(opt_level="O2")`: FP8 weights and
+weight gradients, FP8 first-moment optimizer state), trained by Accelerate's loop like the `accelerate`
+backend. MS-AMP is not published on the package registry (it is installed from its git repository), so
+where it is missing the probe says so and the cases are recorded skipped.
+"""
+
+from __future__ import annotations
+
+from fp8bench.backends.accelerate import AccelerateBackend
+from fp8bench.backends.base import package_probe
+from fp8bench.types import Format, Scaling
+
+
+class MsampBackend(AccelerateBackend):
+    name = "msamp"
+
+    def available(self):
+        ok, why = package_probe("msamp", "ms-amp")
+        if not ok:
+            return False, f"{why} (MS-AMP is not on the package registry: pip finds no 'ms-amp' or 'msamp')"
+        return super().available()
+
+    def supports(self, workload, recipe, device):
+        ok, why = super(AccelerateBackend, self).supports(workload, recipe, device)
+        if ok and recipe.format is not Format.BF16 and (recipe.format, recipe.scaling) != (Format.HYBRID, Scaling.DELAYED):
+            return False, "MS-AMP O2 scales E4M3 weights and E5M2 gradients per tensor from amax history: hybrid/delayed"
+        return ok, why
+
+    def accelerator(self, recipe, device):
+        if recipe.format is Format.BF16:
+            return super().accelerator(recipe, device)
+        from accelerate import Accelerator
+        from accelerate.state import AcceleratorState, GradientState
+        from accelerate.utils import MSAMPRecipeKwargs
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        return Accelerator(mixed_precision="fp8", kwargs_handlers=[MSAMPRecipeKwargs(opt_level="O2")])
+
+    def step_context(self, recipe, device):
+        import contextlib
+
+        return contextlib.nullcontext()

@@ -1,0 +1,190 @@
+"""The `train` workload run by a framework's own loop: Lightning's `Trainer.fit`, or an Accelerate loop
+(`accelerator.prepare` / `backward` / `clip_grad_norm_`), as their users write it.
+
+Everything else is the `train` workload's (fp8bench.workloads.train): the same seeded model, the same batch
+for each step, learning-rate schedule, AdamW groups, validation points and record, so a framework's row
+differs from the direct `te` / `torchao` row only by what the framework adds. Step time is the period from one
+step's start to the next on the GPU timeline, so the framework's work between steps is counted; validation
+is left out of it. Not available here: checkpoint/resume, loss scaling and the saved-tensor census (the
+memory record then has weights, optimizer state and the peak).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fp8bench.measure import reset_peak_memory
+from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged
+from fp8bench.workloads.decoder import lm_loss
+from fp8bench.workloads.memory import tensor_bytes
+from fp8bench.workloads.train import (
+    FINITE_CHECK_EVERY,
+    Curve,
+    StepTimer,
+    _output,
+    linear_coverage,
+    load_data,
+    lr_at,
+    new_decoder,
+    optimizer,
+)
+
+
+def run(case: CaseInput) -> CaseOutput:
+    cfg = case.config.workload.train
+    unsupported = [name for name, on in (("train.ckpt_every", cfg.ckpt_every), ("train.loss_scale", cfg.loss_scale != 1.0),
+                                         ("train.dynamic_loss_scale", cfg.dynamic_loss_scale)) if on]
+    if unsupported:
+        raise ValueError(f"backend {case.backend.name!r} trains in {case.backend.loop}'s loop, which fp8bench runs "
+                         f"without {', '.join(unsupported)}; unset them for this backend")
+    return {"lightning": _lightning, "accelerate": _accelerate}[case.backend.loop](case)
+
+
+class _Progress:
+    """Losses, step periods and validation points of one run, kept on the device until a sync."""
+
+    def __init__(self, case: CaseInput) -> None:
+        self.case, self.curve, self.timer = case, Curve(), StepTimer(case.device)
+        self.pending: list[torch.Tensor] = []
+        self.open = None
+
+    def step_begins(self) -> None:
+        if self.open is not None:
+            self.timer.stop(self.open)
+        self.open = self.timer.start()
+
+    def step_ends(self, loss: torch.Tensor, evaluate) -> None:
+        """After optimizer step `curve.step`; validates (outside the timed period) where the schedule says."""
+        cfg, steps = self.case.config.workload.train, self.case.shape["steps"]
+        self.pending.append(loss.detach())
+        self.curve.step += 1
+        if len(self.pending) >= FINITE_CHECK_EVERY:
+            self.sync()
+        if self.curve.step % cfg.eval_every == 0 or self.curve.step == steps:
+            self.close()
+            self.sync()
+            self.validate(evaluate)
+
+    def validate(self, evaluate) -> None:
+        self.curve.val_steps.append(self.curve.step)
+        self.curve.val_losses.append(evaluate())
+        if not math.isfinite(self.curve.val_losses[-1]):
+            raise self.diverged(f"validation loss became {self.curve.val_losses[-1]} at step {self.curve.step}",
+                                self.curve.step)
+
+    def close(self) -> None:
+        if self.open is not None:
+            self.timer.stop(self.open)
+            self.open = None
+
+    def sync(self) -> None:
+        if self.pending:
+            self.curve.losses += torch.stack(self.pending).float().cpu().tolist()
+            self.pending.clear()
+        self.curve.step_ms += self.timer.drain()
+        bad = next((i for i, v in enumerate(self.curve.losses) if not math.isfinite(v)), None)
+        if bad is not None:
+            raise self.diverged(f"loss became {self.curve.losses[bad]} at step {bad}", bad)
+
+    def diverged(self, message: str, at: int) -> Diverged:
+        return Diverged(message, _output(self.case, self.curve, {}, diverged_at=at))
+
+
+def _finish(case, progress: _Progress, model, opt, coverage) -> CaseOutput:
+    progress.close()
+    progress.sync()
+    memory = {"weights": tensor_bytes(model.parameters()),
+              "optimizer": tensor_bytes(v for st in opt.state.values() for v in st.values())}
+    out = _output(case, progress.curve, memory)
+    out.metrics += coverage
+    return out
+
+
+def _lightning(case: CaseInput) -> CaseOutput:
+    import lightning.pytorch as pl
+
+    cfg, dev, steps = case.config.workload.train, case.device, case.shape["steps"]
+    data = load_data(case)
+    reset_peak_memory(dev)
+    model = new_decoder(case)
+    progress = _Progress(case)
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, batch_idx):
+            tokens = data.batch_at(self.global_step)
+            return lm_loss(self.model(tokens[:, :-1]), tokens[:, 1:])
+
+        def configure_optimizers(self):
+            opt = optimizer(self.model, cfg, fused=dev.type == "cuda")
+            schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_at(step, cfg) / cfg.lr)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    class Record(pl.Callback):
+        def evaluate(self, trainer) -> float:
+            with torch.no_grad(), trainer.strategy.precision_plugin.forward_context():
+                return float(torch.stack([lm_loss(model(b[:, :-1]), b[:, 1:]) for b in data.val]).mean())
+
+        def on_train_start(self, trainer, pl_module):
+            progress.validate(lambda: self.evaluate(trainer))
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            progress.step_begins()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            progress.step_ends(outputs["loss"], lambda: self.evaluate(trainer))
+
+    trainer = pl.Trainer(
+        accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, max_steps=steps, max_epochs=1,
+        precision=case.backend.precision(case.recipe, mixed=cfg.master_weights == "fp32"),
+        gradient_clip_val=cfg.grad_clip or None, gradient_clip_algorithm="norm", callbacks=[Record()],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0)
+    # one "sample" per step: the batch itself is a function of the step (TrainData.batch_at)
+    trainer.fit(Module(), train_dataloaders=torch.utils.data.DataLoader(range(steps), batch_size=None))
+    return _finish(case, progress, model, trainer.optimizers[0], linear_coverage(model, case.recipe))
+
+
+def _accelerate(case: CaseInput) -> CaseOutput:
+    cfg, dev, steps = case.config.workload.train, case.device, case.shape["steps"]
+    data = load_data(case)
+    reset_peak_memory(dev)
+    accelerator = case.backend.accelerator(case.recipe, dev)
+    model = new_decoder(case)
+    opt = optimizer(model, cfg, fused=dev.type == "cuda")
+    model, opt = accelerator.prepare(model, opt)  # converts the linears (TE / torchao) and wraps the forward
+    def step_context():
+        return case.backend.step_context(case.recipe, dev)
+
+    progress = _Progress(case)
+
+    def forward_loss(tokens: torch.Tensor) -> torch.Tensor:
+        return lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
+
+    def evaluate() -> float:
+        with torch.no_grad(), step_context():
+            return float(torch.stack([forward_loss(b) for b in data.val]).mean())
+
+    progress.validate(evaluate)
+    try:
+        for step in range(steps):
+            progress.step_begins()
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            with step_context():
+                loss = forward_loss(data.batch_at(step))
+                accelerator.backward(loss)
+                if cfg.grad_clip:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            progress.step_ends(loss, evaluate)
+        return _finish(case, progress, accelerator.unwrap_model(model), opt.optimizer,
+                       linear_coverage(model, case.recipe))
+    finally:
+        accelerator.free_memory()

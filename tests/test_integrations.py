@@ -1,0 +1,117 @@
+"""Framework integrations (Lightning, Accelerate) and third-party FP8 libraries (COAT, DeepGEMM, MS-AMP).
+
+On CPU: Lightning's and Accelerate's own loops reproduce fp8bench's training curve step for step (so their
+rows differ from the direct ones only by what the framework adds), Accelerate's torchao FP8 path trains for
+real, and every backend whose library or device is missing is recorded skipped with the reason. The FP8 paths
+through Transformer Engine run on the GPU (marked `gpu`).
+"""
+
+import json
+
+import pytest
+import torch
+
+from fp8bench.backends import get_backend
+from fp8bench.config.compose import expand
+from fp8bench.config.schema import BackendConfig
+from fp8bench.hardware import detect_device
+from fp8bench.plan import plan
+from fp8bench.runner import execute
+
+TINY = ["workload=train", "model=tiny", "workload.train.steps=20", "workload.train.eval_every=10",
+        "workload.train.bf16_seeds=1"]
+on_gpu = torch.cuda.is_available()
+DEVICE = "cuda" if on_gpu else "cpu"
+
+
+def _train(tmp_path, *overrides, name="r"):
+    points, _ = expand([*TINY, f"device={DEVICE}", *overrides, f"results_dir={tmp_path}"], multirun=True)
+    return execute(plan(points), tmp_path / "runs" / name, name, detect_device(), progress=False)
+
+
+def _by_backend(records):
+    return {r.case_id.split(".")[-1]: r for r in records}
+
+
+@pytest.mark.slow
+def test_lightning_and_accelerate_loops_reproduce_the_native_curve(tmp_path):
+    recs = _by_backend(_train(tmp_path, "format=bf16", "scaling=none", "backend=torch,lightning-te,accelerate-te"))
+    assert all(r.status == "ok" for r in recs.values()), {k: r.reason for k, r in recs.items()}
+    native, lightning, accelerate = recs["torch"], recs["lightning-te"], recs["accelerate"]
+    assert len(lightning.samples["loss"]) == len(accelerate.samples["loss"]) == 20
+    # same initialisation, batches, schedule and clipping: Accelerate's loop is fp8bench's, bit for bit; Lightning
+    # clips and steps the schedule in its own order, so only rounding may differ
+    assert accelerate.samples["loss"] == pytest.approx(native.samples["loss"], rel=1e-6)
+    assert lightning.samples["loss"] == pytest.approx(native.samples["loss"], rel=1e-4)
+    assert lightning.samples["val_step"] == native.samples["val_step"] == [0.0, 10.0, 20.0]
+    assert lightning.metric("loss_final") == pytest.approx(native.metric("loss_final"), rel=1e-4)
+    for r in (lightning, accelerate):
+        assert r.metric("tokens_per_s") > 0 and len(r.samples["time_ms"]) >= 1
+        assert r.metric("linears_fp8") == 0 and r.metric("linears_total") == native.metric("linears_total")
+        assert r.metric("mem_optimizer_bytes") == pytest.approx(2 * r.metric("mem_weights_bytes"), rel=0.01)
+
+
+@pytest.mark.slow
+def test_accelerate_hands_fp8_to_torchao_and_leaves_first_and_last_linear_alone(tmp_path):
+    recs = _by_backend(_train(tmp_path, "format=hybrid", "scaling=current", "backend=torchao,accelerate-torchao",
+                              "backend.compile=false"))
+    direct, acc = recs["torchao"], recs["accelerate+torchao"]
+    assert direct.status == acc.status == "ok", (direct.reason, acc.reason)
+    total = direct.metric("linears_total")
+    assert direct.metric("linears_fp8") == total - 1  # fp8bench keeps the output head in high precision
+    assert acc.metric("linears_fp8") == total - 2  # Accelerate's filter: the first linear and the head
+    # both learn, and FP8 on one more linear moves the curve only a little
+    assert acc.metric("loss_final") < 0.8 * acc.metric("loss_initial")
+    assert acc.metric("loss_final") == pytest.approx(direct.metric("loss_final"), rel=0.02)
+    assert acc.samples["loss"] != direct.samples["loss"]
+
+
+def test_integration_variants_name_their_library():
+    assert BackendConfig(name="accelerate", fp8_backend="torchao", compile=True).variant() == "torchao+compile"
+    assert BackendConfig(name="accelerate").variant() == ""
+    assert BackendConfig(name="te", fp8_backend="te").variant() == ""  # a knob te does not read splits nothing
+
+
+def test_unknown_fp8_backend_is_a_config_error(tmp_path):
+    from fp8bench.cli import main
+
+    assert main(["plan", "workload=train", "model=tiny", "backend=accelerate-te", "backend.fp8_backend=msamp"]) == 2
+
+
+@pytest.mark.skipif(on_gpu, reason="checks the CPU verdicts")
+def test_integrations_say_why_they_cannot_run_here(tmp_path):
+    points, _ = expand([*TINY, "device=cpu", "format=e4m3,hybrid", "scaling=delayed,current",
+                        "backend=lightning-te,accelerate-te,coat,msamp", f"results_dir={tmp_path}"], multirun=True)
+    why = {c.case_id.split(".", 4)[-1]: c.reason for c in plan(points) if not c.runnable}
+    assert "Transformer Engine" in why["e4m3.delayed.lightning-te"]
+    assert "DelayedScaling" in why["e4m3.current.accelerate"]  # Accelerate's TE kwargs build no other recipe
+    assert "CPU" in why["hybrid.current.coat"]
+    assert "package registry" in why["hybrid.delayed.msamp"]
+    gemm, _ = expand(["workload=gemm", "model=tiny", "device=cpu", "format=e4m3", "scaling=blockwise",
+                      "backend=deepgemm", f"results_dir={tmp_path}"], multirun=True)
+    assert all("Hopper" in c.reason for c in plan(gemm))
+
+
+def test_a_recorded_install_failure_is_quoted_by_the_probe(tmp_path, monkeypatch):
+    log = tmp_path / "install.json"
+    log.write_text(json.dumps({"ms-amp": "not on the package registry", "deep-gemm": "build failed: no cute"}))
+    monkeypatch.setenv("FP8BENCH_INSTALL_LOG", str(log))
+    ok, why = get_backend("msamp").available()
+    assert not ok and "No module named 'msamp'" in why and "installing ms-amp here: not on the package registry" in why
+    monkeypatch.setenv("FP8BENCH_INSTALL_LOG", str(tmp_path / "missing.json"))
+    ok, why = get_backend("msamp").available()
+    assert not ok and "installing" not in why
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_gpu, reason="Transformer Engine FP8 needs a CUDA GPU")
+def test_lightning_and_accelerate_run_te_fp8_on_every_suitable_linear(tmp_path):
+    recs = _by_backend(_train(tmp_path, "format=e4m3", "scaling=delayed", "backend=te,lightning-te,accelerate-te",
+                              "model=gpt-125m", "workload.batch=4", "workload.seq=256"))
+    assert all(r.status == "ok" for r in recs.values()), {k: r.reason for k, r in recs.items()}
+    te, lightning, accelerate = recs["te"], recs["lightning-te"], recs["accelerate"]
+    total = te.metric("linears_total")
+    assert te.metric("linears_fp8") == total - 1  # the head stays BF16 in fp8bench's te backend
+    assert lightning.metric("linears_fp8") == accelerate.metric("linears_fp8") == total  # the head too
+    for r in recs.values():
+        assert r.metric("loss_final") < 0.9 * r.metric("loss_initial"), r.case_id
