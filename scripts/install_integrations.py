@@ -26,17 +26,26 @@ NOT_ON_REGISTRY = {"ms-amp": "MS-AMP is not on the package registry (pip downloa
 
 
 def tail(text: str, lines: int = 6) -> str:
+    """The lines that say what went wrong: a compiler's first `error` lines if there are any (a failed build
+    ends in a Python traceback that names none), else the last lines."""
     keep = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return " | ".join(keep[-lines:])[-900:]
+    errors = [ln for ln in keep if " error" in ln.lower() or ln.lower().startswith("error")]
+    return " | ".join(errors[:4] if errors else keep[-lines:])[-900:]
+
+
+TRANSCRIPT: list[str] = []
+"""Every command's full output, written next to the log (the log keeps the telling lines only)."""
 
 
 def sh(cmd: list[str], cwd: str | None = None, timeout: int = 900) -> tuple[bool, str, float]:
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        ok, out = p.returncode == 0, p.stdout + p.stderr
     except subprocess.TimeoutExpired:
-        return False, f"timed out after {timeout} s", time.monotonic() - t0
-    return p.returncode == 0, p.stdout + p.stderr, time.monotonic() - t0
+        ok, out = False, f"timed out after {timeout} s"
+    TRANSCRIPT.append(f"$ {' '.join(cmd)}  (in {cwd or '.'})\n{out}\n")
+    return ok, out, time.monotonic() - t0
 
 
 def fetch(dest: Path) -> None:
@@ -96,6 +105,7 @@ def install(src: Path) -> None:
     log = Path(os.environ.get("FP8BENCH_INSTALL_LOG", f"{site}/fp8bench_install.json"))
     status = {"fp8-coat": install_coat(src, site), "deep-gemm": install_deepgemm(src, site), **NOT_ON_REGISTRY}
     log.write_text(json.dumps(status, indent=1))
+    log.with_suffix(".transcript.txt").write_text("\n".join(TRANSCRIPT))
     for name, message in status.items():
         print(f"{name}: {message}")
     print(f"written {log}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 
-from fp8bench.backends.base import Backend, Recipe, cpu_scaled_mm_path, import_probe
+from fp8bench.backends.base import Backend, Recipe, cpu_scaled_mm_path, import_probe, load_te_first
 from fp8bench.types import Format, Scaling
 
 
@@ -26,6 +26,7 @@ class AccelerateBackend(Backend):
     loop = "accelerate"
 
     def available(self):
+        load_te_first()
         return import_probe("accelerate", "integrations")
 
     def supports(self, workload, recipe, device):

@@ -255,3 +255,15 @@ def package_probe(module: str, package: str) -> tuple[bool, str]:
     if attempt:
         return False, f"{why}; installing {package} here: {attempt}"
     return False, f"{why}; install it with scripts/install_integrations.py (no-deps install, then its build)"
+
+
+def load_te_first() -> None:
+    """Import Transformer Engine (when it is installed and a GPU is there) before Lightning or Accelerate.
+    On the H200 box, TE imported after `lightning.pytorch` failed with "libcudnn_cnn.so.9: undefined symbol"
+    (the two loaded different cuDNN builds); imported first, it works and the frameworks use it."""
+    if torch.cuda.is_available():
+        import importlib.util
+
+        if importlib.util.find_spec("transformer_engine") is not None:
+            with contextlib.suppress(Exception):  # a broken TE is reported by the TE probe, with its reason
+                import transformer_engine.pytorch  # noqa: F401

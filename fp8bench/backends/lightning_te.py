@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.backends.base import Backend, Recipe, import_probe
+from fp8bench.backends.base import Backend, Recipe, import_probe, load_te_first
 from fp8bench.types import Format
 
 
@@ -22,6 +22,7 @@ class LightningTEBackend(Backend):
     loop = "lightning"
 
     def available(self):
+        load_te_first()
         return import_probe("lightning.pytorch", "integrations")
 
     def supports(self, workload, recipe, device):
@@ -41,7 +42,8 @@ class LightningTEBackend(Backend):
         return TEBackend().effective_recipe(recipe)
 
     def precision(self, recipe: Recipe, mixed: bool):
-        """The Trainer's `precision=`: the TE plugin for an FP8 recipe, Lightning's BF16 autocast otherwise
+        """The Trainer's precision: the TE plugin (`plugins=`) for an FP8 recipe, Lightning's BF16 autocast
+        (`precision=`) otherwise
         (`mixed`: FP32 master weights; else the weights themselves are BF16)."""
         if recipe.format is Format.BF16:
             return "bf16-mixed" if mixed else "bf16-true"

@@ -121,7 +121,10 @@ def _lightning(case: CaseInput) -> CaseOutput:
             return lm_loss(self.model(tokens[:, :-1]), tokens[:, 1:])
 
         def configure_optimizers(self):
-            opt = optimizer(self.model, cfg, fused=dev.type == "cuda")
+            # Lightning's mixed-precision plugin refuses to clip the gradients of a fused AdamW (it "unscales
+            # internally"): there it gets torch's default foreach AdamW; the TE plugin takes the fused one
+            fused = dev.type == "cuda" and not isinstance(precision, str)
+            opt = optimizer(self.model, cfg, fused=fused)
             schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_at(step, cfg) / cfg.lr)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
@@ -139,9 +142,10 @@ def _lightning(case: CaseInput) -> CaseOutput:
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             progress.step_ends(outputs["loss"], lambda: self.evaluate(trainer))
 
+    precision = case.backend.precision(case.recipe, mixed=cfg.master_weights == "fp32")
     trainer = pl.Trainer(
         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, max_steps=steps, max_epochs=1,
-        precision=case.backend.precision(case.recipe, mixed=cfg.master_weights == "fp32"),
+        **({"precision": precision} if isinstance(precision, str) else {"plugins": [precision]}),
         gradient_clip_val=cfg.grad_clip or None, gradient_clip_algorithm="norm", callbacks=[Record()],
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0)
