@@ -115,3 +115,51 @@ def test_lightning_and_accelerate_run_te_fp8_on_every_suitable_linear(tmp_path):
     assert lightning.metric("linears_fp8") == accelerate.metric("linears_fp8") == total  # the head too
     for r in recs.values():
         assert r.metric("loss_final") < 0.9 * r.metric("loss_initial"), r.case_id
+
+
+def _train_record(run_id, backend_id, fmt, tokens_per_s, linears_fp8, parity=None):
+    from fp8bench.records import CaseRecord, Metric
+
+    backend = backend_id.split("+")[0]
+    metrics = [Metric.of("time_ms", 4096 / tokens_per_s * 1e3), Metric.of("tokens_per_s", tokens_per_s),
+               Metric.of("peak_mem_bytes", 2**30), Metric.of("loss_final", 1.8), Metric.of("linears_fp8", linears_fp8),
+               Metric.of("linears_total", 49)]
+    if parity is not None:
+        metrics.append(Metric.of("parity_pass", parity))
+    scaling = "none" if fmt == "bf16" else "current"
+    return CaseRecord(run_id=run_id, case_id=f"train.gpt-125m.b8s512n300.seed0.{fmt}.{scaling}.{backend_id}",
+                      workload="train", model="gpt-125m", format=fmt, scaling=scaling, backend=backend,
+                      shape_name="b8s512n300.seed0", shape={"batch": 8, "seq": 512, "steps": 300, "seed": 0},
+                      params={}, status="ok", metrics=metrics, samples={})
+
+
+def test_report_pairs_each_integration_with_its_direct_run_over_repeats(tmp_path):
+    from fp8bench.records import ShardWriter, write_manifest
+    from fp8bench.report import data
+    from fp8bench.report.pages import integration_overhead, integration_summary
+    from fp8bench.store import connect, ingest
+
+    for run_id, direct_tps, acc_tps in (("r1", 140e3, 120e3), ("r2", 120e3, 130e3), ("r3", 150e3, 125e3)):
+        run_dir = tmp_path / "runs" / run_id
+        write_manifest(run_dir, {"run_id": run_id, "started_at": 1.7e9, "git_commit": "abc", "git_dirty": False,
+                                 "device_name": "H", "env": {"env_id": "e1", "device_name": "H"}, "config": {}})
+        with ShardWriter(run_dir) as w:
+            w.write(_train_record(run_id, "torchao+compile", "hybrid", direct_tps, 48, parity=1.0))
+            w.write(_train_record(run_id, "accelerate+torchao+compile", "hybrid", acc_tps, 47, parity=0.0))
+            w.write(_train_record(run_id, "accelerate", "hybrid", 99e3, 49))  # no direct twin in these runs
+    con = connect(tmp_path / "r.duckdb")
+    ingest(con, [tmp_path / "runs"])
+    df = data.cases(con)
+    con.close()
+    # the variant is everything after the backend, so Accelerate's torchao+compile is not mistaken for torchao's
+    assert set(df["variant"]) == {"compile", "torchao+compile", ""}
+    fw = integration_overhead(df)
+    assert len(fw) == 3 and set(fw["direct"]) == {"hybrid/current · torchao+compile"}
+    r1 = fw[fw["run_id"] == "r1"].iloc[0]
+    assert r1["overhead_pct"] == pytest.approx((140 / 120 - 1) * 100)
+    assert (r1["fp8_linears"], r1["fp8_linears_direct"]) == ("47/49", "48/49")
+    assert (r1["verdict"], r1["verdict_direct"]) == ("FAIL", "pass")
+    [summary] = integration_summary(fw).to_dict("records")
+    assert summary["runs"] == 3 and summary["parity"] == "0/3 pass"
+    assert summary["overhead_median_pct"] == pytest.approx((140 / 120 - 1) * 100)
+    assert summary["overhead_min_pct"] == pytest.approx((120 / 130 - 1) * 100)
