@@ -6,10 +6,10 @@ cases a run already finished.
 
 from __future__ import annotations
 
+import gc
 import secrets
 import time
 import traceback
-import gc
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
