@@ -6,8 +6,10 @@ where it is missing the probe says so and the cases are recorded skipped.
 
 from __future__ import annotations
 
+import contextlib
+
 from fp8bench.backends.accelerate import AccelerateBackend
-from fp8bench.backends.base import package_probe
+from fp8bench.backends.base import Backend, package_probe
 from fp8bench.types import Format, Scaling
 
 
@@ -21,7 +23,7 @@ class MsampBackend(AccelerateBackend):
         return super().available()
 
     def supports(self, workload, recipe, device):
-        ok, why = super(AccelerateBackend, self).supports(workload, recipe, device)
+        ok, why = Backend.supports(self, workload, recipe, device)  # not Accelerate's TE/torchao limits
         if ok and recipe.format is not Format.BF16 and (recipe.format, recipe.scaling) != (Format.HYBRID, Scaling.DELAYED):
             return False, "MS-AMP O2 scales E4M3 weights and E5M2 gradients per tensor from amax history: hybrid/delayed"
         return ok, why
@@ -38,6 +40,4 @@ class MsampBackend(AccelerateBackend):
         return Accelerator(mixed_precision="fp8", kwargs_handlers=[MSAMPRecipeKwargs(opt_level="O2")])
 
     def step_context(self, recipe, device):
-        import contextlib
-
         return contextlib.nullcontext()
