@@ -21,7 +21,8 @@ WITH m AS (
   SELECT run_id, case_id,
 """ + _COLUMNS + """
   FROM measurements GROUP BY run_id, case_id)
-SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.status,
+SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.shape AS shape_json,
+       c.status,
        c.reason, r.device_name, r.started_at, r.git_commit,
        CASE WHEN m.tflops IS NOT NULL
             THEN 100 * m.tflops / CASE WHEN c.format = 'bf16' THEN k.bf16_tflops ELSE k.fp8_tflops END

@@ -212,6 +212,15 @@ def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
         p.table(d.sort_values(["shape", "time_ms"])[["shape", "recipe", "time_ms", "tflops", "speedup",
                                                      "peak_mem_bytes", "sqnr_db"]],
                 {"time_ms": 3, "tflops": 0, "speedup": 2, "peak_mem_bytes": 0, "sqnr_db": 1})
+    expect = memory_vs_model(df)
+    if not expect.empty:
+        p.h2("Saved for backward: measured vs the analytic expectation (TE)")
+        p.note("fp8bench.memory_model counts what each TE recipe saves from the shapes alone: FP8 weights in both "
+               "layouts, each linear's input in the layouts its module keeps, the BF16 copies that drop out, block "
+               "scales. Layer cases are predicted outright; training cases add the recipe's change to the BF16 run's "
+               "census. error: expected over measured total, in percent.")
+        p.table(expect, {"saved_fp8_mib": 1, "expected_fp8_mib": 1, "saved_other_mib": 1, "expected_other_mib": 1,
+                         "error_pct": 2})
     g = df[(df["workload"] == "gemm") & (df["status"] == "ok") & df["time_ms_kernel"].notna()]
     if not g.empty:
         p.h2("Where an FP8 GEMM's time goes: the kernel vs the casts around it")
@@ -235,6 +244,35 @@ MEM_PARTS = [("mem_weights_bytes", "weights (master copy)"), ("mem_optimizer_byt
              ("mem_persistent_other_bytes", "other persistent (data, workspaces, FP8 state)"),
              ("mem_saved_fp8_bytes", "saved for backward: FP8"), ("saved_rest", "saved for backward: other"),
              ("mem_transient_bytes", "backward transient (grads, temporaries)")]
+
+
+def memory_vs_model(df: pd.DataFrame) -> pd.DataFrame:
+    """TE layer and training cases: what the census measured as saved for backward next to what
+    fp8bench.memory_model expects from the shapes (training cases from their BF16 twin's census)."""
+    from fp8bench.memory_model import expected_saved
+
+    te = df[(df["backend"] == "te") & (df["status"] == "ok") & df["mem_saved_hp_bytes"].notna()
+            & df["workload"].isin(["layer", "train"])]
+    if te.empty:
+        return pd.DataFrame()
+    shapes = te["shape_json"].map(json.loads)
+    te = te.assign(batch=shapes.str["batch"], seq=shapes.str["seq"], seed=shapes.str.get("seed"))
+    key = ["run_id", "workload", "model", "batch", "seq"]
+    base = te[(te["format"] == "bf16") & (te["seed"].fillna(0) == 0)][key + ["mem_saved_hp_bytes"]]
+    te = te.merge(base.rename(columns={"mem_saved_hp_bytes": "bf16_saved_hp"}), on=key, how="left")
+    rows = []
+    for r, shape in zip(te.itertuples(), te["shape_json"].map(json.loads), strict=True):
+        if r.format == "bf16" and r.workload == "train":
+            continue  # its own census is the training expectation's baseline
+        want = expected_saved(r.workload, r.model, shape, r.scaling, r.format,
+                              None if pd.isna(r.bf16_saved_hp) else r.bf16_saved_hp)
+        if want is None:
+            continue
+        rows.append({"run_id": r.run_id, "case_id": r.case_id, "saved_fp8_mib": r.mem_saved_fp8_bytes / 2**20,
+                     "expected_fp8_mib": want[0] / 2**20, "saved_other_mib": r.mem_saved_hp_bytes / 2**20,
+                     "expected_other_mib": want[1] / 2**20,
+                     "error_pct": 100 * (sum(want) / (r.mem_saved_fp8_bytes + r.mem_saved_hp_bytes) - 1)})
+    return pd.DataFrame(rows)
 
 
 def _memory_bars(m: pd.DataFrame) -> go.Figure:
