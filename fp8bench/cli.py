@@ -361,23 +361,19 @@ def cmd_doctor(args: list[str]) -> int:
     dev = detect_device()
     table = Table(title="capability matrix on this device")
     table.add_column("format/scaling")
-    for b in BackendName:
-        ok, why = _available(b.value)
-        table.add_column(b.value + ("" if ok else " (missing)"))
+    available = {b.value: _available(b.value) for b in BackendName}
+    for b, (ok, _) in available.items():
+        table.add_column(b + ("" if ok else " (missing)"))
     for fmt in Format:
         for sc in sorted(VALID_SCALINGS[fmt], key=lambda s: s.value):
-            cells = []
-            for b in BackendName:
-                ok, why = _available(b.value)
-                if ok:
-                    ok, why = capability(b.value, fmt.value, sc.value, dev)
-                cells.append("yes" if ok else f"no: {why[:60]}")
+            cells = ["yes" if ok and capability(b, fmt.value, sc.value, dev)[0] else "no"
+                     for b, (ok, _) in available.items()]
             table.add_row(f"{fmt.value}/{sc.value}", *cells)
     out.print(table)
-    for b in BackendName:
-        ok, why = _available(b.value)
+    for b, (ok, why) in available.items():
         if not ok:
-            out.print(f"{b.value}: {why}")
+            out.print(f"{b}: {why}", highlight=False)
+    out.print("why a cell is 'no': `fp8bench plan backend=B format=F scaling=S` gives the reason per case")
     return 0
 
 
