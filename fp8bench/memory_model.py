@@ -61,6 +61,15 @@ class Expectation:
     """Bytes saved in FP8 storage."""
     saved_hp_change: float
     """Bytes of high-precision saved tensors the recipe adds (negative: removes) against BF16."""
+    fp8_weights: float = 0.0
+    """Of saved_fp8, the weights' copies (the rest is inputs)."""
+
+    def explain(self) -> str:
+        mib = 2**20
+        return (f"FP8 saves {self.saved_fp8 / mib:.0f} MiB for backward (weights in both layouts "
+                f"{self.fp8_weights / mib:.0f}, inputs {(self.saved_fp8 - self.fp8_weights) / mib:.0f}) and "
+                f"{'drops' if self.saved_hp_change < 0 else 'adds'} {abs(self.saved_hp_change) / mib:.0f} MiB "
+                "of high-precision saved tensors")
 
 
 def model_preset(name: str) -> ModelConfig:
@@ -97,10 +106,11 @@ def fp8_change(linears: list[SavedLinear], scaling: str, bf16_weight_casts: bool
     """What an FP8 recipe of `scaling` saves instead of BF16 (module docstring). `bf16_weight_casts`: the BF16
     run saved autocast's BF16 copy of each FP32 master weight."""
     family = "blockwise" if scaling == "blockwise" else "tensorwise"
-    fp8 = hp = 0.0
+    fp8 = hp = weights = 0.0
     for lin in linears:
         k, n, t = lin.in_features, lin.out_features, lin.tokens
         copies = INPUT_LAYOUTS[(lin.kind, family)]
+        weights += WEIGHT_LAYOUTS * k * n
         fp8 += copies * t * k + WEIGHT_LAYOUTS * k * n
         if lin.kind != "attn_proj":
             hp -= BF16 * t * k
@@ -109,23 +119,31 @@ def fp8_change(linears: list[SavedLinear], scaling: str, bf16_weight_casts: bool
         if family == "blockwise":
             hp += FP32 * (copies * t * math.ceil(k / BLOCK)
                           + WEIGHT_LAYOUTS * math.ceil(n / BLOCK) * math.ceil(k / BLOCK))
-    return Expectation(fp8, hp)
+    return Expectation(fp8, hp, weights)
+
+
+def recipe_change(workload: str, model_name: str, shape: dict, scaling: str) -> Expectation | None:
+    """The FP8 recipe's change against BF16 for a `te` layer or training case (None for other workloads)."""
+    model = model_preset(model_name)
+    tokens = shape["batch"] * shape["seq"]
+    if workload == "layer":
+        return fp8_change(te_layer_linears(model, tokens), scaling, bf16_weight_casts=False)
+    if workload == "train":
+        return fp8_change(train_linears(model, tokens), scaling, bf16_weight_casts=True)
+    return None
 
 
 def expected_saved(workload: str, model_name: str, shape: dict, scaling: str, fmt: str,
                    bf16_saved_hp: float | None) -> tuple[float, float] | None:
     """(FP8 bytes, high-precision bytes) a `te` case is expected to save, or None where the model does not
     apply. Layer cases need nothing measured; training cases start from their BF16 twin's census."""
-    model = model_preset(model_name)
-    tokens = shape["batch"] * shape["seq"]
     if workload == "layer":
-        base = te_layer_bf16_saved(model, tokens)
-        linears, casts = te_layer_linears(model, tokens), False
+        base = te_layer_bf16_saved(model_preset(model_name), shape["batch"] * shape["seq"])
     elif workload == "train" and bf16_saved_hp is not None:
-        base, linears, casts = bf16_saved_hp, train_linears(model, tokens), True
+        base = bf16_saved_hp  # fp8bench's block under autocast: its BF16 census, measured
     else:
         return None
     if fmt == "bf16":
         return 0.0, base
-    change = fp8_change(linears, scaling, casts)
+    change = recipe_change(workload, model_name, shape, scaling)
     return change.saved_fp8, base + change.saved_hp_change

@@ -76,3 +76,21 @@ def test_block_scaling_adds_fp32_scales_and_fc2_layouts():
     assert block.saved_fp8 - tensorwise.saved_fp8 == 8192 * model.ffn  # fc2's input, a second layout
     scales = block.saved_hp_change - tensorwise.saved_hp_change
     assert 9 * 2**20 < scales < 10 * 2**20  # one FP32 scale per 128 saved elements, per 128x128 weight block
+
+
+def test_the_advisor_says_where_a_te_layers_memory_goes():
+    import pandas as pd
+
+    from fp8bench.report.pages import memory_why
+
+    recipe = "e4m3/delayed · te"
+    adv = pd.DataFrame([{"device": "H200", "model": "llama2-7b", "workload": "layer", "recipe": recipe, "shapes": 1,
+                         "why": "GEMMs 2x would give 1.61x"},
+                        {"device": "H200", "model": "llama2-7b", "workload": "gemm", "recipe": "e4m3/current · torch",
+                         "shapes": 4, "why": ""}])
+    df = pd.DataFrame([{"device": "H200", "model": "llama2-7b", "workload": "layer", "recipe": recipe, "status": "ok",
+                        "shape_json": json.dumps({"batch": 2, "seq": 4096, "hidden": 4096})}])
+    why = memory_why(adv, df)["why"].tolist()
+    assert why[0].startswith("GEMMs 2x would give 1.61x FP8 saves 600 MiB for backward")
+    assert "weights in both layouts 386, inputs 214" in why[0] and "drops 300 MiB" in why[0]
+    assert why[1] == ""

@@ -88,6 +88,28 @@ def why_not_2x(adv: pd.DataFrame, df: pd.DataFrame, falls: pd.DataFrame | None) 
                      on=["device", "model", "workload", "recipe"]).fillna({"why": ""})
 
 
+def memory_why(adv: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """For TE layer and training rows of the advisor: what the recipe saves for backward instead of BF16
+    (fp8bench.memory_model), the reason its peak memory moves."""
+    from fp8bench.memory_model import recipe_change
+
+    if adv.empty:
+        return adv
+
+    def text(r) -> str:
+        if r["workload"] not in ("layer", "train") or not r["recipe"].endswith("· te") or r["shapes"] != 1:
+            return ""  # the model's shapes must be the row's one shape
+        case = df[(df["device"] == r["device"]) & (df["model"] == r["model"]) & (df["workload"] == r["workload"])
+                  & (df["recipe"] == r["recipe"]) & (df["status"] == "ok")]
+        if case.empty:
+            return ""
+        change = recipe_change(r["workload"], r["model"], json.loads(case["shape_json"].iloc[0]),
+                               r["recipe"].split(" · ")[0].split("/")[1])
+        return "" if change is None else change.explain()
+    return adv.assign(why=[" ".join(t for t in (w, text(r)) if t) for w, (_, r) in
+                           zip(adv["why"], adv.iterrows(), strict=True)])
+
+
 def overview(df: pd.DataFrame, runs: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
     p = Page("index.html", "Overview: which FP8 recipe pays here?")
     p.note("Every number on this site is a measurement from a recorded run (see Runs). Speedups compare each "
@@ -96,7 +118,7 @@ def overview(df: pd.DataFrame, runs: pd.DataFrame, falls: pd.DataFrame | None = 
     counts = df.groupby(["device", "status"]).size().unstack(fill_value=0).reset_index() if not df.empty else df
     p.h2("What was measured")
     p.table(counts)
-    adv = why_not_2x(advisor(df), df, falls)
+    adv = memory_why(why_not_2x(advisor(df), df, falls), df)
     p.h2("Advisor: recipes per device × model × workload")
     if adv.empty:
         p.note("No real-kernel FP8 cases yet: run a sweep on a GPU (or `make run` for the CPU study).")
