@@ -20,7 +20,7 @@ from fp8bench.config.schema import ConfigError
 console = Console(stderr=True)
 out = Console()
 COMMANDS = ("run", "plan", "ingest", "export", "report", "compare", "asv-compare", "history", "calibrate",
-            "roofline", "waterfall", "doctor")
+            "roofline", "waterfall", "memory", "doctor")
 USAGE = """usage: fp8bench COMMAND [ARGS]
 
   run [-m] [hydra overrides]   run a point or a sweep preset (sweep=quick); -m uses Hydra's multirun
@@ -39,6 +39,8 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
   roofline [--db DB] [--with-quant]
                                expected (roofline, measured ceilings) vs measured GEMM speedups
   waterfall [--db DB]          why FP8 is not 2x: linear/layer speedup stage by stage from measured kernel times
+  memory MODEL [--workload layer|train] [--batch B] [--seq S]
+                               what each TE recipe is expected to save for backward (fp8bench.memory_model)
   doctor                       device, versions, backends and the capability matrix
 """
 
@@ -246,6 +248,39 @@ def cmd_roofline(args: list[str]) -> int:
     return 0
 
 
+def cmd_memory(args: list[str]) -> int:
+    from fp8bench.config.compose import group_options
+    from fp8bench.memory_model import model_preset, recipe_change, te_layer_bf16_saved
+
+    p = _Parser(prog="fp8bench memory")
+    p.add_argument("model")
+    p.add_argument("--workload", choices=["layer", "train"], default="layer")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=4096)
+    ns = p.parse_args(args)
+    if ns.model not in group_options("model"):
+        raise UsageError(f"model={ns.model!r} is not a preset; choose one of {group_options('model')}")
+    if ns.batch < 1 or ns.seq < 1:
+        raise UsageError(f"--batch={ns.batch} and --seq={ns.seq} must be positive")
+    shape, mib = {"batch": ns.batch, "seq": ns.seq}, 2**20
+    what = ("TE TransformerLayer" if ns.workload == "layer" else
+            f"{model_preset(ns.model).layers} blocks of te.Linear, FP32 master weights under autocast")
+    table = Table(title=f"{ns.model}, {what}, {ns.batch}x{ns.seq} tokens: saved for backward (MiB), expected")
+    for col in ("recipe", "FP8 weights", "FP8 inputs", "high precision vs BF16", "total vs BF16"):
+        table.add_column(col)
+    if ns.workload == "layer":
+        bf16 = te_layer_bf16_saved(model_preset(ns.model), ns.batch * ns.seq)
+        table.add_row("bf16", "0", "0", f"{bf16 / mib:.0f}", "")
+    for scaling in ("delayed", "current", "blockwise"):
+        c = recipe_change(ns.workload, ns.model, shape, scaling)
+        table.add_row(f"e4m3/{scaling}", f"{c.fp8_weights / mib:.0f}", f"{(c.saved_fp8 - c.fp8_weights) / mib:.0f}",
+                      f"{c.saved_hp_change / mib:+.0f}", f"{(c.saved_fp8 + c.saved_hp_change) / mib:+.0f}")
+    out.print(table)
+    out.print("the backward's transient (gradient casts, FP8 transposes) is not in this model; measured cases "
+              "show it on the report's Modules and Training pages")
+    return 0
+
+
 def cmd_waterfall(args: list[str]) -> int:
     from fp8bench.waterfall import from_db
 
@@ -385,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
                 "compare": cmd_compare, "asv-compare": cmd_asv_compare, "history": cmd_history,
-                "calibrate": cmd_calibrate, "roofline": cmd_roofline, "waterfall": cmd_waterfall, "doctor": cmd_doctor}
+                "calibrate": cmd_calibrate, "roofline": cmd_roofline, "waterfall": cmd_waterfall, "memory": cmd_memory,
+                "doctor": cmd_doctor}
     from fp8bench.records import StoreError
 
     try:

@@ -52,6 +52,15 @@ def test_plan_lists_runnable_and_skipped(cli, tmp_path):
     assert "transformer" in res.stdout.lower()  # te's reason names what is missing
 
 
+def test_memory_prints_each_te_recipes_expected_saved_bytes(cli, tmp_path):
+    res = cli("memory", "llama2-7b", cwd=tmp_path)  # the Llama-2-7B layer measured on the H200: 386 + 214 MiB
+    assert res.returncode == 0, res.stderr
+    delayed = next(line for line in res.stdout.splitlines() if "e4m3/delayed" in line)
+    assert [cell.strip() for cell in delayed.split("│")[2:6]] == ["386", "214", "-300", "+300"]
+    bad = cli("memory", "llama9", cwd=tmp_path)
+    assert bad.returncode == 2 and "llama2-7b" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_doctor_prints_device_and_matrix(cli, tmp_path):
     res = cli("doctor", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
