@@ -94,3 +94,14 @@ def test_hydra_multirun_jobs_share_one_run_and_ingest_together(tmp_path):
     assert len(shards) == 4 and all("-job" in s for s in shards)  # 8 Hydra jobs, 4 impossible pairs dropped
     con = duckdb.connect(str(tmp_path / "fp8bench.duckdb"), read_only=True)
     assert con.execute("SELECT count(DISTINCT run_id), count(*) FROM cases").fetchone() == (1, 12)
+
+
+def test_the_git_commit_can_be_given_where_the_checkout_cannot_say(monkeypatch, tmp_path):
+    from fp8bench.hardware import git_state
+
+    commit, _ = git_state()
+    assert commit and len(commit) == 40  # this checkout's own HEAD
+    monkeypatch.setenv("FP8BENCH_GIT_COMMIT", "0123abcd" * 5)
+    assert git_state() == ("0123abcd" * 5, False)
+    monkeypatch.setenv("FP8BENCH_GIT_DIRTY", "1")
+    assert git_state(str(tmp_path)) == ("0123abcd" * 5, True)
