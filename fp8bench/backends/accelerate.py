@@ -20,6 +20,14 @@ from fp8bench.backends.base import Backend, Recipe, cpu_scaled_mm_path, import_p
 from fp8bench.types import Format, Scaling
 
 
+def reset_accelerate_state() -> None:
+    """Accelerate keeps process-wide state (the first Accelerator's precision wins): cleared before each case."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 class AccelerateBackend(Backend):
     name = "accelerate"
     workloads = frozenset({"train"})
@@ -34,13 +42,12 @@ class AccelerateBackend(Backend):
         if not ok or recipe.format is Format.BF16:
             return ok, why
         if recipe.backend_cfg.fp8_backend == "te":
-            from fp8bench.backends.te import TEBackend, te_reason
+            from fp8bench.backends.te import te_runs
 
             if recipe.scaling is not Scaling.DELAYED:
                 return False, (f"Accelerate's TERecipeKwargs builds TE's DelayedScaling (or MXFP8BlockScaling) only; "
                                f"{recipe.format.value}/{recipe.scaling.value} is not reachable through it")
-            ok, why = TEBackend().available()
-            return (te_reason(recipe) if ok else (False, f"Accelerate's TE backend needs Transformer Engine: {why}"))
+            return te_runs(recipe, "Accelerate's TE backend")
         from fp8bench.backends.torchao import TorchaoBackend
 
         ok, why = TorchaoBackend().available()
@@ -59,10 +66,8 @@ class AccelerateBackend(Backend):
         """A fresh Accelerator for this case (Accelerate keeps process-wide state: it is reset first, so one
         process can run cases of different precisions one after another)."""
         from accelerate import Accelerator
-        from accelerate.state import AcceleratorState, GradientState
 
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate_state()
         kwargs: dict = {"cpu": device.type != "cuda"}
         if recipe.backend_cfg.compile:
             from accelerate.utils import TorchDynamoPlugin

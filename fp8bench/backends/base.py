@@ -225,7 +225,7 @@ def import_probe(module: str, extra: str) -> tuple[bool, str]:
 
 
 def install_attempt(package: str) -> str:
-    """How the last attempt to install `package` on this machine ended, as scripts/install_integrations.sh
+    """How the last attempt to install `package` on this machine ended, as scripts/install_integrations.py
     records it (a JSON object package → message in the file $FP8BENCH_INSTALL_LOG), or '' when unknown.
     A probe adds it to its import error, so a skipped case says why the package is missing, not only that."""
     import json
@@ -241,9 +241,11 @@ def install_attempt(package: str) -> str:
         return ""
 
 
-def package_probe(module: str, package: str) -> tuple[bool, str]:
-    """Does `module` import? If not: the error, and how installing `package` ended on this machine (or how to
-    try: their pins, e.g. COAT's triton==3.1, clash with the GPU stack, so no fp8bench extra installs them)."""
+def package_probe(module: str, package: str,
+                  hint: str = "install it with scripts/install_integrations.py (no-deps install, then its build)",
+                  ) -> tuple[bool, str]:
+    """Does `module` import? If not: the error, and how installing `package` ended on this machine, or else
+    `hint` (their pins, e.g. COAT's triton==3.1, clash with the GPU stack, so no fp8bench extra installs them)."""
     import importlib
 
     try:
@@ -254,7 +256,7 @@ def package_probe(module: str, package: str) -> tuple[bool, str]:
     attempt = install_attempt(package)
     if attempt:
         return False, f"{why}; installing {package} here: {attempt}"
-    return False, f"{why}; install it with scripts/install_integrations.py (no-deps install, then its build)"
+    return False, f"{why}; {hint}"
 
 
 def load_te_first() -> None:

@@ -29,12 +29,9 @@ class LightningTEBackend(Backend):
         ok, why = super().supports(workload, recipe, device)
         if not ok or recipe.format is Format.BF16:
             return ok, why
-        from fp8bench.backends.te import TEBackend, te_reason
+        from fp8bench.backends.te import te_runs
 
-        ok, why = TEBackend().available()
-        if not ok:
-            return False, f"Lightning's TransformerEnginePrecision needs Transformer Engine: {why}"
-        return te_reason(recipe)
+        return te_runs(recipe, "Lightning's TransformerEnginePrecision")
 
     def effective_recipe(self, recipe):
         from fp8bench.backends.te import TEBackend

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from fp8bench.backends.accelerate import AccelerateBackend
+from fp8bench.backends.accelerate import AccelerateBackend, reset_accelerate_state
 from fp8bench.backends.base import Backend, package_probe
 from fp8bench.types import Format, Scaling
 
@@ -17,10 +17,9 @@ class MsampBackend(AccelerateBackend):
     name = "msamp"
 
     def available(self):
-        ok, why = package_probe("msamp", "ms-amp")
-        if not ok:
-            return False, f"{why} (MS-AMP is not on the package registry: pip finds no 'ms-amp' or 'msamp')"
-        return super().available()
+        ok, why = package_probe("msamp", "ms-amp", hint="MS-AMP is not on the package registry (pip finds no "
+                                "'ms-amp' or 'msamp'); it installs from its git repository")
+        return super().available() if ok else (False, why)
 
     def supports(self, workload, recipe, device):
         ok, why = Backend.supports(self, workload, recipe, device)  # not Accelerate's TE/torchao limits
@@ -32,11 +31,9 @@ class MsampBackend(AccelerateBackend):
         if recipe.format is Format.BF16:
             return super().accelerator(recipe, device)
         from accelerate import Accelerator
-        from accelerate.state import AcceleratorState, GradientState
         from accelerate.utils import MSAMPRecipeKwargs
 
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate_state()
         return Accelerator(mixed_precision="fp8", kwargs_handlers=[MSAMPRecipeKwargs(opt_level="O2")])
 
     def step_context(self, recipe, device):

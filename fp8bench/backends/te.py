@@ -69,6 +69,13 @@ def te_reason(recipe: Recipe) -> tuple[bool, str]:
     return bool(ok), f"Transformer Engine: {reason}" if not ok else ""
 
 
+def te_runs(recipe: Recipe, framework: str) -> tuple[bool, str]:
+    """Can Transformer Engine run `recipe` here for a framework that drives it (Lightning, Accelerate)? TE's
+    installation first, then its own verdict for the recipe."""
+    ok, why = TEBackend().available()
+    return te_reason(recipe) if ok else (False, f"{framework} needs Transformer Engine: {why}")
+
+
 class TEBackend(Backend):
     name = "te"
     workloads = frozenset({"quantize", "linear", "layer", "train"})
