@@ -120,15 +120,21 @@ def _train(p: dict, rank: int, world: int, dev: torch.device) -> dict:
 
     from fp8bench.workloads import corpus as corpus_mod
     from fp8bench.workloads.decoder import LlamaDecoder, lm_loss, model_flops
-    from fp8bench.workloads.train import FINITE_CHECK_EVERY, StepTimer, lr_at, optimizer, steady_steps
+    from fp8bench.workloads.train import (
+        FINITE_CHECK_EVERY,
+        StepTimer,
+        load_data,
+        lr_at,
+        optimizer,
+        steady_steps,
+    )
 
     config, shape = p["config"], p["shape"]
     t = config.workload.train
     batch, seq, steps, seed = shape["batch"], shape["seq"], shape["steps"], shape["seed"]
-    rows = slice(rank * batch // world, (rank + 1) * batch // world)
-    data = corpus_mod.load(t.corpus, t.val_percent)
-    tokens_all = data.train.to(dev)
-    val = [b[rows].to(dev) for b in corpus_mod.val_batches(data, t.eval_batches, batch, seq)]
+    rows = slice(rank * batch // world, (rank + 1) * batch // world)  # this rank's share of the global batch
+    data = load_data(t, shape, dev)
+    val = [b[rows] for b in data.val]
 
     torch.manual_seed(seed)  # every rank builds the same initial weights (FSDP2 then keeps its shard)
     model, fwd_ctx, autocast, after_step = _prepare(LlamaDecoder(config.model, corpus_mod.VOCAB, device=dev), p,
@@ -151,8 +157,7 @@ def _train(p: dict, rank: int, world: int, dev: torch.device) -> dict:
     val_steps, val_losses, losses = [0], [evaluate()], []
     timer, diverged_at = StepTimer(dev), None
     for step in range(steps):
-        starts = corpus_mod.train_starts(data, seed, step, batch, seq)[rows]
-        tok = corpus_mod.windows(tokens_all, starts, seq)
+        tok = data.batch_at(step)[rows]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, t)
         begin = timer.start()

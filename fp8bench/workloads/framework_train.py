@@ -18,7 +18,7 @@ import torch
 from fp8bench.measure import reset_peak_memory
 from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged
 from fp8bench.workloads.decoder import lm_loss
-from fp8bench.workloads.memory import tensor_bytes
+from fp8bench.workloads.memory import optimizer_state_bytes, tensor_bytes
 from fp8bench.workloads.train import (
     FINITE_CHECK_EVERY,
     Curve,
@@ -95,8 +95,7 @@ class _Progress:
 def _finish(case, progress: _Progress, model, opt, coverage) -> CaseOutput:
     progress.close()
     progress.sync()
-    memory = {"weights": tensor_bytes(model.parameters()),
-              "optimizer": tensor_bytes(v for st in opt.state.values() for v in st.values())}
+    memory = {"weights": tensor_bytes(model.parameters()), "optimizer": optimizer_state_bytes(opt)}
     out = _output(case, progress.curve, memory)
     out.metrics += coverage
     return out
@@ -106,10 +105,11 @@ def _lightning(case: CaseInput) -> CaseOutput:
     import lightning.pytorch as pl
 
     cfg, dev, steps = case.config.workload.train, case.device, case.shape["steps"]
-    data = load_data(case)
+    data = load_data(cfg, case.shape, dev)
     reset_peak_memory(dev)
     model = new_decoder(case)
     progress = _Progress(case)
+    precision = case.backend.precision(case.recipe, mixed=cfg.master_weights == "fp32")
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:
@@ -142,7 +142,6 @@ def _lightning(case: CaseInput) -> CaseOutput:
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             progress.step_ends(outputs["loss"], lambda: self.evaluate(trainer))
 
-    precision = case.backend.precision(case.recipe, mixed=cfg.master_weights == "fp32")
     trainer = pl.Trainer(
         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, max_steps=steps, max_epochs=1,
         **({"precision": precision} if isinstance(precision, str) else {"plugins": [precision]}),
@@ -156,12 +155,13 @@ def _lightning(case: CaseInput) -> CaseOutput:
 
 def _accelerate(case: CaseInput) -> CaseOutput:
     cfg, dev, steps = case.config.workload.train, case.device, case.shape["steps"]
-    data = load_data(case)
+    data = load_data(cfg, case.shape, dev)
     reset_peak_memory(dev)
     accelerator = case.backend.accelerator(case.recipe, dev)
     model = new_decoder(case)
     opt = optimizer(model, cfg, fused=dev.type == "cuda")
     model, opt = accelerator.prepare(model, opt)  # converts the linears (TE / torchao) and wraps the forward
+
     def step_context():
         return case.backend.step_context(case.recipe, dev)
 

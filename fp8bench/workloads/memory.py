@@ -50,6 +50,10 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    return tensor_bytes(v for state in opt.state.values() for v in state.values())
+
+
 def breakdown_metrics(phases: dict, device: torch.device) -> list[Metric]:
     """One step's peak split into what was resident before its forward (weights, optimiser state, everything
     else), what the forward saved for backward (and of that, FP8 and high-precision storage), and the

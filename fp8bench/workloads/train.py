@@ -27,7 +27,13 @@ from fp8bench.records import Metric
 from fp8bench.workloads import corpus as corpus_mod
 from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged, speed_metrics
 from fp8bench.workloads.decoder import LlamaDecoder, lm_loss, model_flops
-from fp8bench.workloads.memory import SavedTensorCensus, allocated, breakdown_metrics, tensor_bytes
+from fp8bench.workloads.memory import (
+    SavedTensorCensus,
+    allocated,
+    breakdown_metrics,
+    optimizer_state_bytes,
+    tensor_bytes,
+)
 
 FINITE_CHECK_EVERY = 10
 """Steps between NaN/Inf checks of the loss (each check synchronises the GPU once)."""
@@ -153,11 +159,11 @@ class TrainData:
         return corpus_mod.windows(self.tokens, starts, self.seq)
 
 
-def load_data(case: CaseInput) -> TrainData:
-    cfg, s = case.config.workload.train, case.shape
+def load_data(cfg, shape: dict, device: torch.device) -> TrainData:
+    """The corpus of `cfg` (train settings) cut for `shape` (batch, seq, seed), on `device`."""
     data = corpus_mod.load(cfg.corpus, cfg.val_percent)
-    val = [b.to(case.device) for b in corpus_mod.val_batches(data, cfg.eval_batches, s["batch"], s["seq"])]
-    return TrainData(data, data.train.to(case.device), val, s["seed"], s["batch"], s["seq"])
+    val = [b.to(device) for b in corpus_mod.val_batches(data, cfg.eval_batches, shape["batch"], shape["seq"])]
+    return TrainData(data, data.train.to(device), val, shape["seed"], shape["batch"], shape["seq"])
 
 
 def new_decoder(case: CaseInput) -> LlamaDecoder:
@@ -179,7 +185,7 @@ def run(case: CaseInput) -> CaseOutput:
         return framework_train.run(case)
     cfg, dev = case.config.workload.train, case.device
     steps = case.shape["steps"]
-    data = load_data(case)
+    data = load_data(cfg, case.shape, dev)
     val = data.val
 
     reset_peak_memory(dev)
@@ -285,7 +291,7 @@ def run(case: CaseInput) -> CaseOutput:
             _save_checkpoint(ckpt, model, opt, scaler, curve)
     sync_curve()
     memory["weights"] = tensor_bytes(params)
-    memory["optimizer"] = tensor_bytes(v for st in opt.state.values() for v in st.values())
+    memory["optimizer"] = optimizer_state_bytes(opt)
     if ckpt is not None and ckpt.is_file():
         ckpt.unlink()  # the record now holds the run; checkpoints of large models are GBs
     out = _output(case, curve, memory)
