@@ -89,7 +89,7 @@ def test_the_advisor_says_where_a_te_layers_memory_goes():
                         {"device": "H200", "model": "llama2-7b", "workload": "gemm", "recipe": "e4m3/current · torch",
                          "shapes": 4, "why": ""}])
     df = pd.DataFrame([{"device": "H200", "model": "llama2-7b", "workload": "layer", "recipe": recipe, "status": "ok",
-                        "shape_json": json.dumps({"batch": 2, "seq": 4096, "hidden": 4096})}])
+                        "scaling": "delayed", "shape_json": json.dumps({"batch": 2, "seq": 4096, "hidden": 4096})}])
     why = memory_why(adv, df)["why"].tolist()
     assert why[0].startswith("GEMMs 2x would give 1.61x FP8 saves 600 MiB for backward")
     assert "weights in both layouts 386, inputs 214" in why[0] and "drops 300 MiB" in why[0]

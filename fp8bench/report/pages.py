@@ -104,7 +104,7 @@ def memory_why(adv: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
         if case.empty:
             return ""
         change = recipe_change(r["workload"], r["model"], json.loads(case["shape_json"].iloc[0]),
-                               r["recipe"].split(" · ")[0].split("/")[1])
+                               case["scaling"].iloc[0])
         return "" if change is None else change.explain()
     return adv.assign(why=[" ".join(t for t in (w, text(r)) if t) for w, (_, r) in
                            zip(adv["why"], adv.iterrows(), strict=True)])
@@ -278,15 +278,15 @@ def memory_vs_model(df: pd.DataFrame) -> pd.DataFrame:
     if te.empty:
         return pd.DataFrame()
     shapes = te["shape_json"].map(json.loads)
-    te = te.assign(batch=shapes.str["batch"], seq=shapes.str["seq"], seed=shapes.str.get("seed"))
+    te = te.assign(shape=shapes, batch=shapes.str["batch"], seq=shapes.str["seq"], seed=shapes.str.get("seed"))
     key = ["run_id", "workload", "model", "batch", "seq"]
     base = te[(te["format"] == "bf16") & (te["seed"].fillna(0) == 0)][key + ["mem_saved_hp_bytes"]]
     te = te.merge(base.rename(columns={"mem_saved_hp_bytes": "bf16_saved_hp"}), on=key, how="left")
     rows = []
-    for r, shape in zip(te.itertuples(), te["shape_json"].map(json.loads), strict=True):
+    for r in te.itertuples():
         if r.format == "bf16" and r.workload == "train":
             continue  # its own census is the training expectation's baseline
-        want = expected_saved(r.workload, r.model, shape, r.scaling, r.format,
+        want = expected_saved(r.workload, r.model, r.shape, r.scaling, r.format,
                               None if pd.isna(r.bf16_saved_hp) else r.bf16_saved_hp)
         if want is None:
             continue
@@ -327,23 +327,21 @@ def integration_overhead(t: pd.DataFrame) -> pd.DataFrame:
     framework costs in tokens/s and memory, and whether it quantizes the same linears."""
     ok = t[t["status"] == "ok"]
     key = ["run_id", "model", "shape_name", "format", "scaling"]
-    rows = []
-    for (backend, variant), (direct, direct_variant) in INTEGRATIONS.items():
-        fw = ok[(ok["backend"] == backend) & (ok["variant"] == variant)]
-        base = ok[(ok["backend"] == direct) & (ok["variant"] == direct_variant)]
-        both = fw.merge(base, on=key, suffixes=("", "_direct"))
-        rows.append(both)
-    both = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+    both = pd.concat([ok[(ok["backend"] == backend) & (ok["variant"] == variant)].merge(
+        ok[(ok["backend"] == direct) & (ok["variant"] == direct_variant)], on=key, suffixes=("", "_direct"))
+        for (backend, variant), (direct, direct_variant) in INTEGRATIONS.items()], ignore_index=True)
     if both.empty:
         return both
+
+    def share(fp8: pd.Series, total: pd.Series) -> pd.Series:
+        return fp8.map(lambda v: "" if pd.isna(v) else f"{v:.0f}") + "/" + total.map(
+            lambda v: "" if pd.isna(v) else f"{v:.0f}")
     return both.assign(
         integration=both["recipe"], direct=both["recipe_direct"],
         overhead_pct=(both["tokens_per_s_direct"] / both["tokens_per_s"] - 1) * 100,
         peak_gib=both["peak_mem_bytes"] / 2**30, peak_gib_direct=both["peak_mem_bytes_direct"] / 2**30,
-        fp8_linears=both["linears_fp8"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}") + "/"
-        + both["linears_total"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
-        fp8_linears_direct=both["linears_fp8_direct"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}") + "/"
-        + both["linears_total_direct"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
+        fp8_linears=share(both["linears_fp8"], both["linears_total"]),
+        fp8_linears_direct=share(both["linears_fp8_direct"], both["linears_total_direct"]),
         verdict=both.apply(_parity, axis=1),
         verdict_direct=pd.DataFrame({"status": both["status_direct"], "format": both["format"],
                                      "parity_pass": both["parity_pass_direct"]}).apply(_parity, axis=1))
