@@ -1,7 +1,8 @@
 """Install the third-party FP8 libraries that the package registry offers only as source or as wheels with
 CUDA sources inside (COAT, DeepGEMM), on a GPU box without network, and record how each attempt ended.
 
-    python scripts/install_integrations.py fetch DIR      # on a machine with the registry: download them
+    python scripts/install_integrations.py fetch DIR      # on a machine with the registry: download them,
+                                                          # and note in DIR what the registry does not have
     python scripts/install_integrations.py install DIR    # on the GPU box: install into $SITE, build, log
 
 `install` writes $FP8BENCH_INSTALL_LOG (default $SITE/fp8bench_install.json): package → how it ended. The
@@ -21,8 +22,10 @@ import time
 from pathlib import Path
 
 PACKAGES = {"fp8-coat": "fp8-coat==1.0.11", "deep-gemm": "deep-gemm==1.0.0"}
-NOT_ON_REGISTRY = {"ms-amp": "MS-AMP is not on the package registry (pip download ms-amp or msamp: 'No matching "
-                             "distribution found'); it installs only from its git repository, out of reach here"}
+LOOKED_UP = {"ms-amp": ("ms-amp", "msamp")}
+"""Packages only looked up on the registry (pip download under each name); what `fetch` saw travels in
+FETCHED to the GPU box, which cannot look itself."""
+FETCHED = "fetch_status.json"
 
 
 def tail(text: str, lines: int = 6) -> str:
@@ -53,9 +56,17 @@ def fetch(dest: Path) -> None:
     for spec in PACKAGES.values():
         ok, out, _ = sh([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(dest), spec])
         print(spec, "downloaded" if ok else f"FAILED: {tail(out)}")
-    for name in ("ms-amp", "msamp"):
-        ok, out, _ = sh([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(dest), name])
-        print(name, "downloaded" if ok else f"not available: {tail(out, 1)}")
+    seen = {}
+    for package, names in LOOKED_UP.items():
+        misses = []
+        for name in names:
+            ok, out, _ = sh([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(dest), name])
+            print(name, "downloaded" if ok else f"not available: {tail(out, 1)}")
+            if not ok:
+                misses.append(f"pip download {name}: {tail(out, 1)}")
+        if len(misses) == len(names):
+            seen[package] = f"not on the package registry ({'; '.join(misses)}), looked up by `fetch`"
+    (dest / FETCHED).write_text(json.dumps(seen, indent=1))
 
 
 def import_error(module: str, site: str) -> str:
@@ -103,7 +114,9 @@ def install_deepgemm(src: Path, site: str) -> str:
 def install(src: Path) -> None:
     site = os.environ.get("SITE", "/tmp/site")
     log = Path(os.environ.get("FP8BENCH_INSTALL_LOG", f"{site}/fp8bench_install.json"))
-    status = {"fp8-coat": install_coat(src, site), "deep-gemm": install_deepgemm(src, site), **NOT_ON_REGISTRY}
+    fetched = json.loads((src / FETCHED).read_text()) if (src / FETCHED).is_file() else {}
+    status = {"fp8-coat": install_coat(src, site), "deep-gemm": install_deepgemm(src, site),
+              **{p: fetched.get(p, f"not carried here (no {FETCHED} from `fetch`)") for p in LOOKED_UP}}
     log.write_text(json.dumps(status, indent=1))
     log.with_suffix(".transcript.txt").write_text("\n".join(TRANSCRIPT))
     for name, message in status.items():
