@@ -213,6 +213,10 @@ def variant_of(case_id: str) -> str:
     return case_id.split("+", 1)[1] if "+" in case_id else ""
 
 
+VARIANT_SQL = "CASE WHEN position('+' IN c.case_id) > 0 THEN substr(c.case_id, position('+' IN c.case_id) + 1) ELSE '' END"
+"""variant_of in SQL, over a `cases` table aliased `c` (all of the suffix: 'torchao+compile' of accelerate)."""
+
+
 def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
     """speedup_vs_bf16 = time of the BF16 case of the same workload, model, shape, backend and variant in
     the same run / this case's time. The emulator is not a kernel and gets none."""

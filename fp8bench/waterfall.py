@@ -72,10 +72,12 @@ def waterfall(bf16: Step, fp8: Step) -> Waterfall:
 def from_db(con):
     """(FP8 case, its BF16 twin, Waterfall) for every linear/layer/train case with kernel metrics and a BF16
     case of the same run, model, shape, backend and variant."""
+    from fp8bench.records import VARIANT_SQL
+
     rows = con.execute("""
         WITH k AS (
           SELECT c.run_id, c.case_id, c.workload, c.model, c.shape_name, c.backend, c.format,
-                 coalesce(split_part(c.case_id, '+', 2), '') AS variant,
+                 """ + VARIANT_SQL + """ AS variant,
                  max(m.value) FILTER (WHERE m.metric = 'time_ms') AS time_ms,
                  max(m.value) FILTER (WHERE m.metric = 'gpu_gemm_ms') AS gemm,
                  max(m.value) FILTER (WHERE m.metric = 'gpu_quantize_ms') AS quantize,

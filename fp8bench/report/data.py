@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from fp8bench.records import VARIANT_SQL
+
 WIDE_METRICS = (
     "time_ms", "time_ms_kernel", "tflops", "tflops_kernel", "speedup_vs_bf16", "pct_of_peak", "gbps",
     "peak_mem_bytes", "sqnr_db", "rel_err", "sqnr_vs_emulated_db", "tokens_per_s", "loss_initial", "loss_final",
@@ -27,8 +29,7 @@ SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend,
        CASE WHEN m.tflops IS NOT NULL
             THEN 100 * m.tflops / CASE WHEN c.format = 'bf16' THEN k.bf16_tflops ELSE k.fp8_tflops END
             WHEN m.gbps IS NOT NULL THEN 100 * m.gbps / k.copy_gbps END AS pct_of_ceiling,
-       CASE WHEN position('+' IN c.case_id) > 0 THEN substr(c.case_id, position('+' IN c.case_id) + 1)
-            ELSE '' END AS variant,  -- all of it, as records.variant_of: 'torchao+compile' of accelerate
+       """ + VARIANT_SQL + """ AS variant,
        m.* EXCLUDE (run_id, case_id)
 FROM cases c JOIN runs r USING (run_id) LEFT JOIN m USING (run_id, case_id)
 LEFT JOIN {ceilings} k ON k.device_name = r.device_name
