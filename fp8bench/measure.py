@@ -5,6 +5,7 @@ Changing how anything is timed changes MEASUREMENT_VERSION, which starts new asv
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -46,47 +47,60 @@ class _L2Flusher:
 
 
 def time_fn(fn: Callable[[], object], *, device: torch.device, warmup: int, iters: int, min_samples: int,
-            max_time_s: float, flush_l2: bool = False, cuda_graph: bool = False, slowdown: float = 0.0) -> Timing:
-    """Time `fn` per iteration: `warmup` untimed calls, then samples until `iters` or `max_time_s`.
+            max_time_s: float, flush_l2: bool = False, cuda_graph: bool = False, settle_ms: float = 0.0,
+            slowdown: float = 0.0) -> Timing:
+    """Time `fn` per iteration: `warmup` untimed calls, then (CUDA) `settle_ms` of untimed back-to-back calls,
+    then samples until `iters` or `max_time_s`.
 
     `slowdown` (test-only) stretches every timed iteration by that fraction, inside the timed region."""
-    if slowdown:
-        fn = _slowed(fn, slowdown, device)
     if device.type == "cuda":
-        return _time_cuda(fn, warmup, iters, min_samples, max_time_s, flush_l2, cuda_graph)
-    return _time_cpu(fn, warmup, iters, min_samples, max_time_s)
+        return _time_cuda(fn, warmup, iters, min_samples, max_time_s, flush_l2, cuda_graph, settle_ms, slowdown)
+    return _time_cpu(_slowed_cpu(fn, slowdown) if slowdown else fn, warmup, iters, min_samples, max_time_s)
 
 
-def _slowed(fn: Callable[[], object], fraction: float, device: torch.device) -> Callable[[], object]:
-    """fn followed by a wait of `fraction` x fn's own duration (a busy wait on CPU, a GPU spin on CUDA)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        fn_ms = start.elapsed_time(end)
-        start.record()
-        torch.cuda._sleep(1_000_000)
-        end.record()
-        end.synchronize()
-        cycles = int(fraction * fn_ms * 1_000_000 / max(start.elapsed_time(end), 1e-6))
-
-        def slowed_cuda():
-            out = fn()
-            torch.cuda._sleep(cycles)
-            return out
-        return slowed_cuda
-
-    def slowed_cpu():
+def _slowed_cpu(fn: Callable[[], object], fraction: float) -> Callable[[], object]:
+    """fn followed by a busy wait of `fraction` x fn's own duration."""
+    def slowed():
         t0 = time.perf_counter_ns()
         out = fn()
         until = time.perf_counter_ns() + (time.perf_counter_ns() - t0) * fraction
         while time.perf_counter_ns() < until:
             pass
         return out
-    return slowed_cpu
+    return slowed
+
+
+def _event_ms(fn: Callable[[], object], n: int) -> float:
+    """Median of n back-to-back CUDA-event timings of fn."""
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in ev)
+
+
+def _slowed_cuda(fn: Callable[[], object], fraction: float, device: torch.device) -> Callable[[], object]:
+    """fn followed by tensor-core work lasting `fraction` x fn's duration, both measured now (call it with the
+    clocks settled). Busy work rather than an idle wait: under a power limit an idle GPU's clocks rise and
+    the work around the wait speeds up (fp8bench_kernels.tensor_core_load says by how much on the H200)."""
+    from fp8bench_kernels.tensor_core_load import make_operand, tensor_core_load
+
+    a = make_operand(device)
+    programs = torch.cuda.get_device_properties(device).multi_processor_count
+    buf = torch.empty(programs, a.shape[0], a.shape[0], device=device)
+    fn_ms = _event_ms(fn, 5)
+    # duration = launch + slope x iters, from two lengths, so short fillers (3% of a small op) come out right
+    short, long = (_event_ms(lambda n=n: tensor_core_load(a, n, programs, buf), 5) for n in (64, 1024))
+    slope = (long - short) / 960
+    iters = max(1, round((fraction * fn_ms - (short - 64 * slope)) / slope))
+
+    def slowed():
+        out = fn()
+        tensor_core_load(a, iters, programs, buf)
+        return out
+    return slowed
 
 
 def _time_cpu(fn: Callable[[], object], warmup: int, iters: int, min_samples: int, max_time_s: float) -> Timing:
@@ -103,10 +117,15 @@ def _time_cpu(fn: Callable[[], object], warmup: int, iters: int, min_samples: in
 
 
 def _time_cuda(fn: Callable[[], object], warmup: int, iters: int, min_samples: int, max_time_s: float,
-               flush_l2: bool, cuda_graph: bool) -> Timing:
+               flush_l2: bool, cuda_graph: bool, settle_ms: float, slowdown: float) -> Timing:
     """Events around each iteration, queued back to back and read after one final sync (as
     triton.testing.do_bench does): a sync per iteration would let the GPU idle and re-boost its clocks
-    between kernels, timing burst rather than sustained speed (12% apart for an FP8 8192³ GEMM on H200)."""
+    between kernels, timing burst rather than sustained speed (12% apart for an FP8 8192³ GEMM on H200).
+
+    Settling: a power-limited GPU steps its clocks down over the first tens of milliseconds of load (an H200
+    BF16 GEMM went 1.86 → 2.04 → 2.17 ms within 40 iterations), so samples taken straight after warm-up
+    straddle the steps and their median moves between runs. `settle_ms` of untimed iterations, queued with
+    no sync before the samples, lets the clocks reach the level they hold under sustained load first."""
     run = fn
     if cuda_graph:
         fn()  # allocate outside capture
@@ -116,21 +135,33 @@ def _time_cuda(fn: Callable[[], object], warmup: int, iters: int, min_samples: i
             fn()
         run = graph.replay
     flush = _L2Flusher() if flush_l2 else None
+
+    def one() -> object:
+        if flush:
+            flush()
+        return run()
+
     for _ in range(warmup):
         run()
     n = iters
-    if iters > min_samples:  # estimate one iteration to size the sample count within the time budget
+    per_iter_ms = None
+    if iters > min_samples or settle_ms:  # estimate one iteration to size the sample count and the settling
         torch.cuda.synchronize()
         est_start, est_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         est_start.record()
         for _ in range(3):
-            if flush:
-                flush()
-            run()
+            one()
         est_end.record()
         est_end.synchronize()
         per_iter_ms = max(est_start.elapsed_time(est_end) / 3, 1e-3)
         n = int(min(iters, max(min_samples, max_time_s * 1e3 / per_iter_ms)))
+    if settle_ms and per_iter_ms:
+        for _ in range(math.ceil(settle_ms / per_iter_ms)):
+            one()
+    if slowdown:  # sized in the settled state; its syncs are short, a quarter of the settling follows
+        run = _slowed_cuda(run, slowdown, torch.device("cuda", torch.cuda.current_device()))
+        for _ in range(math.ceil(settle_ms / 4 / per_iter_ms) if settle_ms and per_iter_ms else 0):
+            one()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     result = None

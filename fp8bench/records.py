@@ -16,9 +16,10 @@ from pathlib import Path
 MANIFEST = "manifest.json"
 SHARD_GLOB = "shard-*.jsonl"
 RECORD_VERSION = 1
-MEASUREMENT_VERSION = 2
+MEASUREMENT_VERSION = 3
 """How fp8bench times (fp8bench.measure); a change starts new asv series on purpose.
-2: CUDA samples queued back to back and read after one sync (1: a sync per iteration)."""
+2: CUDA samples queued back to back and read after one sync (1: a sync per iteration).
+3: CUDA samples follow `measure.settle_ms` of untimed load (sustained clocks, not the first steps down)."""
 
 # metric name → (unit, direction). Names carry their unit (DESIGN.md "Contract").
 METRICS: dict[str, tuple[str, str]] = {
@@ -36,6 +37,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "gpu_attention_ms": ("ms", "lower"),
     "gpu_other_ms": ("ms", "lower"),
     "gpu_busy_ms": ("ms", "lower"),
+    "gpu_profiled_step_ms": ("ms", "lower"),
+    "gpu_kernels_per_step": ("1", "lower"),
     "sqnr_db": ("dB", "higher"),
     "dgrad_sqnr_db": ("dB", "higher"),
     "wgrad_sqnr_db": ("dB", "higher"),

@@ -12,7 +12,7 @@ from fp8bench.numerics import fake_quant, sqnr_db
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
-MODULES = ("_fp8", "quantize_current", "quantize_blockwise", "quantize_mx", "gemm_blockwise")
+MODULES = ("_fp8", "quantize_current", "quantize_blockwise", "quantize_mx", "gemm_blockwise", "tensor_core_load")
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +144,18 @@ def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k)
     assert sqnr_db(emulated_gemm(a, b, GemmRole.FPROP, r), out) > 40.0
     ok, why = be.supports_shape("gemm", {"role": "wgrad"}, r)
     assert not ok and "wgrad" in why
+
+
+@pytest.mark.parametrize("iters", [1, 7])
+def test_tensor_core_load_accumulates_every_iteration(k, iters):
+    """The slowdown knob's filler must do `iters` MMAs per program (a dropped loop would inject nothing)."""
+    mod = k.tensor_core_load
+    block = mod.BLOCK if CUDA else 32  # the interpreter is slow at 128³ dots
+    a = mod.make_operand(DEV, block)
+    out = mod.tensor_core_load(a, iters, programs=3)
+    torch.testing.assert_close(out, mod.tensor_core_load_reference(a, iters, 3), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="square FP16"):
+        mod.tensor_core_load(a.float(), iters, 1)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -257,9 +257,13 @@ class MeasureConfig:
     """CUDA: overwrite a buffer larger than L2 between iterations (outside the timed region)."""
     cuda_graph: bool = False
     """CUDA: time replays of a captured graph (for launch-bound shapes)."""
+    settle_ms: float = 200.0
+    """CUDA: untimed back-to-back iterations for this long before sampling, so a power-limited GPU's clocks
+    have stepped down to their sustained level (fp8bench.measure._time_cuda; 0 times from a cold start)."""
 
     def __post_init__(self) -> None:
         _positive("measure.warmup", self.warmup, allow_zero=True)
+        _positive("measure.settle_ms", self.settle_ms, allow_zero=True)
         _positive("measure.iters", self.iters)
         _positive("measure.min_samples", self.min_samples)
         _positive("measure.max_time_s", self.max_time_s)

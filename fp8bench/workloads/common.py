@@ -63,7 +63,7 @@ def timer_kwargs(case: CaseInput, cuda_graph: bool = False) -> dict:
     if not case.backend.timed:
         return dict(device=case.device, warmup=0, iters=1, min_samples=1, max_time_s=0.0, flush_l2=False)
     return dict(device=case.device, warmup=ms.warmup, iters=ms.iters, min_samples=ms.min_samples,
-                max_time_s=ms.max_time_s, flush_l2=ms.flush_l2, cuda_graph=cuda_graph,
+                max_time_s=ms.max_time_s, flush_l2=ms.flush_l2, cuda_graph=cuda_graph, settle_ms=ms.settle_ms,
                 slowdown=case.config.slowdown_for(case.backend.name))
 
 

@@ -33,14 +33,19 @@ def category(kernel_name: str) -> str:
 
 def kernel_times(step: Callable[[], object], steps: int = 10) -> dict[str, float]:
     """Milliseconds per step of each category's kernels, plus `busy` (the union of kernel intervals: time
-    the GPU was running anything) over `steps` profiled steps after one unprofiled warm-up."""
+    the GPU was running anything), `profiled_step` (CUDA events around the profiled steps: the wall time
+    the kernels were recorded in, which tracing itself lengthens) and `kernels` (launches per step), over
+    `steps` profiled steps after one unprofiled warm-up."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
     torch.cuda.synchronize()
+    start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start_ev.record()
         for _ in range(steps):
             step()
+        end_ev.record()
         torch.cuda.synchronize()
     totals = {"gemm": 0.0, "quantize": 0.0, "attention": 0.0, "other": 0.0}
     intervals = []
@@ -64,6 +69,8 @@ def kernel_times(step: Callable[[], object], steps: int = 10) -> dict[str, float
         busy += cur_e - cur_s
     out = {k: v / steps for k, v in totals.items()}
     out["busy"] = busy / 1000.0 / steps
+    out["profiled_step"] = start_ev.elapsed_time(end_ev) / steps
+    out["kernels"] = len(intervals) / steps
     return out
 
 
@@ -72,4 +79,5 @@ def kernel_metrics(step: Callable[[], object], device: torch.device) -> list[Met
     if device.type != "cuda":
         return []
     t = kernel_times(step)
-    return [Metric.of(f"gpu_{k}_ms", v) for k, v in t.items()]
+    kernels = t.pop("kernels")
+    return [Metric.of(f"gpu_{k}_ms", v) for k, v in t.items()] + [Metric.of("gpu_kernels_per_step", kernels)]
