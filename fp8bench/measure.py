@@ -25,6 +25,8 @@ class Timing:
     cuda_graph: bool
     last_result: object = None
     """What the last timed call returned (saves one more call for the numerics checks)."""
+    injected_slowdown: float | None = None
+    """CUDA, test-only `slowdown`: the fraction the filler added, measured against fn alone before sampling."""
 
     @property
     def median_ms(self) -> float:
@@ -81,17 +83,24 @@ def _event_ms(fn: Callable[[], object], n: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in ev)
 
 
-def _slowed_cuda(fn: Callable[[], object], fraction: float, device: torch.device) -> Callable[[], object]:
-    """fn followed by tensor-core work lasting `fraction` x fn's duration, both measured now (call it with the
-    clocks settled). Busy work rather than an idle wait: under a power limit an idle GPU's clocks rise and
-    the work around the wait speeds up (fp8bench_kernels.tensor_core_load says by how much on the H200)."""
+def _slowed_cuda(fn: Callable[[], object], fraction: float,
+                 device: torch.device) -> tuple[Callable[[], object], float]:
+    """(fn followed by tensor-core work, the fraction that work added as measured) with the work sized so
+    that it adds `fraction` in the state the GPU is in now (call it with the clocks settled).
+
+    Busy work rather than an idle wait: under a power limit an idle GPU's clocks rise and the work around
+    the wait speeds up. But busy work has its own power draw, so no length computed from the filler's speed
+    alone adds the intended fraction to every workload (on the H200 a 3% filler sized that way added 1.4%
+    to a BF16 GEMM and 5-6% to a BF16 transformer block). The length is therefore corrected by feedback:
+    blocks of fn alone and fn + filler alternate (~60 ms each) until the medians differ by the fraction
+    within a tenth of it, three corrections at most."""
     from fp8bench_kernels.tensor_core_load import make_operand, tensor_core_load
 
     a = make_operand(device)
     programs = torch.cuda.get_device_properties(device).multi_processor_count
     buf = torch.empty(programs, a.shape[0], a.shape[0], device=device)
     fn_ms = _event_ms(fn, 5)
-    # duration = launch + slope x iters, from two lengths, so short fillers (3% of a small op) come out right
+    # duration = launch + slope x iters, from two lengths: the first guess
     short, long = (_event_ms(lambda n=n: tensor_core_load(a, n, programs, buf), 5) for n in (64, 1024))
     slope = (long - short) / 960
     iters = max(1, round((fraction * fn_ms - (short - 64 * slope)) / slope))
@@ -100,7 +109,17 @@ def _slowed_cuda(fn: Callable[[], object], fraction: float, device: torch.device
         out = fn()
         tensor_core_load(a, iters, programs, buf)
         return out
-    return slowed
+
+    block = max(5, math.ceil(60.0 / fn_ms))
+    added = 0.0
+    for _ in range(4):
+        base, slow = _event_ms(fn, block), _event_ms(slowed, block)
+        added = slow / base - 1.0
+        if abs(added - fraction) <= 0.1 * fraction:
+            break
+        filler_ms = max(slow - base, slope)  # what the filler costs now, per call
+        iters = max(1, round(iters * fraction * base / filler_ms))
+    return slowed, added
 
 
 def _time_cpu(fn: Callable[[], object], warmup: int, iters: int, min_samples: int, max_time_s: float) -> Timing:
@@ -158,8 +177,9 @@ def _time_cuda(fn: Callable[[], object], warmup: int, iters: int, min_samples: i
     if settle_ms and per_iter_ms:
         for _ in range(math.ceil(settle_ms / per_iter_ms)):
             one()
+    injected = None
     if slowdown:  # sized in the settled state; its syncs are short, a quarter of the settling follows
-        run = _slowed_cuda(run, slowdown, torch.device("cuda", torch.cuda.current_device()))
+        run, injected = _slowed_cuda(run, slowdown, torch.device("cuda", torch.cuda.current_device()))
         for _ in range(math.ceil(settle_ms / 4 / per_iter_ms) if settle_ms and per_iter_ms else 0):
             one()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
@@ -173,7 +193,7 @@ def _time_cuda(fn: Callable[[], object], warmup: int, iters: int, min_samples: i
         ends[i].record()
     torch.cuda.synchronize()
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    return Timing(samples, flush is not None, cuda_graph, None if cuda_graph else result)
+    return Timing(samples, flush is not None, cuda_graph, None if cuda_graph else result, injected)
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -25,6 +25,7 @@ MEASUREMENT_VERSION = 3
 METRICS: dict[str, tuple[str, str]] = {
     "time_ms": ("ms", "lower"),
     "time_ms_kernel": ("ms", "lower"),
+    "injected_slowdown_pct": ("%", "lower"),
     "tflops": ("TFLOPS", "higher"),
     "tflops_kernel": ("TFLOPS", "higher"),
     "speedup_vs_bf16": ("x", "higher"),

@@ -2,7 +2,9 @@
 
 `record` (on the GPU box): TRIALS+1 processes, each running the `regression-trials` suite three times into
 three runs: as is (A), with every torch-backend iteration stretched by 3% and by 10% (fp8bench's test-only
-`slowdown` knob, inside the timed region). Separate processes, so process-to-process variation is included.
+`slowdown` knob, inside the timed region; each slowed case records the fraction its filler added, measured
+in its own process against the unslowed op). Separate processes, so process-to-process variation is
+included.
 
 `judge` (where DuckDB is): ingest the runs, then compare
 - A/A: A of process i against A of process i+1 of the same batch: every regression verdict is false;
@@ -79,7 +81,12 @@ def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
         whole = 0
         for a, b in pairs:
             timed = [c for c in compare_runs(con, f"{a}-A", f"{b}-{level}").changes if c.metric == "time_ms"]
+            injected = dict(con.execute(
+                "SELECT case_id, value FROM measurements WHERE run_id = ? AND metric = 'injected_slowdown_pct'",
+                [f"{b}-{level}"]).fetchall())
             for c in timed:
+                if c.case_id in injected:  # what the filler added, measured in the slowed run's own process
+                    case(c).setdefault(f"injected_{level}_pct", []).append(round(injected[c.case_id], 2))
                 case(c)[f"detected_{level}"] += c.verdict == "regression"
                 case(c)[f"compared_{level}"] = case(c).get(f"compared_{level}", 0) + 1
                 case(c)[f"changes_{level}_pct"] = case(c).get(f"changes_{level}_pct", []) + [round(100 * c.rel_change, 2)]

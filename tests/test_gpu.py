@@ -57,6 +57,22 @@ def test_timer_matches_triton_do_bench_within_2_percent():
     assert abs(ours / theirs - 1) < 0.02, f"fp8bench {ours:.4f} ms vs do_bench {theirs:.4f} ms"
 
 
+def test_settled_timer_and_slowdown_knob_add_the_set_fraction():
+    """The test-only knob must stretch a power-capped BF16 GEMM by what it says, measured against unslowed
+    runs on either side (an idle-wait filler added half of it on the H200)."""
+    from fp8bench.measure import time_fn
+
+    a, b = operands(8192, 22016, 4096)
+    kw = dict(device=torch.device("cuda"), warmup=3, iters=40, min_samples=20, max_time_s=0.2, settle_ms=200.0)
+    before = time_fn(lambda: a @ b.t(), **kw)
+    slowed = time_fn(lambda: a @ b.t(), slowdown=0.10, **kw)
+    after = time_fn(lambda: a @ b.t(), **kw)
+    assert before.injected_slowdown is None and 0.09 <= slowed.injected_slowdown <= 0.11
+    added = slowed.median_ms / ((before.median_ms + after.median_ms) / 2) - 1
+    assert 0.07 <= added <= 0.13, f"set 10%, measured {added:.1%}"
+    assert abs(after.median_ms / before.median_ms - 1) < 0.02  # settled: unslowed runs agree
+
+
 @pytest.mark.parametrize("sc", ["delayed", "current", "blockwise"])
 @pytest.mark.parametrize("fmt", ["e4m3", "hybrid"])
 def test_te_linear_recipes_run_and_match_emulator(tmp_path, fmt, sc):

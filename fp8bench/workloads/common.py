@@ -89,6 +89,8 @@ def speed_metrics(case: CaseInput, timing, flops: float, pct_of_peak: bool = Tru
     from fp8bench.hardware import detect_device, spec_sheet
 
     metrics = [Metric.of("time_ms", timing.median_ms)]
+    if timing.injected_slowdown is not None:
+        metrics.append(Metric.of("injected_slowdown_pct", 100.0 * timing.injected_slowdown))
     if peak_bytes is not None:
         metrics.append(Metric.of("peak_mem_bytes", peak_bytes))
     if not case.backend.timed:

@@ -311,7 +311,7 @@ def _output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None
         samples["diverged_at_step"] = [float(diverged_at)]
     if timed:
         samples["time_ms"] = timed
-        timing = SimpleNamespace(median_ms=statistics.median(timed))
+        timing = SimpleNamespace(median_ms=statistics.median(timed), injected_slowdown=None)
         flops = model_flops(case.config.model, s["vocab"], s["batch"], s["seq"])
         run_peak = peak_memory_bytes(case.device)  # reset at the census step: the run's peak is the larger
         metrics += speed_metrics(case, timing, flops, peak_bytes=None if run_peak is None
