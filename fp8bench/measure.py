@@ -72,15 +72,22 @@ def _slowed_cpu(fn: Callable[[], object], fraction: float) -> Callable[[], objec
     return slowed
 
 
-def _event_ms(fn: Callable[[], object], n: int) -> float:
-    """Median of n back-to-back CUDA-event timings of fn."""
+def _event_samples(fn: Callable[[], object], n: int) -> list[float]:
+    """n back-to-back CUDA-event timings of fn (ms)."""
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     for s, e in ev:
         s.record()
         fn()
         e.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in ev)
+    return [s.elapsed_time(e) for s, e in ev]
+
+
+def _event_ms(fn: Callable[[], object], n: int) -> float:
+    return statistics.median(_event_samples(fn, n))
+
+
+FEEDBACK_ROUNDS = 5
 
 
 def _slowed_cuda(fn: Callable[[], object], fraction: float,
@@ -92,8 +99,8 @@ def _slowed_cuda(fn: Callable[[], object], fraction: float,
     the wait speeds up. But busy work has its own power draw, so no length computed from the filler's speed
     alone adds the intended fraction to every workload (on the H200 a 3% filler sized that way added 1.4%
     to a BF16 GEMM and 5-6% to a BF16 transformer block). The length is therefore corrected by feedback:
-    blocks of fn alone and fn + filler alternate (~60 ms each) until the medians differ by the fraction
-    within a tenth of it, three corrections at most."""
+    blocks of fn alone and fn + filler alternate (2 x ~100 ms each per round) until their medians differ by
+    the fraction within a tenth of it, FEEDBACK_ROUNDS rounds at most."""
     from fp8bench_kernels.tensor_core_load import make_operand, tensor_core_load
 
     a = make_operand(device)
@@ -110,15 +117,21 @@ def _slowed_cuda(fn: Callable[[], object], fraction: float,
         tensor_core_load(a, iters, programs, buf)
         return out
 
-    block = max(5, math.ceil(60.0 / fn_ms))
+    block = max(5, math.ceil(100.0 / fn_ms))
     added = 0.0
-    for _ in range(4):
-        base, slow = _event_ms(fn, block), _event_ms(slowed, block)
-        added = slow / base - 1.0
-        if abs(added - fraction) <= 0.1 * fraction:
+    for round_ in range(FEEDBACK_ROUNDS):
+        base, slow = [], []
+        for _ in range(2):
+            base += _event_samples(fn, block)
+            slow += _event_samples(slowed, block)
+        b, s = statistics.median(base), statistics.median(slow)
+        added = s / b - 1.0
+        if abs(added - fraction) <= 0.1 * fraction or round_ == FEEDBACK_ROUNDS - 1:
             break
-        filler_ms = max(slow - base, slope)  # what the filler costs now, per call
-        iters = max(1, round(iters * fraction * base / filler_ms))
+        # scale the filler by what it should add over what it added, at most 2x either way: a noisy
+        # round must not send the length far off (an unbounded step once made a 3% filler add 15x)
+        factor = fraction * b / (s - b) if s > b else 2.0
+        iters = max(1, round(iters * min(2.0, max(0.5, factor))))
     return slowed, added
 
 

@@ -11,7 +11,7 @@ included.
 - injected: A of process i against the 3% (10%) run of process i+1: per case, is it called a regression?
 Prints the counts per case with its median floor (the smallest change the comparison can call for it).
 
-Usage: python3 scripts/regression_trials.py record --out DIR [--trials 20] [--batch NAME]
+Usage: python3 scripts/regression_trials.py record --out DIR [--trials 20] [--batch NAME] [-- OVERRIDES...]
        python3 scripts/regression_trials.py judge DIR [DIR...] [--db PATH] [--json FILE]
 """
 
@@ -27,13 +27,13 @@ from pathlib import Path
 LEVELS = {"A": None, "slow3": "torch:0.03", "slow10": "torch:0.10"}
 
 
-def record(out: Path, trials: int, batch: str) -> None:
+def record(out: Path, trials: int, batch: str, overrides: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for i in range(trials + 1):
         code = ("import sys; from fp8bench.cli import main; "
                 "sys.exit(max(main(['run', *a]) for a in %r))") % [
             ["sweep=regression-trials", f"run_id={batch}trial{i:02d}-{name}", f"results_dir={out}",
-             "store.ingest=false"]
+             "store.ingest=false", *overrides]
             + ([f"slowdown={s}"] if s else []) for name, s in LEVELS.items()]
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         print(f"process {i}: rc={proc.returncode}", flush=True)
@@ -108,13 +108,14 @@ def main() -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--trials", type=int, default=20)
     r.add_argument("--batch", default="", help="run-id prefix of this batch (one per machine)")
+    r.add_argument("overrides", nargs="*", help="fp8bench overrides for every run, e.g. format=bf16 scaling=none")
     j = sub.add_parser("judge")
     j.add_argument("folders", type=Path, nargs="+", help="one folder per batch (machine)")
     j.add_argument("--db", type=Path, default=Path("/tmp/regression-trials.duckdb"))
     j.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.cmd == "record":
-        record(a.out, a.trials, a.batch)
+        record(a.out, a.trials, a.batch, a.overrides)
         return 0
     return judge(a.folders, a.db, a.json)
 
