@@ -1,10 +1,12 @@
 """What torch.profiler's CUDA tracing adds to each kernel it records (issue: why not 2x, the waterfall line).
 
 The waterfall is built from per-kernel times recorded by torch.profiler (CUPTI). On the H200 the kernels of
-TE's Current and Block layer steps, which launch many short cast/amax kernels, summed to 109-115% of the
-separately timed step, while Delayed (fewer kernels) summed to 99-103%. This script measures the tracing's
-cost per kernel on kernels of known length: each is launched N times back to back and timed with CUDA events
-without the profiler, then again under the profiler, which gives
+TE's Current and Block layer steps, which launch many short cast/amax kernels, once summed to 109-115% of the
+separately timed step, while Delayed (fewer kernels) summed to 99-103%; tracing cost per kernel was the
+suspect. (The cause was clock state: the timed steps had run before the clocks settled. With settled timing
+the kernels explain 96-98% of every recipe's step, results/h200-layer-settled.) This script measures the
+tracing's cost per kernel on kernels of known length: each is launched N times back to back and timed with
+CUDA events without the profiler, then again under the profiler, which gives
 - the per-kernel duration the profiler reports against the event-timed one (duration inflation);
 - the wall time per kernel under tracing against without (what tracing adds to a step).
 

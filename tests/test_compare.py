@@ -5,7 +5,7 @@ import random
 import pytest
 
 from fp8bench import store
-from fp8bench.compare import change_points, compare_runs, history_steps
+from fp8bench.compare import MIN_FLOOR, change_points, compare_runs, history_steps, judge_samples
 from fp8bench.records import CaseRecord, Metric, ShardWriter, StoreError, write_manifest
 
 N_CASES, N_SAMPLES = 40, 30
@@ -54,6 +54,24 @@ def test_a_five_percent_shift_is_detected_in_every_case(tmp_path, factor, verdic
     timed = [c for c in cmp.changes if c.metric == "time_ms"]
     assert all(c.verdict == verdict for c in timed), [c for c in timed if c.verdict != verdict][:2]
     assert all(abs(c.rel_change - (factor - 1)) < 0.01 for c in timed)
+
+
+def test_history_sets_the_floor_when_samples_spread_more_than_medians_move():
+    """A settled ~1 s window on a power-capped GPU: samples spread ~2% (clock levels) while the medians of
+    repeated runs move ~0.2%. With that history a 3% step is called; without it, the within-run spread
+    alone (2 x ~2%) hides it."""
+    rng = random.Random(3)
+
+    def run(level):
+        return [level * (1 + rng.choice((-0.02, 0.0, 0.02)) + rng.gauss(0, 0.002)) for _ in range(200)]
+
+    base, head = run(1.0), run(1.03)
+    quiet_history = 0.002 / 1.4826  # run-to-run spread of the medians
+    rel, p, floor, verdict = judge_samples(base, head, "lower", between=quiet_history)
+    assert verdict == "regression" and floor == MIN_FLOOR and 0.02 < rel < 0.04
+    assert judge_samples(base, head, "lower")[3] == "unchanged"
+    # a noisy history raises the floor above the step: 3 x 1.5% run-to-run spread
+    assert judge_samples(base, head, "lower", between=0.015)[3] == "unchanged"
 
 
 def test_numerics_drop_is_a_regression_and_env_change_is_named(tmp_path):
