@@ -72,8 +72,8 @@ def _slowed_cpu(fn: Callable[[], object], fraction: float) -> Callable[[], objec
     return slowed
 
 
-def _event_samples(fn: Callable[[], object], n: int) -> list[float]:
-    """n back-to-back CUDA-event timings of fn (ms)."""
+def event_samples(fn: Callable[[], object], n: int) -> list[float]:
+    """n back-to-back CUDA-event timings of fn (ms), read after one sync: no idle gap between them."""
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     for s, e in ev:
         s.record()
@@ -84,7 +84,7 @@ def _event_samples(fn: Callable[[], object], n: int) -> list[float]:
 
 
 def _event_ms(fn: Callable[[], object], n: int) -> float:
-    return statistics.median(_event_samples(fn, n))
+    return statistics.median(event_samples(fn, n))
 
 
 FEEDBACK_ROUNDS = 5
@@ -122,8 +122,8 @@ def _slowed_cuda(fn: Callable[[], object], fraction: float,
     for round_ in range(FEEDBACK_ROUNDS):
         base, slow = [], []
         for _ in range(2):
-            base += _event_samples(fn, block)
-            slow += _event_samples(slowed, block)
+            base += event_samples(fn, block)
+            slow += event_samples(slowed, block)
         b, s = statistics.median(base), statistics.median(slow)
         added = s / b - 1.0
         if abs(added - fraction) <= 0.1 * fraction or round_ == FEEDBACK_ROUNDS - 1:

@@ -22,6 +22,8 @@ import time
 import torch
 from fp8bench_kernels.tensor_core_load import make_operand, tensor_core_load
 
+from fp8bench.measure import event_samples
+
 
 def operations(dev):
     g = torch.Generator(device=dev).manual_seed(0)
@@ -40,22 +42,11 @@ def operations(dev):
     }
 
 
-def queue_timed(fn, n):
-    """n back-to-back iterations with an event pair each; per-iteration ms after one sync."""
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for s, e in ev:
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in ev]
-
-
 def settle_curve(fn, seconds):
     fn()
     torch.cuda.synchronize()
-    one = statistics.median(queue_timed(fn, 3))
-    times = queue_timed(fn, max(10, int(seconds * 1e3 / one)))
+    one = statistics.median(event_samples(fn, 3))
+    times = event_samples(fn, max(10, int(seconds * 1e3 / one)))
     out, t, window = [], 0.0, []
     for x in times:
         window.append(x)
@@ -71,11 +62,11 @@ def filler_check(fn, rounds=4, block_ms=150.0):
     a = make_operand(dev)
     programs = torch.cuda.get_device_properties(dev).multi_processor_count
     buf = torch.empty(programs, a.shape[0], a.shape[0], device=dev)
-    queue_timed(fn, int(1000 / statistics.median(queue_timed(fn, 3))))  # settle ~1 s
-    op_ms = statistics.median(queue_timed(fn, 20))
-    lo, hi = (statistics.median(queue_timed(lambda n=n: tensor_core_load(a, n, programs, buf), 20)) for n in (256, 1024))
+    event_samples(fn, int(1000 / statistics.median(event_samples(fn, 3))))  # settle ~1 s
+    op_ms = statistics.median(event_samples(fn, 20))
+    lo, hi = (statistics.median(event_samples(lambda n=n: tensor_core_load(a, n, programs, buf), 20)) for n in (256, 1024))
     slope, icpt = (hi - lo) / 768, lo - 256 * (hi - lo) / 768
-    sleep_probe = statistics.median(queue_timed(lambda: torch.cuda._sleep(1_000_000), 5))
+    sleep_probe = statistics.median(event_samples(lambda: torch.cuda._sleep(1_000_000), 5))
     kinds = {"alone": fn}
     for frac in (0.03, 0.10):
         n_load = max(1, round((frac * op_ms - icpt) / slope))
@@ -86,7 +77,7 @@ def filler_check(fn, rounds=4, block_ms=150.0):
     n = max(5, int(block_ms / op_ms))
     for _ in range(rounds):
         for k, f in kinds.items():
-            per[k] += queue_timed(f, n)
+            per[k] += event_samples(f, n)
     alone = statistics.median(per["alone"])
     return {"op_ms": round(op_ms, 4), "load_ms_per_iter": round(slope, 6), "load_launch_ms": round(icpt, 4),
             "added_pct": {k: round(100 * (statistics.median(v) / alone - 1), 2) for k, v in per.items()}}
