@@ -8,8 +8,10 @@ for the process's life) and sets CUDA_VISIBLE_DEVICES before CUDA is initialised
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -77,3 +79,35 @@ def prepare_worker(parent_pid: int) -> str | None:
         return None
     keep_worker_alive()
     return pin_worker_gpu()
+
+
+JOB_KEY = ("workload", "model", "format", "scaling", "backend")
+"""What identifies a sweep job's cases in the records (the axes a sweep varies)."""
+
+
+def job_seconds_from_history(jobs: list) -> list[float | None]:
+    """Per job config (a composed sweep point): the seconds its cases took the last time each ran, summed,
+    from the shards under its results_dir; None for a job none of whose cases ran before. The launcher
+    (hydra_plugins/fp8bench_local_gpus.py) orders jobs by it."""
+    keys = [tuple(str(job[k].name) for k in JOB_KEY) for job in jobs]
+    latest: dict[tuple, dict[str, tuple[float, float]]] = {}  # key -> case_id -> (started_at, duration_s)
+    for results_dir in {Path(str(job.results_dir)) for job in jobs}:
+        for shard in results_dir.glob("runs/*/shard-*.jsonl"):
+            for line in shard.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                    key, case_id = tuple(rec[f] for f in JOB_KEY), rec["case_id"]
+                    started, seconds = float(rec["started_at"]), float(rec["duration_s"])
+                except (ValueError, KeyError, TypeError):
+                    continue  # a torn last line of a crashed job, or a record of another version
+                if key in keys and started >= latest.setdefault(key, {}).get(case_id, (-1.0, 0.0))[0]:
+                    latest[key][case_id] = (started, seconds)
+    return [sum(s for _, s in latest[k].values()) if latest.get(k) else None for k in keys]
+
+
+def longest_first(seconds: list[float | None]) -> list[int]:
+    """Job positions, longest first (LPT); a job without history counts as the mean of those with one, and
+    ties keep declaration order (so with no history at all the order is Hydra's)."""
+    known = [s for s in seconds if s is not None]
+    default = statistics.fmean(known) if known else 0.0
+    return sorted(range(len(seconds)), key=lambda i: -(default if seconds[i] is None else seconds[i]))

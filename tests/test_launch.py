@@ -1,6 +1,7 @@
 """Launchers: sweep jobs in separate processes (submitit's local executor) ingest as one run; each parallel
 worker claims its own GPU; the SLURM launcher config composes."""
 
+import json
 import os
 import subprocess
 import sys
@@ -83,3 +84,37 @@ def test_slurm_launcher_config_composes_with_one_gpu_per_task():
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
+
+
+def test_longest_first_orders_by_history_and_keeps_declaration_order_without_it():
+    from fp8bench.launch import longest_first
+
+    assert longest_first([None, None, None]) == [0, 1, 2]
+    assert longest_first([2.0, None, 9.0, 1.0]) == [2, 1, 0, 3]  # the unknown job counts as the mean, 4.0
+
+
+def _history_record(case_id, fmt, scaling, seconds, started):
+    return json.dumps({"case_id": case_id, "workload": "gemm", "model": "tiny", "format": fmt, "scaling": scaling,
+                       "backend": "torch", "status": "ok", "started_at": started, "duration_s": seconds})
+
+
+def test_local_gpus_launcher_hands_out_the_longest_job_first(cli, tmp_path):
+    """A previous run says the E4M3 job took longest (the later of its two records counts): this sweep runs
+    it as job 0, where Hydra's declaration order would have made it job 3."""
+    old = tmp_path / "runs" / "before"
+    old.mkdir(parents=True)
+    (old / "shard-1-1-job0.jsonl").write_text("\n".join([
+        _history_record("gemm.tiny.fprop_o.bf16.none.torch", "bf16", "none", 5.0, 1.0),
+        _history_record("gemm.tiny.fprop_o.e4m3.current.torch", "e4m3", "current", 0.5, 1.0),
+        _history_record("gemm.tiny.fprop_o.e4m3.current.torch", "e4m3", "current", 30.0, 2.0),
+        '{"torn": '])  # a crashed job's last line is skipped
+    )
+    r = cli("run", "-m", "workload=gemm", "model=tiny", "backend=torch", "format=bf16,e4m3", "scaling=none,current",
+            "workload.linears=[o]", "workload.roles=[fprop]", "hydra/launcher=local-gpus", f"results_dir={tmp_path}",
+            "run_id=lpt", "store.ingest=false", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    jobs = {}
+    for shard in (tmp_path / "runs" / "lpt").glob("shard-*.jsonl"):
+        for line in shard.read_text().splitlines():
+            jobs[json.loads(line)["format"]] = shard.stem.rsplit("-", 1)[1]
+    assert jobs == {"e4m3": "job0", "bf16": "job3"}

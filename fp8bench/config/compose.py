@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,17 @@ from omegaconf.errors import OmegaConfBaseException
 
 from fp8bench.config.schema import Config, ConfigError
 from fp8bench.types import VALID_SCALINGS, Format, Scaling
+
+
+def _expose_launcher_plugins() -> None:
+    """Hydra finds launchers only in the `hydra_plugins` namespace package, scanned once per process: put
+    fp8bench's portion of it (fp8bench/hydra_search/hydra_plugins/) on the path before anything asks."""
+    path = str(Path(__file__).resolve().parents[1] / "hydra_search")
+    if path not in sys.path:
+        sys.path.append(path)
+
+
+_expose_launcher_plugins()
 
 SCHEMA_NAME = "fp8bench_schema"
 GROUPS = ("workload", "model", "format", "scaling", "backend", "sweep")
@@ -281,8 +293,6 @@ def multirun(overrides: list[str], task: typing.Callable[[Config, str], None]) -
     Hydra's configured sweeper and launcher decide how jobs run (the basic launcher: one process, in order).
     Returns the exit code (Hydra reports its own errors and exits non-zero).
     """
-    import sys
-
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
