@@ -11,18 +11,14 @@ memory record then has weights, optimizer state and the peak).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from fp8bench.measure import reset_peak_memory
-from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged
+from fp8bench.workloads.common import CaseInput, CaseOutput
 from fp8bench.workloads.decoder import lm_loss
 from fp8bench.workloads.memory import optimizer_state_bytes, tensor_bytes
 from fp8bench.workloads.train import (
-    FINITE_CHECK_EVERY,
-    Curve,
-    StepTimer,
+    Progress,
     _output,
     linear_coverage,
     load_data,
@@ -42,57 +38,7 @@ def run(case: CaseInput) -> CaseOutput:
     return {"lightning": _lightning, "accelerate": _accelerate}[case.backend.loop](case)
 
 
-class _Progress:
-    """Losses, step periods and validation points of one run, kept on the device until a sync."""
-
-    def __init__(self, case: CaseInput) -> None:
-        self.case, self.curve, self.timer = case, Curve(), StepTimer(case.device)
-        self.pending: list[torch.Tensor] = []
-        self.open = None
-
-    def step_begins(self) -> None:
-        if self.open is not None:
-            self.timer.stop(self.open)
-        self.open = self.timer.start()
-
-    def step_ends(self, loss: torch.Tensor, evaluate) -> None:
-        """After optimizer step `curve.step`; validates (outside the timed period) where the schedule says."""
-        cfg, steps = self.case.config.workload.train, self.case.shape["steps"]
-        self.pending.append(loss.detach())
-        self.curve.step += 1
-        if len(self.pending) >= FINITE_CHECK_EVERY:
-            self.sync()
-        if self.curve.step % cfg.eval_every == 0 or self.curve.step == steps:
-            self.close()
-            self.sync()
-            self.validate(evaluate)
-
-    def validate(self, evaluate) -> None:
-        self.curve.val_steps.append(self.curve.step)
-        self.curve.val_losses.append(evaluate())
-        if not math.isfinite(self.curve.val_losses[-1]):
-            raise self.diverged(f"validation loss became {self.curve.val_losses[-1]} at step {self.curve.step}",
-                                self.curve.step)
-
-    def close(self) -> None:
-        if self.open is not None:
-            self.timer.stop(self.open)
-            self.open = None
-
-    def sync(self) -> None:
-        if self.pending:
-            self.curve.losses += torch.stack(self.pending).float().cpu().tolist()
-            self.pending.clear()
-        self.curve.step_ms += self.timer.drain()
-        bad = next((i for i, v in enumerate(self.curve.losses) if not math.isfinite(v)), None)
-        if bad is not None:
-            raise self.diverged(f"loss became {self.curve.losses[bad]} at step {bad}", bad)
-
-    def diverged(self, message: str, at: int) -> Diverged:
-        return Diverged(message, _output(self.case, self.curve, {}, diverged_at=at))
-
-
-def _finish(case, progress: _Progress, model, opt, coverage) -> CaseOutput:
+def _finish(case, progress: Progress, model, opt, coverage) -> CaseOutput:
     progress.close()
     progress.sync()
     memory = {"weights": tensor_bytes(model.parameters()), "optimizer": optimizer_state_bytes(opt)}
@@ -108,7 +54,7 @@ def _lightning(case: CaseInput) -> CaseOutput:
     data = load_data(cfg, case.shape, dev)
     reset_peak_memory(dev)
     model = new_decoder(case)
-    progress = _Progress(case)
+    progress = Progress(case)
     precision = case.backend.precision(case.recipe, mixed=cfg.master_weights == "fp32")
 
     class Module(pl.LightningModule):
@@ -165,7 +111,7 @@ def _accelerate(case: CaseInput) -> CaseOutput:
     def step_context():
         return case.backend.step_context(case.recipe, dev)
 
-    progress = _Progress(case)
+    progress = Progress(case)
 
     def forward_loss(tokens: torch.Tensor) -> torch.Tensor:
         return lm_loss(model(tokens[:, :-1]), tokens[:, 1:])

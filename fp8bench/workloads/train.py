@@ -83,13 +83,76 @@ class StepTimer:
             self.pending.append((begin, time.perf_counter_ns()))
 
     def drain(self) -> list[float]:
-        if self.cuda:
+        if self.cuda and self.pending:
             torch.cuda.synchronize()
             out = [b.elapsed_time(e) for b, e in self.pending]
         else:
             out = [(e - b) / 1e6 for b, e in self.pending]
         self.pending = []
         return out
+
+
+class Progress:
+    """A run's losses, step times and validation points, kept on the device until a sync (every
+    FINITE_CHECK_EVERY steps and at each validation); a bad loss raises Diverged with what was measured.
+
+    fp8bench's loop times each step itself (`timer.start` / `timer.stop` around the step it calls); a
+    framework's loop, whose steps it does not call, is timed from one step's start to the next
+    (`step_begins`), so the framework's work between steps counts."""
+
+    def __init__(self, case: CaseInput, curve: Curve | None = None, memory: dict | None = None,
+                 on_diverge=None) -> None:
+        self.case, self.cfg = case, case.config.workload.train
+        self.curve = curve if curve is not None else Curve()
+        self.memory = memory if memory is not None else {}
+        self.on_diverge = on_diverge
+        self.timer = StepTimer(case.device)
+        self.pending: list[torch.Tensor] = []
+        self.open = None
+
+    def step_begins(self) -> None:
+        if self.open is not None:
+            self.timer.stop(self.open)
+        self.open = self.timer.start()
+
+    def close(self) -> None:
+        if self.open is not None:
+            self.timer.stop(self.open)
+            self.open = None
+
+    def step_ends(self, loss: torch.Tensor, evaluate) -> None:
+        """After optimizer step `curve.step`; validates (outside the timed period) where the schedule says."""
+        self.pending.append(loss.detach())
+        self.curve.step += 1
+        if len(self.pending) >= FINITE_CHECK_EVERY:
+            self.sync()
+        if self.curve.step % self.cfg.eval_every == 0 or self.curve.step == self.case.shape["steps"]:
+            self.close()
+            self.sync()
+            self.validate(evaluate)
+
+    def validate(self, evaluate) -> None:
+        self.curve.val_steps.append(self.curve.step)
+        self.curve.val_losses.append(evaluate())
+        if not math.isfinite(self.curve.val_losses[-1]):
+            raise self.diverged(f"validation loss became {self.curve.val_losses[-1]} at step {self.curve.step}",
+                                self.curve.step)
+
+    def sync(self) -> None:
+        """Move losses and step times off the device; stop with what was measured if the loss went bad."""
+        if self.pending:
+            self.curve.losses += torch.stack(self.pending).float().cpu().tolist()
+            self.pending.clear()
+        self.curve.step_ms += self.timer.drain()
+        bad = next((i for i, v in enumerate(self.curve.losses) if not math.isfinite(v)), None)
+        if bad is not None:
+            raise self.diverged(f"loss became {self.curve.losses[bad]} at step {bad} (lr {lr_at(bad, self.cfg):.3g})",
+                                bad)
+
+    def diverged(self, message: str, at: int) -> Diverged:
+        if self.on_diverge is not None:
+            self.on_diverge()
+        return Diverged(message, _output(self.case, self.curve, self.memory, diverged_at=at))
 
 
 def _save_checkpoint(path: Path, model, opt, scaler, curve: Curve) -> None:
@@ -238,58 +301,35 @@ def run(case: CaseInput) -> CaseOutput:
         curve.val_steps.append(0)
         curve.val_losses.append(evaluate())
 
+    def forget_checkpoint() -> None:  # a diverged run is a result: resuming it would only diverge again
+        if ckpt is not None and ckpt.is_file():
+            ckpt.unlink()
+
     memory: dict[str, int] = {}
+    progress = Progress(case, curve, memory, on_diverge=forget_checkpoint)
     census: SavedTensorCensus | None = None
     census_step = min(curve.step + 1, steps - 1)
-    timer = StepTimer(dev)
-    pending: list[torch.Tensor] = []
-
-    def sync_curve() -> None:
-        """Move losses and step times off the device; stop with what was measured if the loss went bad."""
-        if not pending:
-            return
-        values = torch.stack(pending).float().cpu().tolist()
-        curve.losses += values
-        curve.step_ms += timer.drain()
-        pending.clear()
-        bad = next((i for i, v in enumerate(curve.losses) if not math.isfinite(v)), None)
-        if bad is not None:
-            raise diverged(f"loss became {curve.losses[bad]} at step {bad} (lr {lr_at(bad, cfg):.3g})", bad)
-
-    def diverged(message: str, at: int) -> Diverged:
-        if ckpt is not None and ckpt.is_file():
-            ckpt.unlink()  # a diverged run is a result: resuming it would only diverge again
-        return Diverged(message, _output(case, curve, memory, diverged_at=at))
-
     while curve.step < steps:
         k = curve.step
         if k == census_step:
-            sync_curve()
+            progress.sync()
             census = SavedTensorCensus(params)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
                 memory["run_peak_before"] = int(torch.cuda.max_memory_allocated())
                 torch.cuda.reset_peak_memory_stats()
             memory["before_forward"] = allocated(dev)
-        begin = timer.start()
-        pending.append(train_step(k, census if k == census_step else None))
-        timer.stop(begin)
+        begin = progress.timer.start()
+        loss = train_step(k, census if k == census_step else None)
+        progress.timer.stop(begin)
         if k == census_step:
             memory["step_peak"] = peak_memory_bytes(dev) or 0
             memory["saved_fp8"], memory["saved_hp"] = census.fp8, census.other
-        curve.step = k + 1
-        if len(pending) >= FINITE_CHECK_EVERY:
-            sync_curve()
-        if curve.step % cfg.eval_every == 0 or curve.step == steps:
-            sync_curve()
-            curve.val_steps.append(curve.step)
-            curve.val_losses.append(evaluate())
-            if not math.isfinite(curve.val_losses[-1]):
-                raise diverged(f"validation loss became {curve.val_losses[-1]} at step {curve.step}", curve.step)
+        progress.step_ends(loss, evaluate)
         if ckpt is not None and curve.step % cfg.ckpt_every == 0 and curve.step < steps:
-            sync_curve()
+            progress.sync()
             _save_checkpoint(ckpt, model, opt, scaler, curve)
-    sync_curve()
+    progress.sync()
     memory["weights"] = tensor_bytes(params)
     memory["optimizer"] = optimizer_state_bytes(opt)
     if ckpt is not None and ckpt.is_file():
