@@ -40,8 +40,7 @@ class LightningTEBackend(Backend):
 
     def precision(self, recipe: Recipe, mixed: bool):
         """The Trainer's precision: the TE plugin (`plugins=`) for an FP8 recipe, Lightning's BF16 autocast
-        (`precision=`) otherwise
-        (`mixed`: FP32 master weights; else the weights themselves are BF16)."""
+        (`precision=`) otherwise. `mixed`: FP32 master weights; else the weights themselves are BF16."""
         if recipe.format is Format.BF16:
             return "bf16-mixed" if mixed else "bf16-true"
         from lightning.pytorch.plugins import TransformerEnginePrecision
