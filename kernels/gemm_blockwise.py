@@ -71,7 +71,8 @@ def _scale_step(acc, a, b, sa, sb, s_prev, PROMOTE: tl.constexpr):
                  do_bench=steady_do_bench)
 @triton.jit
 def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups,
-                 BLOCK_M: tl.constexpr, NSUB: tl.constexpr, GROUP_M: tl.constexpr, PROMOTE: tl.constexpr):
+                 BLOCK_M: tl.constexpr, NSUB: tl.constexpr, GROUP_M: tl.constexpr, PROMOTE: tl.constexpr,
+                 WS: tl.constexpr = False):
     # The tile is NSUB sub-tiles of 128 columns, each with its own accumulator: B's 128x128 scale is then one
     # scalar per sub-tile and K group (a per-row multiply, not a per-element scale tile), and with two
     # sub-tiles the second's tensor-core work can run while the first's scaling waits.
@@ -96,7 +97,7 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups,
     acc1 = tl.zeros((BLOCK_M, SUB_N), dtype=tl.float32)
     s0 = tl.full((BLOCK_M,), 1.0, tl.float32)
     s1 = tl.full((BLOCK_M,), 1.0, tl.float32)
-    for kg in range(0, n_kgroups):
+    for kg in tl.range(0, n_kgroups, warp_specialize=WS):
         a = a_desc.load([off_m, kg * BLOCK_K])
         sa = tl.load(sa_rows + kg, mask=rm < M, other=1.0)
         acc0, s0 = _scale_step(acc0, a, b_desc.load([off_n, kg * BLOCK_K]), sa, tl.load(sb0_ptr + kg), s0,
