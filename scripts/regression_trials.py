@@ -11,7 +11,7 @@ included.
 - injected: A of process i against the 3% (10%) run of process i+1: per case, is it called a regression?
 Prints the counts per case with its median floor (the smallest change the comparison can call for it).
 
-Usage: python3 scripts/regression_trials.py record --out DIR [--trials 20] [--batch NAME] [-- OVERRIDES...]
+Usage: python3 scripts/regression_trials.py record --out DIR [--trials 20] [--batch NAME] [--budget-s S] [-- OVERRIDES...]
        python3 scripts/regression_trials.py judge DIR [DIR...] [--db PATH] [--json FILE]
 """
 
@@ -22,21 +22,36 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 LEVELS = {"A": None, "slow3": "torch:0.03", "slow10": "torch:0.10"}
 
 
-def record(out: Path, trials: int, batch: str, overrides: list[str]) -> None:
+def record(out: Path, trials: int, batch: str, overrides: list[str], budget_s: float | None = None) -> None:
+    """`budget_s`: stop before a process that would not finish in time (judged by the longest so far), and
+    stop a running one at the deadline (an incomplete process is left out by `judge`)."""
     out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + budget_s if budget_s else None
+    longest = 0.0
     for i in range(trials + 1):
+        if deadline is not None and time.monotonic() + longest > deadline:
+            print(f"stopping before process {i}: the {budget_s:.0f} s budget would be exceeded", flush=True)
+            return
         code = ("import sys; from fp8bench.cli import main; "
                 "sys.exit(max(main(['run', *a]) for a in %r))") % [
             ["sweep=regression-trials", f"run_id={batch}trial{i:02d}-{name}", f"results_dir={out}",
              "store.ingest=false", *overrides]
             + ([f"slowdown={s}"] if s else []) for name, s in LEVELS.items()]
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        print(f"process {i}: rc={proc.returncode}", flush=True)
+        start = time.monotonic()
+        try:
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  timeout=deadline - start if deadline is not None else None)
+        except subprocess.TimeoutExpired:
+            print(f"process {i}: stopped at the budget's end", flush=True)
+            return
+        longest = max(longest, time.monotonic() - start)
+        print(f"process {i}: rc={proc.returncode} in {time.monotonic() - start:.0f} s", flush=True)
         if proc.returncode:
             print(proc.stderr[-3000:])
 
@@ -108,6 +123,7 @@ def main() -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--trials", type=int, default=20)
     r.add_argument("--batch", default="", help="run-id prefix of this batch (one per machine)")
+    r.add_argument("--budget-s", type=float, help="wall-clock budget: no process is started that would not fit")
     r.add_argument("overrides", nargs="*", help="fp8bench overrides for every run, e.g. format=bf16 scaling=none")
     j = sub.add_parser("judge")
     j.add_argument("folders", type=Path, nargs="+", help="one folder per batch (machine)")
@@ -115,7 +131,7 @@ def main() -> int:
     j.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.cmd == "record":
-        record(a.out, a.trials, a.batch, a.overrides)
+        record(a.out, a.trials, a.batch, a.overrides, a.budget_s)
         return 0
     return judge(a.folders, a.db, a.json)
 
