@@ -14,7 +14,9 @@ accumulation, two ways (`PROMOTE`):
 Tiles are BLOCK_M x (NSUB x 128): each 128-column sub-tile has its own accumulator, so B's scale is a scalar
 per sub-tile and step.
 The autotuner picks the tile, warps, stages and variant per shape; both variants are tested against the
-dequantized reference.
+dequantized reference. `WS` (off in every autotuned config) puts Triton's warp specialization on the K loop:
+with Triton 3.6 on the H200 it was slower than the best plain config (867 vs 922 TFLOPS at 8192³), several
+tiles failed to compile and 64x256 returned NaN (scripts/gemm_ws_probe.py, results/h200-kernels/).
 
 `gemm_blockwise_reference`: dequantize both operands to FP32 and multiply.
 """
