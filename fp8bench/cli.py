@@ -239,10 +239,13 @@ def cmd_roofline(args: list[str]) -> int:
         return 0
     for device, d in df.groupby("device"):
         table = Table(title=f"roofline vs measured speedup on {device} ({'with quantization' if ns.with_quant else 'kernel only'})")
-        for col in ("case", "expected", "measured", "error"):
+        cols = ("case", "casts", "expected", "measured", "error", "with fused casts") if ns.with_quant else \
+            ("case", "expected", "measured", "error")
+        for col in cols:
             table.add_column(col, overflow="fold")
         for r in d.sort_values("rel_error").itertuples():
-            table.add_row(r.case_id, f"{r.expected:.2f}x", f"{r.measured:.2f}x", f"{r.rel_error:+.0%}")
+            row = [r.case_id, f"{r.expected:.2f}x", f"{r.measured:.2f}x", f"{r.rel_error:+.0%}"]
+            table.add_row(*([row[0], r.cast, *row[1:], f"{r.expected_fused:.2f}x"] if ns.with_quant else row))
         out.print(table)
         out.print(f"{device}: median |error| {median_abs_error(d):.1%} over {len(d)} cases")
     return 0

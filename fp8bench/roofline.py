@@ -12,6 +12,12 @@ training pays, the `time_ms` of a gemm case) each operand's cast adds its own tr
 | mx        | 1                            | 1 byte/element + 1 byte/32       |
 | nvfp4     | 2 (global amax, then cast)   | 0.5 byte/element + 1 byte/16     |
 
+That table is a fused cast (TE's, torchao's compiled, fp8bench's Triton kernels). The `torch` backend casts
+op by op in eager torch, the way a user without those libraries writes it: upcast to FP32, abs, amax, scale,
+clamp, downcast, each a kernel reading and writing whole FP32 tensors. `EAGER_CAST` counts what those kernels
+move (39 bytes per BF16 element, against 5 for a fused two-pass cast), so a case is modelled with the casts
+its backend really runs (`CAST_IMPL`); `expected_fused` is what the same GEMM would give with fused casts.
+
 Expected speedup = expected BF16 time / expected FP8 time. Ceilings come from `fp8bench calibrate`; no
 number here is a guess about the hardware. Torch-free: it runs on DuckDB rows anywhere.
 """
@@ -31,6 +37,17 @@ CAST = {  # scaling: (reads of the BF16 operand, bytes written per element, scal
 }
 """Delayed scaling reads its amax from history, so its cast is one pass (the amax of this step is fused)."""
 
+EAGER_CAST = {  # scaling: (bytes moved per BF16 element, kernels for an activation, kernels for a weight)
+    "current": (39.0, 11, 11), "delayed": (39.0, 11, 11), "rowwise": (39.0, 11, 11), "blockwise": (39.0, 12, 13),
+}
+"""The eager casts of `fp8bench.backends.scaled_mm.quantize_operand`, counted op by op: `.float()` (2 + 4
+bytes), `abs` (4 + 4), `amax` (4), `* scale` (4 + 4), `clamp` (4 + 4), `.to(fp8)` (4 + 1), plus scalar and
+scale kernels. tests/test_roofline.py recounts them with a dispatch mode, so the table cannot drift from the
+code. (The torch backend computes delayed scaling's amax from the tensor itself, like current.)"""
+
+CAST_IMPL = {"torch": "eager"}
+"""Backends whose casts are eager torch ops; every other backend's are fused kernels."""
+
 
 @dataclass(frozen=True)
 class Ceiling:
@@ -49,8 +66,14 @@ def _cast_bytes(rows: int, cols: int, scaling: str, is_weight: bool) -> float:
     return reads * 2 * n + written * n + scales
 
 
+def _eager_cast(rows: int, cols: int, scaling: str, is_weight: bool) -> tuple[float, int]:
+    per_elem, kernels_act, kernels_weight = EAGER_CAST[scaling]
+    return per_elem * rows * cols, kernels_weight if is_weight else kernels_act
+
+
 def gemm_time_ms(m: int, n: int, k: int, fmt: str, scaling: str, ceiling: Ceiling, with_quant: bool = True,
-                 b_is_weight: bool = True) -> float:
+                 b_is_weight: bool = True, cast: str = "fused") -> float:
+    """`cast`: 'fused' (CAST's passes) or 'eager' (EAGER_CAST's op-by-op traffic)."""
     bw = ceiling.copy_gbps * 1e6  # bytes per ms
     if fmt == "bf16":
         compute = 2.0 * m * n * k / (ceiling.bf16_tflops * 1e9)
@@ -60,22 +83,27 @@ def gemm_time_ms(m: int, n: int, k: int, fmt: str, scaling: str, ceiling: Ceilin
     compute = 2.0 * m * n * k / (ceiling.fp8_tflops * 1e9)
     memory = (elem * (m * k + n * k) + 2 * m * n) / bw
     t = max(compute, memory) + LAUNCH_US / 1000
-    if with_quant:
-        cast = _cast_bytes(m, k, scaling, False) + _cast_bytes(n, k, scaling, b_is_weight)
+    if with_quant and cast == "eager" and scaling in EAGER_CAST:
+        (bytes_a, kernels_a), (bytes_b, kernels_b) = _eager_cast(m, k, scaling, False), _eager_cast(n, k, scaling, b_is_weight)
+        t += (bytes_a + bytes_b) / bw + (kernels_a + kernels_b) * LAUNCH_US / 1000
+    elif with_quant:
+        moved = _cast_bytes(m, k, scaling, False) + _cast_bytes(n, k, scaling, b_is_weight)
         kernels = 2 * (2 if CAST[scaling][0] == 2 else 1)
-        t += cast / bw + kernels * LAUNCH_US / 1000
+        t += moved / bw + kernels * LAUNCH_US / 1000
     return t
 
 
 def expected_speedup(m: int, n: int, k: int, fmt: str, scaling: str, ceiling: Ceiling, with_quant: bool = True,
-                     b_is_weight: bool = True) -> float:
+                     b_is_weight: bool = True, cast: str = "fused") -> float:
     return (gemm_time_ms(m, n, k, "bf16", "none", ceiling) /
-            gemm_time_ms(m, n, k, fmt, scaling, ceiling, with_quant, b_is_weight))
+            gemm_time_ms(m, n, k, fmt, scaling, ceiling, with_quant, b_is_weight, cast))
 
 
 def expected_vs_measured(con, with_quant: bool = False):
     """GEMM cases with a BF16 twin in the same run and ceilings for their device: expected and measured
-    speedup (kernel-only by default: `time_ms_kernel` against the BF16 time), and the relative error."""
+    speedup (kernel-only by default: `time_ms_kernel` against the BF16 time), and the relative error. With
+    quantization each case is modelled with its backend's casts (`cast`: eager or fused), and
+    `expected_fused` is what fused casts would give the same GEMM."""
     import pandas as pd
 
     rows = con.execute("""
@@ -101,11 +129,14 @@ def expected_vs_measured(con, with_quant: bool = False):
         measured_ms = r.time_ms if with_quant else r.time_ms_kernel
         if not measured_ms or r.scaling not in CAST:
             continue
-        exp = expected_speedup(shape["m"], shape["n"], shape["k"], r.format, r.scaling, ceiling, with_quant,
-                               b_is_weight=shape.get("role") != "wgrad")
+        cast = CAST_IMPL.get(r.backend, "fused") if with_quant else "none"
+        args = (shape["m"], shape["n"], shape["k"], r.format, r.scaling, ceiling, with_quant,
+                shape.get("role") != "wgrad")
+        exp = expected_speedup(*args, cast=cast)
         meas = r.bf16_ms / measured_ms
-        out.append({"run_id": r.run_id, "device": r.device_name, "case_id": r.case_id, "expected": exp,
-                    "measured": meas, "rel_error": meas / exp - 1})
+        out.append({"run_id": r.run_id, "device": r.device_name, "case_id": r.case_id, "cast": cast,
+                    "expected": exp, "expected_fused": expected_speedup(*args), "measured": meas,
+                    "rel_error": meas / exp - 1})
     return pd.DataFrame(out)
 
 

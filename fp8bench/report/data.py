@@ -100,10 +100,11 @@ def waterfalls(con) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["case_id", "stage", "speedup", "kernels_pct", "order"])
 
 
-def roofline(con) -> pd.DataFrame:
-    """Expected (roofline on the measured ceilings) vs measured kernel-only speedup of each FP8 GEMM case."""
+def roofline(con, with_quant: bool = False) -> pd.DataFrame:
+    """Expected (roofline on the measured ceilings) vs measured speedup of each FP8 GEMM case: the kernel
+    alone, or with quantization (each backend's own casts, and `expected_fused`)."""
     from fp8bench.roofline import expected_vs_measured
 
-    df = expected_vs_measured(con) if _has_ceilings(con) else pd.DataFrame()
-    return df if not df.empty else pd.DataFrame(columns=["run_id", "device", "case_id", "expected", "measured",
-                                                         "rel_error"])
+    df = expected_vs_measured(con, with_quant) if _has_ceilings(con) else pd.DataFrame()
+    return df if not df.empty else pd.DataFrame(columns=["run_id", "device", "case_id", "cast", "expected",
+                                                         "expected_fused", "measured", "rel_error"])

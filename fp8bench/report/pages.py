@@ -146,7 +146,7 @@ ROOFLINE_SHORT = 0.85
 """A GEMM case reaching less than this share of its roofline speedup is flagged on the GEMM page."""
 
 
-def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None) -> Page:
+def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd.DataFrame | None = None) -> Page:
     p = Page("gemm.html", "GEMMs: speedup per shape and recipe")
     g = _with_bf16(df[df["workload"] == "gemm"], ("time_ms",))
     g = g[(g["backend"] != "emulated") & (g["format"] != "bf16")]
@@ -182,6 +182,20 @@ def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None) -> Page:
             short = r[r["measured"] < ROOFLINE_SHORT * r["expected"]]
             p.table(short.sort_values("rel_error")[["case_id", "expected", "measured", "rel_error"]],
                     {"expected": 2, "measured": 2, "rel_error": 2})
+    if roof_quant is not None and not roof_quant.empty:
+        for device, r in roof_quant.groupby("device"):
+            p.h2(f"{device}: roofline expected vs measured speedup with quantization")
+            p.note("Each case modelled with the casts its backend runs: eager torch ops (the torch backend: ~39 "
+                   "bytes moved per BF16 element over 11-13 kernels) or fused kernels (5 bytes, one or two "
+                   f"passes). Median |error| {r['rel_error'].abs().median():.1%} over {len(r)} cases. The table "
+                   "lists the cases that lose most to their casts: measured against what fused casts would give.")
+            fig = px.scatter(r, x="expected", y="measured", color="cast", hover_name="case_id", height=PLOT_H)
+            hi = float(max(r["expected"].max(), r["measured"].max(), r["expected_fused"].max()))
+            fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="measured = expected"))
+            p.figure(fig)
+            lost = r.assign(share_of_fused=r["measured"] / r["expected_fused"]).sort_values("share_of_fused")
+            p.table(lost.head(15)[["case_id", "cast", "measured", "expected", "expected_fused", "share_of_fused"]],
+                    {"measured": 2, "expected": 2, "expected_fused": 2, "share_of_fused": 2})
     p.h2("Not measured, and why")
     p.table(not_measured(df, ("gemm",)))
     return p
