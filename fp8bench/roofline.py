@@ -102,8 +102,8 @@ def expected_speedup(m: int, n: int, k: int, fmt: str, scaling: str, ceiling: Ce
 def expected_vs_measured(con, with_quant: bool = False):
     """GEMM cases with a BF16 twin in the same run and ceilings for their device: expected and measured
     speedup (kernel-only by default: `time_ms_kernel` against the BF16 time), and the relative error. With
-    quantization each case is modelled with its backend's casts (`cast`: eager or fused), and
-    `expected_fused` is what fused casts would give the same GEMM."""
+    quantization each case is modelled with its backend's casts (`cast`: eager or fused; none for the kernel
+    alone), and `expected_fused` is what fused casts would give the same GEMM."""
     import pandas as pd
 
     rows = con.execute("""

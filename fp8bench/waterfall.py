@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fp8bench.records import VARIANT_SQL
+
 PARTS = ("gemm", "quantize", "attention", "other")
 
 
@@ -77,8 +79,6 @@ def waterfall(bf16: Step, fp8: Step) -> Waterfall:
 def from_db(con):
     """(FP8 case, its BF16 twin, Waterfall) for every linear/layer/train case with kernel metrics and a BF16
     case of the same run, model, shape, backend and variant."""
-    from fp8bench.records import VARIANT_SQL
-
     rows = con.execute("""
         WITH k AS (
           SELECT c.run_id, c.case_id, c.workload, c.model, c.shape_name, c.backend, c.format,

@@ -27,7 +27,8 @@ def build_site(con, out: Path) -> list[Path]:
     df, runs = data.cases(con), data.runs(con)
     asv = out / "asv" / "index.html"
     falls = data.waterfalls(con)
-    built = [pages.overview(df, runs, falls), pages.gemm_page(df, data.roofline(con), data.roofline(con, with_quant=True)), pages.modules_page(df, falls),
+    roof, roof_quant = data.roofline(con), data.roofline(con, with_quant=True)
+    built = [pages.overview(df, runs, falls), pages.gemm_page(df, roof, roof_quant), pages.modules_page(df, falls),
              pages.training_page(df, data.train_curves(con)), pages.numerics_page(df),
              pages.history_page(df, asv if asv.is_file() else None, history_steps(con)), pages.runs_page(runs)]
     written = []

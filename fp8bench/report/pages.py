@@ -174,11 +174,9 @@ def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd
             p.note("Expected: max(compute, memory) + launch floor per GEMM on the ceilings `fp8bench calibrate` "
                    f"measured (fp8bench.roofline). Median |error| {r['rel_error'].abs().median():.1%} over "
                    f"{len(r)} cases; cases under {ROOFLINE_SHORT:.0%} of their expected speedup are listed.")
-            fig = px.scatter(r, x="expected", y="measured", hover_name="case_id", height=PLOT_H)
             lo, hi = float(min(r["expected"].min(), r["measured"].min())), float(max(r["expected"].max(),
                                                                                     r["measured"].max()))
-            fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="measured = expected"))
-            p.figure(fig)
+            p.figure(_expected_vs_measured(r, lo, hi))
             short = r[r["measured"] < ROOFLINE_SHORT * r["expected"]]
             p.table(short.sort_values("rel_error")[["case_id", "expected", "measured", "rel_error"]],
                     {"expected": 2, "measured": 2, "rel_error": 2})
@@ -189,16 +187,21 @@ def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd
                    "bytes moved per BF16 element over 11-13 kernels) or fused kernels (5 bytes, one or two "
                    f"passes). Median |error| {r['rel_error'].abs().median():.1%} over {len(r)} cases. The table "
                    "lists the cases that lose most to their casts: measured against what fused casts would give.")
-            fig = px.scatter(r, x="expected", y="measured", color="cast", hover_name="case_id", height=PLOT_H)
             hi = float(max(r["expected"].max(), r["measured"].max(), r["expected_fused"].max()))
-            fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="measured = expected"))
-            p.figure(fig)
+            p.figure(_expected_vs_measured(r, 0.0, hi, color="cast"))
             lost = r.assign(share_of_fused=r["measured"] / r["expected_fused"]).sort_values("share_of_fused")
             p.table(lost.head(15)[["case_id", "cast", "measured", "expected", "expected_fused", "share_of_fused"]],
                     {"measured": 2, "expected": 2, "expected_fused": 2, "share_of_fused": 2})
     p.h2("Not measured, and why")
     p.table(not_measured(df, ("gemm",)))
     return p
+
+
+def _expected_vs_measured(r: pd.DataFrame, lo: float, hi: float, color: str | None = None) -> go.Figure:
+    """Roofline scatter: each case's expected speedup against its measured one, with the identity line."""
+    fig = px.scatter(r, x="expected", y="measured", color=color, hover_name="case_id", height=PLOT_H)
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="measured = expected"))
+    return fig
 
 
 def _heatmap(d: pd.DataFrame, col: str) -> go.Figure:
