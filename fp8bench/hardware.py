@@ -115,6 +115,15 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+def _gpu_uuid() -> str | None:
+    """The physical GPU of device 0 (after CUDA_VISIBLE_DEVICES): two GPUs of one model settle at their own
+    clock and power levels, so a run-to-run history must not mix them (fp8bench.compare keys it by env_id)."""
+    try:
+        return str(torch.cuda.get_device_properties(0).uuid)
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _driver_version() -> str | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -128,7 +137,8 @@ def _driver_version() -> str | None:
 def environment() -> dict:
     """A snapshot of everything that can change a result: device, versions, selected variables.
 
-    `env_id` is a hash of the comparability-relevant part, so equal environments share one row in DuckDB.
+    `env_id` is a hash of the comparability-relevant part, so equal environments share one row in DuckDB. It
+    includes the physical GPU (its UUID): each GPU has its own noise history.
     """
     dev = detect_device()
     versions = {pkg.replace("-", "_"): _version(pkg) for pkg in _PACKAGES}
@@ -138,6 +148,7 @@ def environment() -> dict:
         "capability": dev.sm(),
         "cuda": dev.cuda_version,
         "driver": _driver_version() if dev.is_cuda else None,
+        "gpu_uuid": _gpu_uuid() if dev.is_cuda else None,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),

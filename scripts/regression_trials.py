@@ -64,19 +64,25 @@ def _complete_processes(folder: Path) -> list[str]:
 
 
 def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
-    """Pairs are consecutive processes of one batch (one GPU): a batch recorded on another GPU starts a new
-    chain rather than being compared across GPUs. Counts are per timed case and over whole trials."""
+    """Pairs are consecutive processes (in start order) on one physical GPU, which is one env_id (it holds the
+    GPU's UUID): a chain goes on across batches recorded on a GPU and is never compared across GPUs. Counts
+    are per timed case and over whole trials."""
     from fp8bench import store
     from fp8bench.compare import compare_runs
 
     con = store.connect(db)
     store.ingest(con, folders)
-    batches: dict[str, list[str]] = {}
+    batches: dict[str, list[str]] = {}  # env_id -> processes in start order
+    started = {}
     for f in folders:
         for prefix in _complete_processes(f):
-            batches.setdefault(prefix.split("trial")[0], []).append(prefix)
+            env_id, started[prefix] = con.execute("SELECT env_id, started_at FROM runs WHERE run_id = ?",
+                                                  [f"{prefix}-A"]).fetchone()
+            batches.setdefault(env_id, []).append(prefix)
+    for chain in batches.values():
+        chain.sort(key=started.get)
     pairs = [(a, b) for chain in batches.values() for a, b in zip(chain, chain[1:], strict=False)]
-    result: dict = {"processes": sum(map(len, batches.values())), "batches": {k or "a": len(v) for k, v in batches.items()},
+    result: dict = {"processes": sum(map(len, batches.values())), "chains": {f"{v[0].split('trial')[0]}.. on env {k}": len(v) for k, v in batches.items()},
                     "pairs": len(pairs), "aa_false_regressions": 0, "per_case": {}, "trials_all_cases_detected": {}}
     per_case = result["per_case"]
 
@@ -122,7 +128,7 @@ def main() -> int:
     r = sub.add_parser("record")
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--trials", type=int, default=20)
-    r.add_argument("--batch", default="", help="run-id prefix of this batch (one per machine)")
+    r.add_argument("--batch", default="", help="run-id prefix of this batch (one per call and GPU)")
     r.add_argument("--budget-s", type=float, help="wall-clock budget: no process is started that would not fit")
     r.add_argument("overrides", nargs="*", help="fp8bench overrides for every run, e.g. format=bf16 scaling=none")
     j = sub.add_parser("judge")
