@@ -223,9 +223,11 @@ VARIANT_SQL = "CASE WHEN position('+' IN c.case_id) > 0 THEN substr(c.case_id, p
 
 def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
     """speedup_vs_bf16 = time of the BF16 case of the same workload, model, shape, backend and variant in
-    the same run / this case's time. The emulator is not a kernel and gets none."""
+    the same run / this case's time. The emulator is not a kernel and gets none. An FSDP2 run with FP8
+    all-gather ('...fsdp2x2fp8ag') is measured against BF16 FSDP2 on as many GPUs: BF16 gathers in BF16."""
     def key(r: CaseRecord) -> tuple:
-        return (r.workload, r.model, r.shape_name, r.backend, variant_of(r.case_id), r.params.get("tokens"))
+        return (r.workload, r.model, r.shape_name.removesuffix("fp8ag"), r.backend, variant_of(r.case_id),
+                r.params.get("tokens"))
 
     base = {key(r): r.metric("time_ms") for r in records if r.format == "bf16" and r.status == "ok"}
     out = []

@@ -44,6 +44,21 @@ def test_ingest_is_idempotent_and_derives_speedup(tmp_path):
     assert speedups == [("gemm.tiny.fprop_o.e4m3.current.torch", 2.0)]  # the emulator gets none
 
 
+def test_fp8_all_gather_speedup_is_against_bf16_fsdp2_on_as_many_gpus():
+    from fp8bench.records import derive_speedups
+
+    def train(fmt, shape_name, t):
+        scaling = "none" if fmt == "bf16" else "current"
+        return CaseRecord(run_id="r", case_id=f"train.gpt.{shape_name}.{fmt}.{scaling}.torchao", workload="train",
+                          model="gpt", format=fmt, scaling=scaling, backend="torchao", shape_name=shape_name,
+                          shape={}, status="ok", metrics=[Metric.of("time_ms", t)])
+
+    records = [train("bf16", "b8.seed0", 1.0), train("bf16", "b8.seed0.fsdp2x2", 4.0),
+               train("hybrid", "b8.seed0.fsdp2x2", 5.0), train("hybrid", "b8.seed0.fsdp2x2fp8ag", 8.0)]
+    got = {r.shape_name: m[0].value for r, m, _ in derive_speedups(records)}
+    assert got == {"b8.seed0.fsdp2x2": 0.8, "b8.seed0.fsdp2x2fp8ag": 0.5}
+
+
 def test_corrupt_and_truncated_shards_are_reported_and_skipped(tmp_path):
     run_dir = _make_run(tmp_path)
     (run_dir / "shard-garbage.jsonl").write_bytes(b"\x00\xff not json\n")
