@@ -349,12 +349,13 @@ def cmd_compare(args: list[str]) -> int:
     with _reading(ns.db) as con:
         cmp = compare_runs(con, ns.base, ns.head)
     table = Table(title=f"{cmp.base_run} → {cmp.head_run} on {cmp.device}")
-    for col in ("case", "metric", "base", "head", "change", "p", "floor", "verdict"):
+    for col in ("case", "metric", "base", "usual", "head", "change", "p", "floor", "verdict"):
         table.add_column(col)
     style = {"regression": "red", "improvement": "green"}
     for c in cmp.changes:
         if ns.all or c.verdict in style:
-            table.add_row(c.case_id, c.metric, f"{c.base:.4g}", f"{c.head:.4g}", f"{c.rel_change:+.2%}",
+            table.add_row(c.case_id, c.metric, f"{c.base:.4g}", "" if c.level is None else f"{c.level:.4g}",
+                          f"{c.head:.4g}", f"{c.rel_change:+.2%}",
                           "" if c.p_value is None else f"{c.p_value:.2g}",
                           "" if c.floor is None else f"{c.floor:.1%}", f"[{style.get(c.verdict, '')}]{c.verdict}"
                           if c.verdict in style else c.verdict)

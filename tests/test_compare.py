@@ -12,6 +12,7 @@ from fp8bench.compare import (
     history_steps,
     judge_samples,
     run_to_run_noise,
+    usual_level,
 )
 from fp8bench.records import CaseRecord, Metric, ShardWriter, StoreError, write_manifest
 
@@ -91,6 +92,37 @@ def test_history_noise_covers_a_rare_level():
     stepped = [1.0, 1.001, 0.999, 1.002, 1.0, 0.999, 1.05, 1.051, 1.049, 1.05, 1.052, 1.05]
     assert run_to_run_noise(stepped) < 0.01
     assert run_to_run_noise(usual[:4]) is None
+
+
+def test_a_base_run_off_its_commits_usual_level_does_not_make_a_usual_head_a_change():
+    """An H200 BF16 linear: the base run landed 2% under where its commit usually runs; the head, at the usual
+    level, reads +2% against it (over a 1.5% floor). Judged against the commit's level too it is unchanged,
+    while a real 3% step still clears both."""
+    rng = random.Random(5)
+
+    def run(level):
+        return [level * (1 + rng.gauss(0, 0.002)) for _ in range(100)]
+
+    lucky_base, usual_head, slow_head = run(0.98), run(1.0), run(1.03)
+    assert judge_samples(lucky_base, usual_head, "lower", between=0.005)[3] == "regression"
+    assert judge_samples(lucky_base, usual_head, "lower", between=0.005, level=1.0)[3] == "unchanged"
+    assert judge_samples(run(1.0), slow_head, "lower", between=0.005, level=1.0)[3] == "regression"
+    assert judge_samples(run(1.0), run(0.97), "lower", between=0.005, level=1.0)[3] == "improvement"
+    history = [("c0", 1.0), ("c0", 0.98), ("c1", 1.2), ("c0", 1.001)]
+    assert usual_level(history, "c0") == 1.0
+    assert usual_level(history, "c1") is None  # one run is not a level
+
+
+def test_the_base_commits_level_comes_from_its_runs_on_the_same_gpu(tmp_path):
+    for i in range(3):
+        _run(tmp_path, f"base{i}", "c0", 1.0e9 + i, seed=i)
+    # another env_id, as another physical GPU has: its run of c0 is not part of c0's level here
+    _run(tmp_path, "other-gpu", "c0", 1.0e9 + 5, factor=1.5, seed=7, torch_version="2.11.0+other")
+    _run(tmp_path, "head", "c1", 1.1e9, seed=9)
+    con = _db(tmp_path)
+    timed = [c for c in compare_runs(con, "base2", "head").changes if c.metric == "time_ms"]
+    assert len(timed) == N_CASES and all(c.level is not None and abs(c.level / c.base - 1) < 0.02 for c in timed)
+    assert all(c.level is None for c in compare_runs(con, "other-gpu", "head").changes)
 
 
 def test_numerics_drop_is_a_regression_and_env_change_is_named(tmp_path):
