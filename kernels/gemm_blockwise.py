@@ -12,11 +12,17 @@ accumulation, two ways (`PROMOTE`):
   Half the registers, at the price of one FP32 rounding per step (~2^-24 relative, a thousand times below
   E4M3's own step).
 Tiles are BLOCK_M x (NSUB x 128): each 128-column sub-tile has its own accumulator, so B's scale is a scalar
-per sub-tile and step.
-The autotuner picks the tile, warps, stages and variant per shape; both variants are tested against the
-dequantized reference. `WS` (off in every autotuned config) puts Triton's warp specialization on the K loop:
-with Triton 3.6 on the H200 it was slower than the best plain config (867 vs 922 TFLOPS at 8192³), several
-tiles failed to compile and 64x256 returned NaN (scripts/gemm_ws_probe.py, results/h200-kernels/).
+per sub-tile and step. A's scales read fastest M-major (`m_major`); `PREFETCH` loads each group's scales one step
+ahead, and `PERSISTENT` runs one program per SM over the tiles.
+The autotuner picks the tile, warps, stages and variant per shape; every config is tested against the
+dequantized reference. On the H200 (scripts/gemm_variant_probe.py, results/h200-kernels/
+gemm_variant_probe.json) rescale 128x256 with M-major, prefetched scales on a persistent grid reached 985 /
+968 / 998 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down (the autotuned kernel before these switches:
+903 / 876 / 813; cuBLAS blockwise 1188 / 1055 / 1090). Without scales in the K loop a persistent kernel of
+the same tiles reaches 1325 at 8192³, over cuBLAS tensorwise's 1280: the gap is the per-group scaling, which
+waits on each group's tensor-core product. `WS` (off in every autotuned config) puts Triton's warp
+specialization on the K loop: with Triton 3.6 on the H200 it was slower than the best plain config (867 vs
+922 TFLOPS at 8192³), several tiles failed to compile and 64x256 returned NaN (scripts/gemm_ws_probe.py).
 
 `gemm_blockwise_reference`: dequantize both operands to FP32 and multiply.
 """
@@ -42,17 +48,24 @@ def _set_block_shapes(nargs: dict) -> None:
 
 
 def _configs() -> list[triton.Config]:
-    """Every variant (promote/rescale, tile, warps, stages); under the interpreter, small-M tiles of each
-    variant (tests run each by name; the interpreter's autotuner takes the first)."""
+    """Every variant (promote/rescale, tile, warps, stages, prefetch, persistent); under the interpreter,
+    small-M tiles of each variant (tests run each by name; the interpreter's autotuner takes the first)."""
     if INTERPRETING:
-        grid = [(p, 32, n, 4, 1) for p in (True, False) for n in (1, 2)]
+        grid = [(p, 32, n, 4, 1, pre, pers) for p in (True, False) for n in (1, 2)
+                for pre, pers in ((False, False), (True, True))]
     else:
-        grid = [(True, 128, 1, 8, 3), (True, 128, 1, 8, 4), (True, 64, 1, 4, 4), (True, 128, 2, 8, 3),
-                (True, 64, 2, 4, 4), (True, 64, 1, 4, 3), (True, 64, 1, 4, 5), (True, 64, 1, 4, 6),
-                (False, 128, 1, 4, 4), (False, 128, 1, 8, 4), (False, 128, 2, 8, 3), (False, 128, 2, 8, 4),
-                (False, 64, 2, 4, 4), (False, 256, 1, 8, 3)]
-    return [triton.Config({"BLOCK_M": bm, "NSUB": n, "GROUP_M": 4 if INTERPRETING else 8, "PROMOTE": p},
-                          num_warps=w, num_stages=st, pre_hook=_set_block_shapes) for p, bm, n, w, st in grid]
+        plain = [(True, 128, 1, 8, 3), (True, 128, 1, 8, 4), (True, 64, 1, 4, 4), (True, 128, 2, 8, 3),
+                 (True, 64, 2, 4, 4), (True, 64, 1, 4, 3), (True, 64, 1, 4, 5), (True, 64, 1, 4, 6),
+                 (False, 128, 1, 4, 4), (False, 128, 1, 8, 4), (False, 128, 2, 8, 3), (False, 128, 2, 8, 4),
+                 (False, 64, 2, 4, 4), (False, 256, 1, 8, 3)]
+        # the fastest of scripts/gemm_variant_probe.py on the H200 (results/h200-kernels/gemm_variant_probe.json)
+        probed = [(False, 128, 2, 8, 3, True, True), (False, 128, 2, 8, 3, False, True),
+                  (True, 128, 1, 8, 4, True, False), (True, 128, 1, 8, 4, True, True)]
+        grid = [(*c, False, False) for c in plain] + probed
+    return [triton.Config({"BLOCK_M": bm, "NSUB": n, "GROUP_M": 4 if INTERPRETING else 8, "PROMOTE": p,
+                           "PREFETCH": pre, "PERSISTENT": pers},
+                          num_warps=w, num_stages=st, pre_hook=_set_block_shapes)
+            for p, bm, n, w, st, pre, pers in grid]
 
 
 CONFIGS = _configs()
@@ -69,29 +82,29 @@ def _scale_step(acc, a, b, sa, sb, s_prev, PROMOTE: tl.constexpr):
     return acc, s
 
 
-@triton.autotune(configs=tuning_configs(CONFIGS, interpreter=CONFIGS[0]), key=["M", "N", "K"],
-                 do_bench=steady_do_bench)
 @triton.jit
-def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups,
-                 BLOCK_M: tl.constexpr, NSUB: tl.constexpr, GROUP_M: tl.constexpr, PROMOTE: tl.constexpr,
-                 WS: tl.constexpr = False):
+def _tile(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row, column) offsets of a tile in grouped order: tiles that share A rows run together (L2 reuse)."""
+    grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * grid_n
+    first_m = (tile_id // width) * GROUP_M
+    group_m = tl.minimum(grid_m - first_m, GROUP_M)
+    return (first_m + (tile_id % width) % group_m) * BLOCK_M, ((tile_id % width) // group_m) * BLOCK_N
+
+
+@triton.jit
+def _gemm_tile(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk, off_m, off_n,
+               BLOCK_M: tl.constexpr, NSUB: tl.constexpr, PROMOTE: tl.constexpr, PREFETCH: tl.constexpr,
+               WS: tl.constexpr):
     # The tile is NSUB sub-tiles of 128 columns, each with its own accumulator: B's 128x128 scale is then one
     # scalar per sub-tile and K group (a per-row multiply, not a per-element scale tile), and with two
     # sub-tiles the second's tensor-core work can run while the first's scaling waits.
     BLOCK_K: tl.constexpr = 128
     SUB_N: tl.constexpr = 128
-    pid = tl.program_id(0)
-    grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, NSUB * SUB_N)
-    # grouped ordering: programs that share A rows run together (L2 reuse)
-    width = GROUP_M * grid_n
-    first_m = (pid // width) * GROUP_M
-    group_m = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % group_m
-    pid_n = (pid % width) // group_m
-    off_m, off_n = pid_m * BLOCK_M, pid_n * NSUB * SUB_N
     rm = off_m + tl.arange(0, BLOCK_M)
+    row_ok = rm < M
     # rows and sub-tiles past the edge read scale 1 (their products are zero-filled and never stored)
-    sa_rows = sa_ptr + rm * n_kgroups
+    sa_rows = sa_ptr + rm * sa_sm
     sb0_ptr = sb_ptr + (off_n // SUB_N) * n_kgroups
     sb1_ptr = sb0_ptr + n_kgroups
     has_sub1 = off_n + SUB_N < N
@@ -99,13 +112,25 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups,
     acc1 = tl.zeros((BLOCK_M, SUB_N), dtype=tl.float32)
     s0 = tl.full((BLOCK_M,), 1.0, tl.float32)
     s1 = tl.full((BLOCK_M,), 1.0, tl.float32)
+    sa_next = tl.load(sa_rows, mask=row_ok, other=1.0)
+    sb0_next = tl.load(sb0_ptr)
+    sb1_next = tl.load(sb1_ptr, mask=has_sub1, other=1.0)
     for kg in tl.range(0, n_kgroups, warp_specialize=WS):
         a = a_desc.load([off_m, kg * BLOCK_K])
-        sa = tl.load(sa_rows + kg, mask=rm < M, other=1.0)
-        acc0, s0 = _scale_step(acc0, a, b_desc.load([off_n, kg * BLOCK_K]), sa, tl.load(sb0_ptr + kg), s0,
-                               PROMOTE)
-        if NSUB == 2:
+        if PREFETCH:
+            # Triton pipelines the TMA operand loads, not these pointer loads: load the next group's scales
+            # now, so their latency hides behind this group's tensor-core work.
+            sa, sb0, sb1 = sa_next, sb0_next, sb1_next
+            nxt = tl.minimum(kg + 1, n_kgroups - 1)  # the last group reloads its own scales, unused
+            sa_next = tl.load(sa_rows + nxt * sa_sk, mask=row_ok, other=1.0)
+            sb0_next = tl.load(sb0_ptr + nxt)
+            sb1_next = tl.load(sb1_ptr + nxt, mask=has_sub1, other=1.0)
+        else:
+            sa = tl.load(sa_rows + kg * sa_sk, mask=row_ok, other=1.0)
+            sb0 = tl.load(sb0_ptr + kg)
             sb1 = tl.load(sb1_ptr + kg, mask=has_sub1, other=1.0)
+        acc0, s0 = _scale_step(acc0, a, b_desc.load([off_n, kg * BLOCK_K]), sa, sb0, s0, PROMOTE)
+        if NSUB == 2:
             acc1, s1 = _scale_step(acc1, a, b_desc.load([off_n + SUB_N, kg * BLOCK_K]), sa, sb1, s1, PROMOTE)
     if not PROMOTE:  # the accumulators are in units of the last group's scales
         acc0 = acc0 * s0[:, None]
@@ -115,9 +140,35 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups,
         c_desc.store([off_m, off_n + SUB_N], acc1.to(tl.bfloat16))
 
 
+@triton.autotune(configs=tuning_configs(CONFIGS, interpreter=CONFIGS[0]), key=["M", "N", "K"],
+                 do_bench=steady_do_bench)
+@triton.jit
+def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups, sa_sm, sa_sk,
+                 BLOCK_M: tl.constexpr, NSUB: tl.constexpr, GROUP_M: tl.constexpr, PROMOTE: tl.constexpr,
+                 NUM_SMS: tl.constexpr, PREFETCH: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
+                 WS: tl.constexpr = False):
+    BLOCK_N: tl.constexpr = NSUB * 128
+    if PERSISTENT:  # one program per SM walks the tiles
+        for tile_id in range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), NUM_SMS):
+            off_m, off_n = _tile(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            _gemm_tile(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk, off_m, off_n,
+                       BLOCK_M, NSUB, PROMOTE, PREFETCH, WS)
+    else:
+        off_m, off_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        _gemm_tile(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk, off_m, off_n,
+                   BLOCK_M, NSUB, PROMOTE, PREFETCH, WS)
+
+
+def m_major(sa: torch.Tensor) -> torch.Tensor:
+    """1x128 scales [M, K/128] laid out M-major (a [K/128, M] buffer, viewed [M, K/128]): one K group's scales
+    of a tile's rows are then one coalesced load (DeepGEMM asks for this layout). Free if already so."""
+    return sa if sa.stride(0) == 1 else sa.t().contiguous().t()
+
+
 def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
                    config: triton.Config | None = None) -> torch.Tensor:
     """BF16 [M, N] from E4M3 A [M, K] (1x128 inverse scales sa) and E4M3 B [N, K] (128x128 inverse scales sb).
+    sa may be row-major, as `quantize_blockwise` writes it, or M-major (`m_major`), which reads faster.
     `config` runs one of `CONFIGS` instead of the autotuner's pick (tests, per-variant benchmarks)."""
     m, k = a.shape
     n, kb = b.shape
@@ -134,13 +185,18 @@ def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
     a_desc = TensorDescriptor.from_tensor(a, dummy)
     b_desc = TensorDescriptor.from_tensor(b, dummy)
     c_desc = TensorDescriptor.from_tensor(c, dummy)
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["NSUB"] * GROUP),)  # noqa: E731
-    args = (a_desc, b_desc, c_desc, sa.contiguous(), sb.contiguous(), m, n, k, n_kgroups)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
+
+    def grid(meta):
+        tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["NSUB"] * GROUP)
+        return (min(tiles, sms) if meta.get("PERSISTENT") else tiles,)
+    args = (a_desc, b_desc, c_desc, sa, sb.contiguous(), m, n, k, n_kgroups, sa.stride(0), sa.stride(1))
     if config is None:
-        _gemm_kernel[grid](*args)
+        _gemm_kernel[grid](*args, NUM_SMS=sms)
     else:
         _set_block_shapes({"a_desc": a_desc, "b_desc": b_desc, "c_desc": c_desc, **config.kwargs})
-        _gemm_kernel.fn[grid](*args, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+        _gemm_kernel.fn[grid](*args, **config.kwargs, NUM_SMS=sms, num_warps=config.num_warps,
+                              num_stages=config.num_stages)
     return c
 
 

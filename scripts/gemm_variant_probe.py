@@ -1,15 +1,15 @@
 """Blockwise GEMM probe: which change to fp8bench's blockwise kernel closes the gap to cuBLAS on the H200?
 
-A copy of kernels/gemm_blockwise.py's kernel with switches for what might cost it time, each timed with the
-settled steady_do_bench against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
-- SA_T: activation scales read from a [K/128, M] (M-major) copy, so a tile's 1x128 scales are one coalesced
-  load instead of BLOCK_M loads 4·K/128 bytes apart (DeepGEMM asks for this layout);
-- PREFETCH: each K step's scales are loaded one step ahead, so their latency hides behind the previous
-  step's tensor-core work (Triton pipelines the TMA operand loads, not these pointer loads);
-- PERSISTENT: one program per SM walks the tiles (grouped order), instead of one program per tile;
-- SCALED=False: no scales in the K loop at all (plain tensorwise accumulation): the same kernel's ceiling,
-  i.e. what Triton's code generation reaches here before any blockwise work.
-Stage 1 runs every variant at 8192³ (time-boxed); stage 2 the best few at the Llama shapes.
+Times kernels/gemm_blockwise.py with each switch that might cost it time, with the settled steady_do_bench,
+against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
+- sa_t: activation scales passed M-major (`m_major`, a [K/128, M] buffer, copied inside the timing), so a
+  tile's 1x128 scales are one coalesced load instead of BLOCK_M loads 4·K/128 bytes apart (DeepGEMM's layout);
+- prefetch (`PREFETCH`): each K group's scales are loaded one step ahead;
+- persistent (`PERSISTENT`): one program per SM walks the tiles (grouped order);
+- unscaled: a plain FP8 GEMM of the same tiles with no scales in the K loop (`_unscaled_kernel` here): the
+  ceiling of Triton's code generation before any blockwise work.
+Stage 1 runs every variant at 8192³ (time-boxed); stage 2 the best few at the Llama shapes. Session 7's run
+(results/h200-kernels/gemm_variant_probe.json) timed a copy of the kernel with these switches, since folded in.
 
 Usage: python3 scripts/gemm_variant_probe.py OUT.json [--budget-s 200]
 """
@@ -24,117 +24,48 @@ import time
 import torch
 import triton
 import triton.language as tl
+from fp8bench_kernels.gemm_blockwise import GROUP, _set_block_shapes, _tile, gemm_blockwise, m_major
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-GROUP = 128
-
 
 @triton.jit
-def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * grid_n
-    first_m = (tile // width) * GROUP_M
-    group_m = tl.minimum(grid_m - first_m, GROUP_M)
-    return first_m + (tile % width) % group_m, (tile % width) // group_m
+def _unscaled_kernel(a_desc, b_desc, c_desc, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PERSISTENT: tl.constexpr, NUM_SMS: tl.constexpr):
+    start = tl.program_id(0)
+    step = NUM_SMS if PERSISTENT else tl.num_programs(0)
+    stop = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N) if PERSISTENT else start + 1
+    for tile_id in range(start, stop, step):
+        off_m, off_n = _tile(tile_id, M, N, BLOCK_M, BLOCK_N, 8)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, 128):
+            acc = tl.dot(a_desc.load([off_m, k]), tl.trans(b_desc.load([off_n, k])), acc)
+        c_desc.store([off_m, off_n], acc.to(tl.bfloat16))
 
 
-@triton.jit
-def _one_tile(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk, off_m, off_n,
-              BLOCK_M: tl.constexpr, NSUB: tl.constexpr, PROMOTE: tl.constexpr, PREFETCH: tl.constexpr,
-              SCALED: tl.constexpr):
-    BLOCK_K: tl.constexpr = 128
-    SUB_N: tl.constexpr = 128
-    rm = off_m + tl.arange(0, BLOCK_M)
-    row_ok = rm < M
-    sa_rows = sa_ptr + rm * sa_sm
-    sb0_ptr = sb_ptr + (off_n // SUB_N) * n_kgroups
-    sb1_ptr = sb0_ptr + n_kgroups
-    has_sub1 = off_n + SUB_N < N
-    acc0 = tl.zeros((BLOCK_M, SUB_N), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_M, SUB_N), dtype=tl.float32)
-    s0 = tl.full((BLOCK_M,), 1.0, tl.float32)
-    s1 = tl.full((BLOCK_M,), 1.0, tl.float32)
-    sa_n = tl.load(sa_rows, mask=row_ok, other=1.0)
-    sb0_n = tl.load(sb0_ptr)
-    sb1_n = tl.load(sb1_ptr, mask=has_sub1, other=1.0)
-    for kg in range(n_kgroups):
-        a = a_desc.load([off_m, kg * BLOCK_K])
-        b0 = b_desc.load([off_n, kg * BLOCK_K])
-        if PREFETCH:  # this step's scales were loaded last step; load the next step's now
-            sa, sb0, sb1 = sa_n, sb0_n, sb1_n
-            nxt = tl.minimum(kg + 1, n_kgroups - 1)  # the last step reloads its own (unused) scales
-            sa_n = tl.load(sa_rows + nxt * sa_sk, mask=row_ok, other=1.0)
-            sb0_n = tl.load(sb0_ptr + nxt)
-            sb1_n = tl.load(sb1_ptr + nxt, mask=has_sub1, other=1.0)
-        else:
-            sa = tl.load(sa_rows + kg * sa_sk, mask=row_ok, other=1.0)
-            sb0 = tl.load(sb0_ptr + kg)
-            sb1 = tl.load(sb1_ptr + kg, mask=has_sub1, other=1.0)
-        if not SCALED:
-            acc0 = tl.dot(a, tl.trans(b0), acc0)
-        elif PROMOTE:
-            acc0 += tl.dot(a, tl.trans(b0)) * (sa * sb0)[:, None]
-        else:
-            s = sa * sb0
-            acc0 = tl.dot(a, tl.trans(b0), acc0 * (s0 / s)[:, None])
-            s0 = s
-        if NSUB == 2:
-            b1 = b_desc.load([off_n + SUB_N, kg * BLOCK_K])
-            if not SCALED:
-                acc1 = tl.dot(a, tl.trans(b1), acc1)
-            elif PROMOTE:
-                acc1 += tl.dot(a, tl.trans(b1)) * (sa * sb1)[:, None]
-            else:
-                s = sa * sb1
-                acc1 = tl.dot(a, tl.trans(b1), acc1 * (s1 / s)[:, None])
-                s1 = s
-    if SCALED and not PROMOTE:
-        acc0 = acc0 * s0[:, None]
-        acc1 = acc1 * s1[:, None]
-    c_desc.store([off_m, off_n], acc0.to(tl.bfloat16))
-    if NSUB == 2:
-        c_desc.store([off_m, off_n + SUB_N], acc1.to(tl.bfloat16))
-
-
-@triton.jit
-def _probe_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
-                  BLOCK_M: tl.constexpr, NSUB: tl.constexpr, GROUP_M: tl.constexpr, PROMOTE: tl.constexpr,
-                  PREFETCH: tl.constexpr, SCALED: tl.constexpr, PERSISTENT: tl.constexpr, NUM_SMS: tl.constexpr):
-    BLOCK_N: tl.constexpr = NSUB * 128
-    if PERSISTENT:
-        n_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-        for tile in range(tl.program_id(0), n_tiles, NUM_SMS):
-            pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            _one_tile(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk, pid_m * BLOCK_M,
-                      pid_n * BLOCK_N, BLOCK_M, NSUB, PROMOTE, PREFETCH, SCALED)
-    else:
-        pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        _one_tile(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk, pid_m * BLOCK_M,
-                  pid_n * BLOCK_N, BLOCK_M, NSUB, PROMOTE, PREFETCH, SCALED)
+def unscaled_gemm(a, b, *, block_m, nsub, warps, stages, persistent=False):
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
+    bn = nsub * GROUP
+    descs = [TensorDescriptor.from_tensor(a, [block_m, GROUP]), TensorDescriptor.from_tensor(b, [bn, GROUP]),
+             TensorDescriptor.from_tensor(c, [block_m, bn])]
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, bn)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
+    _unscaled_kernel[(min(tiles, sms) if persistent else tiles,)](
+        *descs, m, n, k, BLOCK_M=block_m, BLOCK_N=bn, PERSISTENT=persistent, NUM_SMS=sms, num_warps=warps,
+        num_stages=stages)
+    return c
 
 
 def probe_gemm(a, sa, b, sb, *, block_m, nsub, warps, stages, promote=True, prefetch=False, sa_t=False,
                scaled=True, persistent=False):
-    """BF16 C from E4M3 A (1x128 inverse scales sa [M, K/128]) and B (128x128 sb). With `sa_t` the kernel reads
-    sa from an M-major copy made here (its cost is inside the timing)."""
-    m, k = a.shape
-    n = b.shape[0]
-    c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
-    a_desc = TensorDescriptor.from_tensor(a, [block_m, GROUP])
-    b_desc = TensorDescriptor.from_tensor(b, [GROUP, GROUP])
-    c_desc = TensorDescriptor.from_tensor(c, [block_m, GROUP])
-    if sa_t:
-        sa = sa.t().contiguous()  # [K/128, M]
-        sa_sm, sa_sk = 1, m
-    else:
-        sa_sm, sa_sk = sa.shape[1], 1
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, nsub * GROUP)
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
-    grid = (min(tiles, sms),) if persistent else (tiles,)
-    _probe_kernel[grid](a_desc, b_desc, c_desc, sa, sb, m, n, triton.cdiv(k, GROUP), sa_sm, sa_sk,
-                        BLOCK_M=block_m, NSUB=nsub, GROUP_M=8, PROMOTE=promote, PREFETCH=prefetch, SCALED=scaled,
-                        PERSISTENT=persistent, NUM_SMS=sms, num_warps=warps, num_stages=stages)
-    return c
+    """One variant: fp8bench's kernel with that config, or (scaled=False) the unscaled ceiling."""
+    if not scaled:
+        return unscaled_gemm(a, b, block_m=block_m, nsub=nsub, warps=warps, stages=stages, persistent=persistent)
+    config = triton.Config({"BLOCK_M": block_m, "NSUB": nsub, "GROUP_M": 8, "PROMOTE": promote,
+                            "PREFETCH": prefetch, "PERSISTENT": persistent},
+                           num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
+    return gemm_blockwise(a, m_major(sa) if sa_t else sa, b, sb, config)
 
 
 TILES = [  # (promote, block_m, nsub, warps, stages): the kernel's best configs in the earlier probes
@@ -171,7 +102,6 @@ def probe_shape(name: str, mnk: tuple[int, int, int], todo: list[dict], deadline
     """One shape: cuBLAS blockwise and tensorwise, the autotuned kernel, then each variant in `todo` (until
     `deadline`); the scaled variants' TFLOPS go to `best`."""
     from fp8bench_kernels._tune import steady_do_bench
-    from fp8bench_kernels.gemm_blockwise import gemm_blockwise
     from fp8bench_kernels.quantize_blockwise import quantize_blockwise
     from kernel_bench import recipe
 
@@ -184,6 +114,7 @@ def probe_shape(name: str, mnk: tuple[int, int, int], todo: list[dict], deadline
     qa, sa = quantize_blockwise(a, (1, 128), True)
     qb, sb = quantize_blockwise(b, (128, 128), True)
     ref = gemm_blockwise(qa, sa, qb, sb).float()
+    ref_unscaled = qa.float() @ qb.float().t()
     fl = 2.0 * m * n * k
     row: dict = {"shape": name, "mnk": [m, n, k]}
     for scaling in ("blockwise", "current"):
@@ -196,8 +127,9 @@ def probe_shape(name: str, mnk: tuple[int, int, int], todo: list[dict], deadline
             break
         try:
             y = probe_gemm(qa, sa, qb, sb, **v).float()
-            err = ((y - ref).norm() / ref.norm()).item()
-            if v.get("scaled", True) and err > 1e-2:
+            want = ref if v.get("scaled", True) else ref_unscaled
+            err = ((y - want).norm() / want.norm()).item()
+            if err > 1e-2:
                 row[label(v)] = f"wrong: rel err {err:.3g}"
             else:
                 tf = fl / steady_do_bench(lambda v=v: probe_gemm(qa, sa, qb, sb, **v)) / 1e9

@@ -73,7 +73,7 @@ class TritonBackend(Backend):
     def gemm(self, a, b, role, recipe):
         """C = A·Bᵀ with A's 1x128 and B's 128x128 blockwise scales (fprop: activations x weights; dgrad:
         gradients x transposed weights). wgrad has 1x128 scales on both operands: not this kernel."""
-        from fp8bench_kernels.gemm_blockwise import gemm_blockwise
+        from fp8bench_kernels.gemm_blockwise import gemm_blockwise, m_major
         from fp8bench_kernels.quantize_blockwise import quantize_blockwise
 
         if recipe.format is Format.BF16:
@@ -87,9 +87,12 @@ class TritonBackend(Backend):
         def with_quant():
             qa, sa = quantize_blockwise(a16, (1, 128), pow2)
             qb, sb = quantize_blockwise(b16, (128, 128), pow2)
-            return gemm_blockwise(qa, sa, qb, sb)
+            return gemm_blockwise(qa, m_major(sa), qb, sb)
         qa, sa = quantize_blockwise(a16, (1, 128), pow2)
         qb, sb = quantize_blockwise(b16, (128, 128), pow2)
+        # the GEMM reads A's scales M-major: with quantization the copy from the quantizer's row-major layout
+        # is part of the time; kernel-only takes them as the GEMM reads them
+        sa = m_major(sa)
         return GemmOp(with_quant=with_quant, kernel_only=lambda: gemm_blockwise(qa, sa, qb, sb))
 
 
