@@ -203,10 +203,10 @@ def compare_runs(con, base_spec: str, head_spec: str) -> Comparison:
     base_commit = con.execute("SELECT git_commit FROM runs WHERE run_id = ?", [base]).fetchone()[0]
     for key in sorted(k for k in set(sb) & set(sh) if k[1] in METRICS):  # timings, not loss curves
         case_id, metric = key
-        past = history.get(key, [])
-        level = usual_level(past, base_commit)
+        runs = history.get(key, [])
+        level = usual_level(runs, base_commit)
         rel, p, floor, verdict = judge_samples(sb[key], sh[key], METRICS.get(metric, ("", "lower"))[1],
-                                               run_to_run_noise([v for _, v in past]), level)
+                                               run_to_run_noise([v for _, v in runs]), level)
         cmp.changes.append(Change(case_id, metric, statistics.median(sb[key]), statistics.median(sh[key]), rel, p,
                                   floor, verdict, level))
     vb, vh = _values(con, base, "sqnr_db"), _values(con, head, "sqnr_db")
