@@ -22,7 +22,7 @@ gemm_variant_probe.json) rescale 128x256 with M-major, prefetched scales on a pe
 the same tiles reaches 1325 at 8192³, over cuBLAS tensorwise's 1280: the gap is the per-group scaling, which
 waits on each group's tensor-core product. `WS` (off in every autotuned config) puts Triton's warp
 specialization on the K loop: with Triton 3.6 on the H200 it was slower than the best plain config (867 vs
-922 TFLOPS at 8192³), several tiles failed to compile and 64x256 returned NaN (scripts/gemm_ws_probe.py).
+922 TFLOPS at 8192³), several tiles failed to compile and 64x256 returned NaN (scripts/gemm_variant_probe.py --ws).
 
 `gemm_blockwise_reference`: dequantize both operands to FP32 and multiply.
 """

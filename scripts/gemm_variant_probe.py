@@ -7,11 +7,15 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
 - prefetch (`PREFETCH`): each K group's scales are loaded one step ahead;
 - persistent (`PERSISTENT`): one program per SM walks the tiles (grouped order);
 - unscaled: a plain FP8 GEMM of the same tiles with no scales in the K loop (`_unscaled_kernel` here): the
-  ceiling of Triton's code generation before any blockwise work.
-Stage 1 runs every variant at 8192³ (time-boxed); stage 2 the best few at the Llama shapes. Session 7's run
-(results/h200-kernels/gemm_variant_probe.json) timed a copy of the kernel with these switches, since folded in.
+  ceiling of Triton's code generation before any blockwise work;
+- ws (`WS`, with --ws): Triton's warp specialization on the K loop, over the tiles of WS_TILES.
+Stage 1 runs every variant at 8192³ (time-boxed); stage 2 the best few at the Llama shapes. With --ws, every
+WS variant and two plain baselines run at each shape. A config that fails to compile or returns a wrong
+result is recorded as such. Results (results/h200-kernels/): gemm_variant_probe.json (session 7, which timed a
+copy of the kernel with these switches, since folded in) and gemm_ws_probe.json (session 6, recorded by this
+probe's WS part when it was scripts/gemm_ws_probe.py; re-run it after a Triton upgrade).
 
-Usage: python3 scripts/gemm_variant_probe.py OUT.json [--budget-s 200]
+Usage: python3 scripts/gemm_variant_probe.py OUT.json [--budget-s 200] [--ws]
 """
 
 from __future__ import annotations
@@ -58,12 +62,12 @@ def unscaled_gemm(a, b, *, block_m, nsub, warps, stages, persistent=False):
 
 
 def probe_gemm(a, sa, b, sb, *, block_m, nsub, warps, stages, promote=True, prefetch=False, sa_t=False,
-               scaled=True, persistent=False):
+               scaled=True, persistent=False, ws=False):
     """One variant: fp8bench's kernel with that config, or (scaled=False) the unscaled ceiling."""
     if not scaled:
         return unscaled_gemm(a, b, block_m=block_m, nsub=nsub, warps=warps, stages=stages, persistent=persistent)
     config = triton.Config({"BLOCK_M": block_m, "NSUB": nsub, "GROUP_M": 8, "PROMOTE": promote,
-                            "PREFETCH": prefetch, "PERSISTENT": persistent},
+                            "PREFETCH": prefetch, "PERSISTENT": persistent, "WS": ws},
                            num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
     return gemm_blockwise(a, m_major(sa) if sa_t else sa, b, sb, config)
 
@@ -89,12 +93,25 @@ def variants():
         yield dict(block_m=bm, nsub=ns, warps=w, stages=st, scaled=False, persistent=True)
 
 
+WS_TILES = [(128, 1, 4, 3), (128, 1, 4, 4), (128, 1, 8, 3), (128, 1, 8, 4), (128, 2, 8, 3), (64, 1, 4, 4),
+            (64, 2, 4, 3), (128, 2, 4, 3), (256, 1, 8, 3)]
+"""(BLOCK_M, NSUB, warps, stages) tried with WS, for both the promote and rescale variants."""
+
+
+def ws_variants():
+    for p in (True, False):
+        for bm, ns, w, st in WS_TILES:
+            yield dict(promote=p, block_m=bm, nsub=ns, warps=w, stages=st, ws=True)
+    for bm, ns, w, st in ((64, 1, 4, 4), (128, 1, 8, 4)):  # the best plain configs of the earlier kernel
+        yield dict(promote=True, block_m=bm, nsub=ns, warps=w, stages=st)
+
+
 def label(v: dict) -> str:
     if not v.get("scaled", True):
         return f"unscaled {v['block_m']}x{128 * v['nsub']} w{v['warps']} s{v['stages']}" + (" persistent" if v.get("persistent") else "")
     flags = [f for f in ("sa_t", "prefetch", "persistent") if v.get(f)]
     return (f"{'promote' if v['promote'] else 'rescale'} {v['block_m']}x{128 * v['nsub']} w{v['warps']} "
-            f"s{v['stages']}" + "".join(f" +{f}" for f in flags))
+            f"s{v['stages']}" + "".join(f" +{f}" for f in flags) + (" WS" if v.get("ws") else ""))
 
 
 def probe_shape(name: str, mnk: tuple[int, int, int], todo: list[dict], deadline: float | None,
@@ -147,11 +164,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--budget-s", type=float, default=200.0)
+    ap.add_argument("--ws", action="store_true", help="probe Triton's warp specialization instead")
     args = ap.parse_args()
     rows: list[dict] = []
     best: list[tuple[float, dict]] = []
     for stage, (name, mnk) in enumerate(SHAPES.items()):
-        if stage == 0:
+        if args.ws:
+            rows.append(probe_shape(name, mnk, list(ws_variants()), None, []))
+        elif stage == 0:
             rows.append(probe_shape(name, mnk, list(variants()), time.monotonic() + args.budget_s, best))
             top = [v for _, v in sorted(best, key=lambda t: -t[0])[:8]] + list(variants())[:3]  # + ceilings
         else:
