@@ -166,11 +166,8 @@ def m_major(sa: torch.Tensor) -> torch.Tensor:
     return sa if sa.stride(0) == 1 else sa.t().contiguous().t()
 
 
-def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
-                   config: triton.Config | None = None) -> torch.Tensor:
-    """BF16 [M, N] from E4M3 A [M, K] (1x128 inverse scales sa) and E4M3 B [N, K] (128x128 inverse scales sb).
-    sa may be row-major, as `quantize_blockwise` writes it, or M-major (`m_major`), which reads faster.
-    `config` runs one of `CONFIGS` instead of the autotuner's pick (tests, per-variant benchmarks)."""
+def check_operands(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor) -> tuple[int, int, int]:
+    """(M, N, K groups) of a blockwise GEMM's operands, or ValueError naming what does not fit."""
     m, k = a.shape
     n, kb = b.shape
     if k != kb or not a.is_contiguous() or not b.is_contiguous():
@@ -181,6 +178,16 @@ def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
     if sa.shape != (m, n_kgroups) or sb.shape != (triton.cdiv(n, GROUP), n_kgroups):
         raise ValueError(f"scales {tuple(sa.shape)} / {tuple(sb.shape)} do not match the 1x128 / 128x128 layout "
                          f"({m}, {n_kgroups}) / ({triton.cdiv(n, GROUP)}, {n_kgroups})")
+    return m, n, n_kgroups
+
+
+def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                   config: triton.Config | None = None) -> torch.Tensor:
+    """BF16 [M, N] from E4M3 A [M, K] (1x128 inverse scales sa) and E4M3 B [N, K] (128x128 inverse scales sb).
+    sa may be row-major, as `quantize_blockwise` writes it, or M-major (`m_major`), which reads faster.
+    `config` runs one of `CONFIGS` instead of the autotuner's pick (tests, per-variant benchmarks)."""
+    m, n, n_kgroups = check_operands(a, sa, b, sb)
+    k = a.shape[1]
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
     dummy = [1, 1]  # box sizes are set per autotuned config (_set_block_shapes)
     a_desc = TensorDescriptor.from_tensor(a, dummy)

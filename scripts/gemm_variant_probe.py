@@ -8,14 +8,17 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
 - persistent (`PERSISTENT`): one program per SM walks the tiles (grouped order);
 - unscaled: a plain FP8 GEMM of the same tiles with no scales in the K loop (`_unscaled_kernel` here): the
   ceiling of Triton's code generation before any blockwise work;
-- ws (`WS`, with --ws): Triton's warp specialization on the K loop, over the tiles of WS_TILES.
+- ws (`WS`, with --ws): Triton's warp specialization on the K loop, over the tiles of WS_TILES;
+- gluon (with --gluon): kernels/gemm_blockwise_gluon.py, each config with a persistent grid and one program per
+  tile, next to the unscaled ceiling; then the error of every blockwise GEMM here, rescale and promote, ours and
+  cuBLAS's with and without fast accumulation, against the exact product (FP64) of the dequantized operands.
 Stage 1 runs every variant at 8192³ (time-boxed); stage 2 the best few at the Llama shapes. With --ws, every
 WS variant and two plain baselines run at each shape. A config that fails to compile or returns a wrong
 result is recorded as such. Results (results/h200-kernels/): gemm_variant_probe.json (session 7, which timed a
 copy of the kernel with these switches, since folded in) and gemm_ws_probe.json (session 6, recorded by this
 probe's WS part when it was scripts/gemm_ws_probe.py; re-run it after a Triton upgrade).
 
-Usage: python3 scripts/gemm_variant_probe.py OUT.json [--budget-s 200] [--ws]
+Usage: python3 scripts/gemm_variant_probe.py OUT.json [--budget-s 200] [--ws | --gluon]
 """
 
 from __future__ import annotations
@@ -28,8 +31,22 @@ import time
 import torch
 import triton
 import triton.language as tl
-from fp8bench_kernels.gemm_blockwise import GROUP, _set_block_shapes, _tile, gemm_blockwise, m_major
+from fp8bench_kernels.gemm_blockwise import (
+    CONFIGS,
+    GROUP,
+    _set_block_shapes,
+    _tile,
+    gemm_blockwise,
+    gemm_blockwise_reference,
+    m_major,
+)
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:  # Gluon's Hopper kernel (needs a Triton with triton.experimental.gluon)
+    from fp8bench_kernels.gemm_blockwise_gluon import CONFIGS as GLUON_CONFIGS
+    from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon
+except ImportError:
+    GLUON_CONFIGS, gemm_blockwise_gluon = (), None
 
 
 @triton.jit
@@ -62,8 +79,10 @@ def unscaled_gemm(a, b, *, block_m, nsub, warps, stages, persistent=False):
 
 
 def probe_gemm(a, sa, b, sb, *, block_m, nsub, warps, stages, promote=True, prefetch=False, sa_t=False,
-               scaled=True, persistent=False, ws=False):
+               scaled=True, persistent=False, ws=False, gluon=None):
     """One variant: fp8bench's kernel with that config, or (scaled=False) the unscaled ceiling."""
+    if gluon is not None:
+        return gemm_blockwise_gluon(a, m_major(sa) if sa_t else sa, b, sb, gluon, persistent)
     if not scaled:
         return unscaled_gemm(a, b, block_m=block_m, nsub=nsub, warps=warps, stages=stages, persistent=persistent)
     config = triton.Config({"BLOCK_M": block_m, "NSUB": nsub, "GROUP_M": 8, "PROMOTE": promote,
@@ -106,7 +125,18 @@ def ws_variants():
         yield dict(promote=True, block_m=bm, nsub=ns, warps=w, stages=st)
 
 
+def gluon_variants():
+    for persistent in (True, False):
+        for config in GLUON_CONFIGS:
+            yield dict(gluon=config, persistent=persistent, sa_t=True)
+    yield dict(gluon=GLUON_CONFIGS[0], persistent=True)  # row-major activation scales
+    yield dict(block_m=128, nsub=2, warps=8, stages=3, scaled=False, persistent=True)
+
+
 def label(v: dict) -> str:
+    if v.get("gluon") is not None:
+        return (f"gluon {v['gluon']!r}" + (" persistent" if v["persistent"] else "")
+                + ("" if v.get("sa_t") else " row-major sa"))
     if not v.get("scaled", True):
         return f"unscaled {v['block_m']}x{128 * v['nsub']} w{v['warps']} s{v['stages']}" + (" persistent" if v.get("persistent") else "")
     flags = [f for f in ("sa_t", "prefetch", "persistent") if v.get(f)]
@@ -159,18 +189,65 @@ def probe_shape(name: str, mnk: tuple[int, int, int], todo: list[dict], deadline
     return row
 
 
+def cublas_blockwise(qa, sa, qb, sb, fast_accum: bool):
+    """F.scaled_mm (cuBLAS) on the same quantized operands, scales in the layouts it asks for
+    (fp8bench/backends/scaled_mm.py)."""
+    import torch.nn.functional as F
+    kg = sa.shape[1]
+    padded = torch.zeros(sb.shape[0], -(-kg // 4) * 4, device=sb.device)
+    padded[:, :kg] = sb
+    return F.scaled_mm(qa, qb.t(), m_major(sa), F.ScalingType.BlockWise1x128, padded.t(),
+                       F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+
+
+def accuracy(name: str, mnk: tuple[int, int, int], rows: int = 512) -> dict:
+    """Each GEMM's error on the first `rows` x `rows` outputs against the exact (FP64) product of the dequantized
+    operands: relative Frobenius error and the largest error over the output's RMS."""
+    from fp8bench_kernels.quantize_blockwise import quantize_blockwise
+    m, n, k = mnk
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qa, sa = quantize_blockwise(torch.randn(m, k, device="cuda", generator=g).bfloat16(), (1, 128), True)
+    qb, sb = quantize_blockwise(torch.randn(n, k, device="cuda", generator=g).bfloat16(), (128, 128), True)
+    exact = gemm_blockwise_reference(qa[:rows].double(), sa[:rows].double(), qb[:rows].double(),
+                                     sb[: rows // GROUP].double())
+    promote = next(c for c in CONFIGS if c.kwargs["PROMOTE"] and c.kwargs["NSUB"] == 2)
+    rescale = next(c for c in CONFIGS if not c.kwargs["PROMOTE"] and c.kwargs["NSUB"] == 2)
+    runs = {"triton promote": lambda: gemm_blockwise(qa, sa, qb, sb, promote),
+            "triton rescale": lambda: gemm_blockwise(qa, sa, qb, sb, rescale),
+            "cublas blockwise": lambda: cublas_blockwise(qa, sa, qb, sb, False),
+            "cublas blockwise fast_accum": lambda: cublas_blockwise(qa, sa, qb, sb, True)}
+    for config in GLUON_CONFIGS:
+        runs[f"gluon {config!r}"] = lambda config=config: gemm_blockwise_gluon(qa, m_major(sa), qb, sb, config)
+    row: dict = {"shape": name, "mnk": [m, n, k], "rows": rows}
+    bf16 = exact.bfloat16().double()  # the floor: rounding the exact product to BF16
+    row["bf16 rounding of exact"] = {"rel_fro": ((bf16 - exact).norm() / exact.norm()).item()}
+    for label_, run in runs.items():
+        try:
+            y = run()[:rows, :rows].double()
+            d = y - exact
+            row[label_] = {"rel_fro": (d.norm() / exact.norm()).item(),
+                           "max_over_rms": (d.abs().max() / exact.pow(2).mean().sqrt()).item()}
+        except Exception as e:
+            row[label_] = f"failed: {type(e).__name__}: {str(e)[:160]}"
+        print(name, "accuracy", label_, row[label_], flush=True)
+    return row
+
+
 def main() -> int:
     sys.path.insert(0, "scripts")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--ws", action="store_true", help="probe Triton's warp specialization instead")
+    ap.add_argument("--gluon", action="store_true", help="probe the Gluon kernel (and every kernel's accuracy)")
     args = ap.parse_args()
     rows: list[dict] = []
     best: list[tuple[float, dict]] = []
     for stage, (name, mnk) in enumerate(SHAPES.items()):
         if args.ws:
             rows.append(probe_shape(name, mnk, list(ws_variants()), None, []))
+        elif args.gluon:
+            rows.append(probe_shape(name, mnk, list(gluon_variants()), None, []))
         elif stage == 0:
             rows.append(probe_shape(name, mnk, list(variants()), time.monotonic() + args.budget_s, best))
             top = [v for _, v in sorted(best, key=lambda t: -t[0])[:8]] + list(variants())[:3]  # + ceilings
@@ -179,6 +256,11 @@ def main() -> int:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
         torch.cuda.empty_cache()
+    if args.gluon:
+        for name in ("8192^3", "l3-70b down fprop"):
+            rows.append(accuracy(name, SHAPES[name]))
+            with open(args.out, "w") as f:
+                json.dump(rows, f, indent=1)
     return 0
 
 

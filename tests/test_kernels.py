@@ -107,6 +107,55 @@ def test_blockwise_gemm_matches_the_dequantized_reference(k, m, n, kk, config):
     assert sqnr_db(ref, c.float()) > 40.0  # BF16 output rounding (~48 dB); a misplaced scale gives < 10 dB
 
 
+def gluon_configs():
+    from fp8bench_kernels.gemm_blockwise_gluon import CONFIGS
+
+    return CONFIGS
+
+
+@pytest.mark.parametrize("config", gluon_configs(), ids=repr)
+def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config):
+    """The Gluon kernel cannot run under the interpreter, so CI compiles it for sm_90 and checks what makes it
+    fast: warp-specialized (register reallocation between producer and math warpgroups), FP8 wgmmas of the
+    half-tile width, and no wgmma that ptxas serializes or waits on behind the kernel's back (C7514/C7517:
+    an accumulator register read while a wgmma is in flight, what held the Triton kernel back)."""
+    import subprocess
+
+    from fp8bench_kernels.gemm_blockwise_gluon import SMEM_LIMIT, compile_sm90
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    kernel = compile_sm90(config)
+    ptx = kernel.asm["ptx"]
+    assert "setmaxnreg.dec.sync.aligned.u32" in ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{config.sub_n}k32.f32.e4m3.e4m3" in ptx
+    assert kernel.metadata.shared <= SMEM_LIMIT and kernel.metadata.shared >= config.smem_bytes()
+    ptxas = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"],
+                           input=ptx, capture_output=True, text=True)
+    assert ptxas.returncode == 0, ptxas.stderr
+    assert "wgmma" not in ptxas.stderr, ptxas.stderr  # C7514 / C7517 name the serialized wgmma
+    assert "0 bytes spill stores" in ptxas.stderr
+
+
+GLUON_GEMMS = GEMMS + [pytest.param(1000, 1064, 1008, marks=pytest.mark.gpu)]
+"""+ ragged edges: partial tiles in M, a half-tile past N, a partial K group"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "tile-per-program"])
+@pytest.mark.parametrize("config", gluon_configs(), ids=repr)
+@pytest.mark.parametrize("m,n,kk", GLUON_GEMMS)
+def test_gluon_gemm_matches_the_dequantized_reference(k, m, n, kk, config, persistent):
+    from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon
+
+    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128))
+    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2), (128, 128))
+    ref = k.gemm_blockwise.gemm_blockwise_reference(a, sa, b, sb)
+    for scales in (sa, k.gemm_blockwise.m_major(sa)):
+        c = gemm_blockwise_gluon(a, scales, b, sb, config, persistent)
+        assert c.dtype == torch.bfloat16 and c.shape == (m, n)
+        assert sqnr_db(ref, c.float()) > 40.0
+
+
 def test_gemm_rejects_unaligned_rows(k):
     a, sa = k.quantize_blockwise.quantize_blockwise(data(64, 200), (1, 128))
     b, sb = k.quantize_blockwise.quantize_blockwise(data(128, 200), (128, 128))

@@ -1,0 +1,263 @@
+"""The blockwise-scaled FP8 GEMM of `gemm_blockwise`, written in Gluon for Hopper (sm_90): same operands, same
+scales, same result, with the tensor-core work and the per-group scaling overlapped by warp specialization.
+
+Why a second kernel: in the Triton kernel every K group's scaling waits for that group's tensor-core product
+(`wgmma.wait_group 0`), and all warps meet at CTA-wide barriers around each TMA refill, so the tensor cores idle
+while the CUDA cores scale. Without scales the same tiles reach 1325 TFLOPS at 8192³ on the H200; with them,
+985 (results/h200-kernels/gemm_variant_probe.json). Keeping one wgmma in flight while the same warpgroup scales
+another accumulator does not work either: ptxas then serializes every wgmma of the kernel (C7514), since it
+cannot tell that `wait_group 1` retired the accumulator being read.
+
+So the overlap is between warpgroups, as in DeepGEMM: a producer warp TMA-loads each (tile, K group) into a
+STAGES-deep ring, and two math warpgroups, rows 0-63 and 64-127 of the tile, each wait for a stage (`ready`
+mbarrier), run their wgmmas, wait for them, release the stage (`empty` mbarrier, one arrival per warpgroup) and
+scale. Nothing but those mbarriers ties the warpgroups together, so one scales while the other's wgmmas run.
+Registers move to the math warpgroups (setmaxnreg: 40 for the producer). The grid is persistent when it is
+smaller than the tile count: each program walks tiles in grouped order, and the producer runs ahead into the
+next tile while the math warpgroups store the last one.
+
+Each warpgroup's tile is two column halves of SUB_N, so B's 128x128 scale is one scalar per half and group.
+Scaling, as in `gemm_blockwise` (`PROMOTE`):
+- promote (DeepSeek-V3): each group's product goes to a fresh tile that is scaled and added to an FP32
+  accumulator on the CUDA cores, every 128 of K. Two FP32 tiles per half, so halves are 64 wide (128x128 tiles).
+- rescale: each half keeps its accumulator in units of the current group's scale s = sa·sb, so a step is
+  `acc = wgmma(a, b, acc · s_prev/s)` and s is applied once at the end: one FP32 tile per half (128x256 tiles).
+  The sum then stays in the tensor core's accumulation, whose precision on Hopper is below FP32 (DeepSeek-V3
+  reports ~14 bits): the numerics of cuBLAS's fast-accumulation mode rather than DeepSeek-V3's promotion
+  (scripts/gemm_variant_probe.py --gluon measures both against FP64).
+
+Triton's interpreter does not run Gluon: CI compiles the kernel for sm_90 and checks that ptxas serializes no
+wgmma; `pytest -m gpu` checks its results on the H200.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .gemm_blockwise import check_operands
+
+GROUP = gl.constexpr(128)
+
+# Triton 3.6 (the GPU box) names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later
+# releases (the CPU machines' wheel) renamed them async_load / async_store, same arguments.
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+_tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+
+
+@gluon.jit
+def _tile(tile_id, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(row, column) offsets of a tile in grouped order: tiles that share A rows run together (L2 reuse)."""
+    grid_m = gl.cdiv(M, BLOCK_M)
+    grid_n = gl.cdiv(N, BLOCK_N)
+    width = GROUP_M * grid_n
+    first_m = (tile_id // width) * GROUP_M
+    group_m = gl.minimum(grid_m - first_m, GROUP_M)
+    return (first_m + (tile_id % width) % group_m) * BLOCK_M, ((tile_id % width) // group_m) * BLOCK_N
+
+
+@gluon.jit
+def _loader(a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, n_kgroups, BLOCK_M: gl.constexpr,
+            SUB_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """Producer warp: TMA-loads each (tile, K group) of this program into the ring, a stage once both
+    consumers have released it."""
+    n_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 2 * SUB_N)
+    step = 0
+    for tile_id in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        off_m, off_n = _tile(tile_id, M, N, BLOCK_M, 2 * SUB_N, GROUP_M)
+        for kg in range(n_kgroups):
+            stage = step % STAGES
+            # a fresh barrier counts as released once (parity 1), so the first lap does not wait
+            mbarrier.wait(empty.index(stage), ((step // STAGES) & 1) ^ 1)
+            bar = ready.index(stage)
+            mbarrier.expect(bar, a_desc.block_type.nbytes + 2 * b_desc.block_type.nbytes)
+            _tma_load(a_desc, [off_m, kg * GROUP], bar, a_smem.index(stage))
+            _tma_load(b_desc, [off_n, kg * GROUP], bar, b_smem.index(2 * stage))
+            _tma_load(b_desc, [off_n + SUB_N, kg * GROUP], bar, b_smem.index(2 * stage + 1))
+            step += 1
+
+
+@gluon.jit
+def _scales(sa_ptr, sb_ptr, off_m, off_n, kg, n_kgroups, M, N, sa_sm, sa_sk, rows, SUB_N: gl.constexpr):
+    """Per-row scales sa·sb of both halves for one K group. Rows past M and a half past N read scale 1 (their
+    products are zero-filled and never stored)."""
+    rm = off_m + rows
+    sa = gl.load(sa_ptr + rm * sa_sm + kg * sa_sk, mask=rm < M, other=1.0)
+    sb0 = gl.load(sb_ptr + (off_n // GROUP) * n_kgroups + kg)
+    sb1 = gl.load(sb_ptr + ((off_n + SUB_N) // GROUP) * n_kgroups + kg, mask=off_n + SUB_N < N, other=1.0)
+    return sa * sb0, sa * sb1
+
+
+@gluon.jit
+def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
+              WG: gl.constexpr, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, GROUP_M: gl.constexpr,
+              STAGES: gl.constexpr, PROMOTE: gl.constexpr):
+    """One math warpgroup: rows [WG·64, WG·64 + 64) of each tile, both column halves. Each K group's wgmmas are
+    waited for at once (ptxas serializes every wgmma of a kernel that reads an accumulator while another wgmma
+    is in flight); the overlap of scaling and tensor-core work comes from the other warpgroup, which no
+    CTA-wide barrier ties to this one."""
+    ROWS: gl.constexpr = BLOCK_M // 2
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, SUB_N, 32])
+    rows = WG * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
+    zero = gl.zeros((ROWS, SUB_N), gl.float32, mma)
+    n_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 2 * SUB_N)
+    step = 0
+    for tile_id in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        off_m, off_n = _tile(tile_id, M, N, BLOCK_M, 2 * SUB_N, GROUP_M)
+        acc0 = zero
+        acc1 = zero
+        s0, s1 = _scales(sa_ptr, sb_ptr, off_m, off_n, 0, n_kgroups, M, N, sa_sm, sa_sk, rows, SUB_N)
+        prev0 = s0
+        prev1 = s1
+        for kg in range(n_kgroups):
+            # the next group's scales now: their latency hides behind this group's wait and MMAs
+            nxt0, nxt1 = _scales(sa_ptr, sb_ptr, off_m, off_n, gl.minimum(kg + 1, n_kgroups - 1), n_kgroups, M, N,
+                                 sa_sm, sa_sk, rows, SUB_N)
+            stage = step % STAGES
+            mbarrier.wait(ready.index(stage), (step // STAGES) & 1)
+            a = a_smem.index(stage).slice(WG * ROWS, ROWS)
+            b0 = b_smem.index(2 * stage).permute((1, 0))
+            b1 = b_smem.index(2 * stage + 1).permute((1, 0))
+            if PROMOTE:  # DeepSeek-V3: each group's product from zero, scaled and summed in FP32
+                t0 = warpgroup_mma(a, b0, zero, use_acc=False, is_async=True)
+                t1 = warpgroup_mma(a, b1, zero, use_acc=False, is_async=True)
+                t0, t1 = warpgroup_mma_wait(num_outstanding=0, deps=(t0, t1))
+                mbarrier.arrive(empty.index(stage))
+                acc0 = acc0 + t0 * gl.expand_dims(s0, 1)
+                acc1 = acc1 + t1 * gl.expand_dims(s1, 1)
+            else:  # rescale: the accumulator in this group's units, s applied after the loop
+                # both halves scaled before either wgmma: ptxas makes a wgmma wait for any later read of an
+                # accumulator register
+                acc0 = acc0 * gl.expand_dims(prev0 / s0, 1)
+                acc1 = acc1 * gl.expand_dims(prev1 / s1, 1)
+                first = kg == 0
+                acc0 = warpgroup_mma(a, b0, acc0, use_acc=not first, is_async=True)
+                acc1 = warpgroup_mma(a, b1, acc1, use_acc=not first, is_async=True)
+                acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+                mbarrier.arrive(empty.index(stage))
+            prev0 = s0
+            prev1 = s1
+            s0 = nxt0
+            s1 = nxt1
+            step += 1
+        if not PROMOTE:
+            acc0 = acc0 * gl.expand_dims(prev0, 1)
+            acc1 = acc1 * gl.expand_dims(prev1, 1)
+        tma.store_wait(pendings=0)  # this warpgroup's previous stores have read its C buffers
+        c_smem.index(2 * WG).store(acc0.to(c_desc.dtype))
+        c_smem.index(2 * WG + 1).store(acc1.to(c_desc.dtype))
+        fence_async_shared()
+        _tma_store(c_desc, [off_m + WG * ROWS, off_n], c_smem.index(2 * WG))
+        if off_n + SUB_N < N:
+            _tma_store(c_desc, [off_m + WG * ROWS, off_n + SUB_N], c_smem.index(2 * WG + 1))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
+                 BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                 PROMOTE: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [2 * STAGES, SUB_N, GROUP], b_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [4, BLOCK_M // 2, SUB_N], c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # both math warpgroups release each stage
+    # worker partitions take IR values only: integer arguments equal to 1 arrive as constexprs (Triton's
+    # specialization, e.g. sa_sm of M-major scales), so the scalars go in as tensors
+    M = gl.to_tensor(M)
+    N = gl.to_tensor(N)
+    n_kgroups = gl.to_tensor(n_kgroups)
+    sa_sm = gl.to_tensor(sa_sm)
+    sa_sk = gl.to_tensor(sa_sk)
+    gl.warp_specialize([
+        (_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
+                     0, BLOCK_M, SUB_N, GROUP_M, STAGES, PROMOTE)),
+        (_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
+                     1, BLOCK_M, SUB_N, GROUP_M, STAGES, PROMOTE)),
+        (_loader, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N, GROUP_M, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, 40])
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
+
+
+class Config(NamedTuple):
+    """One tuning point: tile rows, half-tile columns (the tile is BLOCK_M x 2·SUB_N), ring depth, scaling."""
+    block_m: int
+    sub_n: int
+    stages: int
+    promote: bool
+    consumer_regs: int = 232
+    """registers per thread of the second math warpgroup (the first gets what the producer warp leaves)"""
+
+    def smem_bytes(self) -> int:
+        ring = self.stages * (self.block_m + 2 * self.sub_n) * GROUP  # E4M3 A and B tiles
+        return ring + 2 * self.block_m * self.sub_n * 2 + 16 * self.stages  # + the BF16 C halves, mbarriers
+
+
+SMEM_LIMIT = 232448
+"""Shared memory one block may use on Hopper (227 KiB)."""
+
+CONFIGS = (Config(128, 128, 3, False), Config(128, 64, 4, False), Config(128, 64, 6, False),
+           Config(128, 64, 4, True), Config(128, 64, 6, True))
+"""Rescale with 128x256 tiles (per math warpgroup 64x256: 128 accumulator registers per thread), and both
+scalings with 128x128 tiles (promote holds each group's product next to the sums: 2 x 64 registers); up to as
+many stages as fit SMEM_LIMIT."""
+
+
+def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    dtype = gl.float8e4nv if t.dtype == torch.float8_e4m3fn else gl.bfloat16
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+
+def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                         config: Config = CONFIGS[0], persistent: bool = True) -> torch.Tensor:
+    """`gemm_blockwise` on Hopper through this kernel, with one `config`; `persistent` runs at most one program
+    per SM (else one per tile)."""
+    m, n, n_kgroups = check_operands(a, sa, b, sb)
+    c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, 2 * config.sub_n)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    _gemm_kernel[(min(tiles, sms) if persistent else tiles,)](
+        _descriptor(a, [config.block_m, GROUP]), _descriptor(b, [config.sub_n, GROUP]),
+        _descriptor(c, [config.block_m // 2, config.sub_n]), sa, sb.contiguous(), m, n, n_kgroups, sa.stride(0),
+        sa.stride(1), BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages,
+        PROMOTE=config.promote, CONSUMER_REGS=config.consumer_regs, num_warps=4)
+    return c
+
+
+def compile_sm90(config: Config):
+    """Compile the kernel for sm_90 without a GPU (Triton's own compiler and ptxas): CI checks the PTX's
+    structure with it, since Gluon cannot run under the interpreter."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def desc(dtype: str, block: list[int], gl_dtype) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
+        return f"tensordesc<{dtype}[{block[0]}, {block[1]}],{layout!r}>"
+    signature = {"a_desc": desc("fp8e4nv", [config.block_m, 128], gl.float8e4nv),
+                 "b_desc": desc("fp8e4nv", [config.sub_n, 128], gl.float8e4nv),
+                 "c_desc": desc("bf16", [config.block_m // 2, config.sub_n], gl.bfloat16),
+                 "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32", "n_kgroups": "i32", "sa_sm": "i32",
+                 "sa_sk": "i32"}
+    constants = {"BLOCK_M": config.block_m, "SUB_N": config.sub_n, "GROUP_M": 8, "STAGES": config.stages,
+                 "PROMOTE": config.promote, "CONSUMER_REGS": config.consumer_regs}
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    return triton.compile(GluonASTSource(_gemm_kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4})
