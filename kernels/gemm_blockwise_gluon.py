@@ -49,7 +49,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gemm_blockwise import check_operands
 
-GROUP = gl.constexpr(128)
+BLOCK_K = 128
+"""K per scale group: one TMA box, one scaling step"""
+GROUP = gl.constexpr(BLOCK_K)  # the same, readable inside the kernels
 
 # Triton 3.6 (the GPU box) names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later
 # releases (the CPU machines' wheel) renamed them async_load / async_store, same arguments.
@@ -207,7 +209,7 @@ class Config(NamedTuple):
     """registers per thread of the second math warpgroup (the first gets what the producer warp leaves)"""
 
     def smem_bytes(self) -> int:
-        ring = self.stages * (self.block_m + 2 * self.sub_n) * GROUP  # E4M3 A and B tiles
+        ring = self.stages * (self.block_m + 2 * self.sub_n) * BLOCK_K  # E4M3 A and B tiles
         return ring + 2 * self.block_m * self.sub_n * 2 + 16 * self.stages  # + the BF16 C halves, mbarriers
 
 
@@ -235,7 +237,7 @@ def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, 2 * config.sub_n)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     _gemm_kernel[(min(tiles, sms) if persistent else tiles,)](
-        _descriptor(a, [config.block_m, GROUP]), _descriptor(b, [config.sub_n, GROUP]),
+        _descriptor(a, [config.block_m, BLOCK_K]), _descriptor(b, [config.sub_n, BLOCK_K]),
         _descriptor(c, [config.block_m // 2, config.sub_n]), sa, sb.contiguous(), m, n, n_kgroups, sa.stride(0),
         sa.stride(1), BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages,
         PROMOTE=config.promote, CONSUMER_REGS=config.consumer_regs, num_warps=4)
