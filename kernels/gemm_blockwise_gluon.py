@@ -122,8 +122,10 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
         acc0 = zero
         acc1 = zero
         s0, s1 = _scales(sa_ptr, sb_ptr, off_m, off_n, 0, n_kgroups, M, N, sa_sm, sa_sk, rows, SUB_N)
-        prev0 = s0
-        prev1 = s1
+        # rescale's previous-group scales: their own tensors, not aliases of s0/s1 (Triton's frontend would
+        # then not carry them through the loop), and any value does for the first group, which ignores acc
+        prev0 = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, mma))
+        prev1 = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, mma))
         for kg in range(n_kgroups):
             # the next group's scales now: their latency hides behind this group's wait and MMAs
             nxt0, nxt1 = _scales(sa_ptr, sb_ptr, off_m, off_n, gl.minimum(kg + 1, n_kgroups - 1), n_kgroups, M, N,

@@ -78,7 +78,7 @@ def unscaled_gemm(a, b, *, block_m, nsub, warps, stages, persistent=False):
     return c
 
 
-def probe_gemm(a, sa, b, sb, *, block_m, nsub, warps, stages, promote=True, prefetch=False, sa_t=False,
+def probe_gemm(a, sa, b, sb, *, block_m=None, nsub=None, warps=None, stages=None, promote=True, prefetch=False, sa_t=False,
                scaled=True, persistent=False, ws=False, gluon=None):
     """One variant: fp8bench's kernel with that config, or (scaled=False) the unscaled ceiling."""
     if gluon is not None:
