@@ -71,24 +71,39 @@ def _tile(tile_id, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: 
 
 
 @gluon.jit
+def _load_step(a_desc, b_desc, a_smem, b_smem, ready, empty, step, total, M, N, n_kgroups,
+               BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """TMA-load this program's `step`-th (tile, K group) into ring stage step % STAGES once both math warpgroups
+    have released it (nothing past `total`)."""
+    stage = step % STAGES
+    pred = step < total
+    # a fresh barrier counts as released once (parity 1), so the first lap does not wait
+    mbarrier.wait(empty.index(stage), ((step // STAGES) & 1) ^ 1, pred=pred)
+    off_m, off_n = _tile(gl.program_id(0) + (step // n_kgroups) * gl.num_programs(0), M, N, BLOCK_M, 2 * SUB_N,
+                         GROUP_M)
+    k = (step % n_kgroups) * GROUP
+    bar = ready.index(stage)
+    mbarrier.expect(bar, a_desc.block_type.nbytes + 2 * b_desc.block_type.nbytes, pred=pred)
+    _tma_load(a_desc, [off_m, k], bar, a_smem.index(stage), pred=pred)
+    _tma_load(b_desc, [off_n, k], bar, b_smem.index(2 * stage), pred=pred)
+    _tma_load(b_desc, [off_n + SUB_N, k], bar, b_smem.index(2 * stage + 1), pred=pred)
+
+
+@gluon.jit
+def _steps(M, N, n_kgroups, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr):
+    """How many (tile, K group) steps this program runs: its tiles are pid, pid + programs, ..."""
+    n_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 2 * SUB_N)
+    return gl.cdiv(n_tiles - gl.program_id(0), gl.num_programs(0)) * n_kgroups
+
+
+@gluon.jit
 def _loader(a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, n_kgroups, BLOCK_M: gl.constexpr,
             SUB_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    """Producer warp: TMA-loads each (tile, K group) of this program into the ring, a stage once both
-    consumers have released it."""
-    n_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 2 * SUB_N)
-    step = 0
-    for tile_id in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        off_m, off_n = _tile(tile_id, M, N, BLOCK_M, 2 * SUB_N, GROUP_M)
-        for kg in range(n_kgroups):
-            stage = step % STAGES
-            # a fresh barrier counts as released once (parity 1), so the first lap does not wait
-            mbarrier.wait(empty.index(stage), ((step // STAGES) & 1) ^ 1)
-            bar = ready.index(stage)
-            mbarrier.expect(bar, a_desc.block_type.nbytes + 2 * b_desc.block_type.nbytes)
-            _tma_load(a_desc, [off_m, kg * GROUP], bar, a_smem.index(stage))
-            _tma_load(b_desc, [off_n, kg * GROUP], bar, b_smem.index(2 * stage))
-            _tma_load(b_desc, [off_n + SUB_N, kg * GROUP], bar, b_smem.index(2 * stage + 1))
-            step += 1
+    """Producer warp (PRODUCER_WARP): every load of the program, in order, as stages free up."""
+    total = _steps(M, N, n_kgroups, BLOCK_M, SUB_N)
+    for step in range(total):
+        _load_step(a_desc, b_desc, a_smem, b_smem, ready, empty, step, total, M, N, n_kgroups, BLOCK_M, SUB_N,
+                   GROUP_M, STAGES)
 
 
 @gluon.jit
@@ -103,9 +118,9 @@ def _scales(sa_ptr, sb_ptr, off_m, off_n, kg, n_kgroups, M, N, sa_sm, sa_sk, row
 
 
 @gluon.jit
-def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
-              WG: gl.constexpr, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, GROUP_M: gl.constexpr,
-              STAGES: gl.constexpr, PROMOTE: gl.constexpr):
+def _consumer(a_desc, b_desc, a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups,
+              sa_sm, sa_sk, WG: gl.constexpr, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, GROUP_M: gl.constexpr,
+              STAGES: gl.constexpr, PROMOTE: gl.constexpr, LOADS: gl.constexpr):
     """One math warpgroup: rows [WG·64, WG·64 + 64) of each tile, both column halves. Each K group's wgmmas are
     waited for at once (ptxas serializes every wgmma of a kernel that reads an accumulator while another wgmma
     is in flight); the overlap of scaling and tensor-core work comes from the other warpgroup, which no
@@ -116,11 +131,17 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
     rows = WG * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
     zero = gl.zeros((ROWS, SUB_N), gl.float32, mma)
     n_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, 2 * SUB_N)
+    if LOADS:  # this warpgroup also loads the ring (no producer warp): the first STAGES - 1 steps now
+        total = _steps(M, N, n_kgroups, BLOCK_M, SUB_N)
+        for p in gl.static_range(STAGES - 1):
+            _load_step(a_desc, b_desc, a_smem, b_smem, ready, empty, p, total, M, N, n_kgroups, BLOCK_M, SUB_N,
+                       GROUP_M, STAGES)
     step = 0
     for tile_id in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
         off_m, off_n = _tile(tile_id, M, N, BLOCK_M, 2 * SUB_N, GROUP_M)
         acc0 = zero
         acc1 = zero
+        t = zero  # promote's scratch tile, set per tile so that it is dead in the epilogue (else 128x256 spills)
         s0, s1 = _scales(sa_ptr, sb_ptr, off_m, off_n, 0, n_kgroups, M, N, sa_sm, sa_sk, rows, SUB_N)
         # rescale's previous-group scales: their own tensors, not aliases of s0/s1 (Triton's frontend would
         # then not carry them through the loop), and any value does for the first group, which ignores acc
@@ -136,12 +157,15 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
             b0 = b_smem.index(2 * stage).permute((1, 0))
             b1 = b_smem.index(2 * stage + 1).permute((1, 0))
             if PROMOTE:  # DeepSeek-V3: each group's product from zero, scaled and summed in FP32
-                t0 = warpgroup_mma(a, b0, zero, use_acc=False, is_async=True)
-                t1 = warpgroup_mma(a, b1, zero, use_acc=False, is_async=True)
-                t0, t1 = warpgroup_mma_wait(num_outstanding=0, deps=(t0, t1))
+                # one half at a time through one scratch tile: two FP32 sums and a scratch fit 232 registers
+                # (the scratch is the wgmma's own input, ignored with use_acc=False: a zero tile would be live too)
+                t = warpgroup_mma(a, b0, t, use_acc=False, is_async=True)
+                t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+                acc0 = acc0 + t * gl.expand_dims(s0, 1)
+                t = warpgroup_mma(a, b1, t, use_acc=False, is_async=True)
+                t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
                 mbarrier.arrive(empty.index(stage))
-                acc0 = acc0 + t0 * gl.expand_dims(s0, 1)
-                acc1 = acc1 + t1 * gl.expand_dims(s1, 1)
+                acc1 = acc1 + t * gl.expand_dims(s1, 1)
             else:  # rescale: the accumulator in this group's units, s applied after the loop
                 # both halves scaled before either wgmma: ptxas makes a wgmma wait for any later read of an
                 # accumulator register
@@ -152,6 +176,9 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
                 acc1 = warpgroup_mma(a, b1, acc1, use_acc=not first, is_async=True)
                 acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
                 mbarrier.arrive(empty.index(stage))
+            if LOADS:  # the stage of the step before this one, once the other warpgroup has released it too
+                _load_step(a_desc, b_desc, a_smem, b_smem, ready, empty, step + STAGES - 1, total, M, N, n_kgroups,
+                           BLOCK_M, SUB_N, GROUP_M, STAGES)
             prev0 = s0
             prev1 = s1
             s0 = nxt0
@@ -173,7 +200,7 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
 @gluon.jit
 def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
                  BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                 PROMOTE: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                 PROMOTE: gl.constexpr, PRODUCER_WARP: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [2 * STAGES, SUB_N, GROUP], b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [4, BLOCK_M // 2, SUB_N], c_desc.layout)
@@ -189,13 +216,22 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm,
     n_kgroups = gl.to_tensor(n_kgroups)
     sa_sm = gl.to_tensor(sa_sm)
     sa_sk = gl.to_tensor(sa_sk)
-    gl.warp_specialize([
-        (_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
-                     0, BLOCK_M, SUB_N, GROUP_M, STAGES, PROMOTE)),
-        (_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
-                     1, BLOCK_M, SUB_N, GROUP_M, STAGES, PROMOTE)),
-        (_loader, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N, GROUP_M, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, 40])
+    if PRODUCER_WARP:  # loads from a producer warp; registers move to the math warpgroups (setmaxnreg)
+        gl.warp_specialize([
+            (_consumer, (a_desc, b_desc, a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N,
+                         n_kgroups, sa_sm, sa_sk, 0, BLOCK_M, SUB_N, GROUP_M, STAGES, PROMOTE, False)),
+            (_consumer, (a_desc, b_desc, a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N,
+                         n_kgroups, sa_sm, sa_sk, 1, BLOCK_M, SUB_N, GROUP_M, STAGES, PROMOTE, False)),
+            (_loader, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N, GROUP_M,
+                       STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 40])
+    else:  # 8 warps in all: ptxas may give each thread up to 255 registers (12 warps cap it at 168)
+        gl.warp_specialize([
+            (_consumer, (a_desc, b_desc, a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N,
+                         n_kgroups, sa_sm, sa_sk, 0, BLOCK_M, SUB_N, GROUP_M, STAGES, PROMOTE, True)),
+            (_consumer, (a_desc, b_desc, a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N,
+                         n_kgroups, sa_sm, sa_sk, 1, BLOCK_M, SUB_N, GROUP_M, STAGES, PROMOTE, False)),
+        ], [4], [CONSUMER_REGS])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
@@ -207,8 +243,11 @@ class Config(NamedTuple):
     sub_n: int
     stages: int
     promote: bool
+    producer_warp: bool = True
+    """loads from a producer warp (12 warps: ptxas caps each thread at 168 registers, whatever setmaxnreg
+    grants), or from the first math warpgroup (8 warps: up to 255)"""
     consumer_regs: int = 232
-    """registers per thread of the second math warpgroup (the first gets what the producer warp leaves)"""
+    """setmaxnreg of the second math warpgroup (the first gets what the rest leaves)"""
 
     def smem_bytes(self) -> int:
         ring = self.stages * (self.block_m + 2 * self.sub_n) * BLOCK_K  # E4M3 A and B tiles
@@ -218,11 +257,11 @@ class Config(NamedTuple):
 SMEM_LIMIT = 232448
 """Shared memory one block may use on Hopper (227 KiB)."""
 
-CONFIGS = (Config(128, 128, 3, False), Config(128, 64, 4, False), Config(128, 64, 6, False),
-           Config(128, 64, 4, True), Config(128, 64, 6, True))
-"""Rescale with 128x256 tiles (per math warpgroup 64x256: 128 accumulator registers per thread), and both
-scalings with 128x128 tiles (promote holds each group's product next to the sums: 2 x 64 registers); up to as
-many stages as fit SMEM_LIMIT."""
+CONFIGS = (Config(128, 128, 3, True, False), Config(128, 128, 3, True, True), Config(128, 128, 3, False, False),
+           Config(128, 128, 3, False, True), Config(128, 64, 4, True, True), Config(128, 64, 6, True, False))
+"""128x256 tiles (per math warpgroup 64x256: two 64x128 halves, 64 accumulator registers each per thread, and
+promote's 64-register scratch) with and without a producer warp, both scalings; and promote on 128x128 tiles,
+with up to as many stages as fit SMEM_LIMIT."""
 
 
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
@@ -242,7 +281,8 @@ def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
         _descriptor(a, [config.block_m, BLOCK_K]), _descriptor(b, [config.sub_n, BLOCK_K]),
         _descriptor(c, [config.block_m // 2, config.sub_n]), sa, sb.contiguous(), m, n, n_kgroups, sa.stride(0),
         sa.stride(1), BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages,
-        PROMOTE=config.promote, CONSUMER_REGS=config.consumer_regs, num_warps=4)
+        PROMOTE=config.promote, PRODUCER_WARP=config.producer_warp, CONSUMER_REGS=config.consumer_regs,
+        num_warps=4)
     return c
 
 
@@ -261,7 +301,8 @@ def compile_sm90(config: Config):
                  "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32", "n_kgroups": "i32", "sa_sm": "i32",
                  "sa_sk": "i32"}
     constants = {"BLOCK_M": config.block_m, "SUB_N": config.sub_n, "GROUP_M": 8, "STAGES": config.stages,
-                 "PROMOTE": config.promote, "CONSUMER_REGS": config.consumer_regs}
+                 "PROMOTE": config.promote, "PRODUCER_WARP": config.producer_warp,
+                 "CONSUMER_REGS": config.consumer_regs}
     signature.update(dict.fromkeys(constants, "constexpr"))
     return triton.compile(GluonASTSource(_gemm_kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})

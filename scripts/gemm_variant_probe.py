@@ -128,15 +128,15 @@ def ws_variants():
 def gluon_variants():
     for persistent in (True, False):
         for config in GLUON_CONFIGS:
-            yield dict(gluon=config, persistent=persistent, sa_t=True)
-    yield dict(gluon=GLUON_CONFIGS[0], persistent=True)  # row-major activation scales
+            yield dict(gluon=config, persistent=persistent)
+    yield dict(gluon=GLUON_CONFIGS[0], persistent=True, sa_t=True)  # M-major activation scales (copy timed in)
     yield dict(block_m=128, nsub=2, warps=8, stages=3, scaled=False, persistent=True)
 
 
 def label(v: dict) -> str:
     if v.get("gluon") is not None:
         return (f"gluon {v['gluon']!r}" + (" persistent" if v["persistent"] else "")
-                + ("" if v.get("sa_t") else " row-major sa"))
+                + (" M-major sa" if v.get("sa_t") else ""))
     if not v.get("scaled", True):
         return f"unscaled {v['block_m']}x{128 * v['nsub']} w{v['warps']} s{v['stages']}" + (" persistent" if v.get("persistent") else "")
     flags = [f for f in ("sa_t", "prefetch", "persistent") if v.get(f)]
