@@ -3,26 +3,29 @@
 `quantize_blockwise` writes them).
 
 The K loop steps 128 columns (one scale group) at a time, with operands brought in by TMA (host tensor
-descriptors; out-of-range tiles are zero-filled, so no masks). Scales are applied inside the loop with FP32
-accumulation, two ways (`PROMOTE`):
-- promote (DeepSeek-V3's wording): each group's tensor-core product goes to a fresh FP32 tile, which is scaled
-  by its scales and added to the accumulator. Exact to FP32, but it holds two FP32 tiles in registers.
-- rescale: the accumulator is kept in the units of the current group's scales, so each step is one
-  `dot(a, b, acc * (s_prev / s))` into the same registers, and the scales are applied once after the loop.
-  Half the registers, at the price of one FP32 rounding per step (~2^-24 relative, a thousand times below
-  E4M3's own step).
+descriptors; out-of-range tiles are zero-filled, so no masks). Scales are applied inside the loop, two ways
+(`PROMOTE`), which differ in accuracy, so the autotuner only picks among one of them (`configs_for`):
+- promote (DeepSeek-V3; the default): each group's tensor-core product goes to a fresh FP32 tile, which is
+  scaled and added to the FP32 accumulator on the CUDA cores. It holds two FP32 tiles in registers.
+- rescale (`fast_accum=True`): the accumulator is kept in the units of the current group's scales, so each
+  step is one `dot(a, b, acc * (s_prev / s))` into the same registers and the scales are applied once after
+  the loop. Half the registers, but the sum stays in the tensor core's accumulation, which on Hopper keeps
+  fewer bits than FP32 (DeepSeek-V3 reports ~14): like cuBLAS's fast accumulation. Against the exact product
+  its error on the H200 was 1.6x promote's at K=8192 and 2.8x at K=28672 (promote's is the BF16 output's
+  rounding; scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json).
 Tiles are BLOCK_M x (NSUB x 128): each 128-column sub-tile has its own accumulator, so B's scale is a scalar
 per sub-tile and step. A's scales read fastest M-major (`m_major`); `PREFETCH` loads each group's scales one step
 ahead, and `PERSISTENT` runs one program per SM over the tiles.
-The autotuner picks the tile, warps, stages and variant per shape; every config is tested against the
-dequantized reference. On the H200 (scripts/gemm_variant_probe.py, results/h200-kernels/
-gemm_variant_probe.json) rescale 128x256 with M-major, prefetched scales on a persistent grid reached 985 /
-968 / 998 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down (the autotuned kernel before these switches:
-903 / 876 / 813; cuBLAS blockwise 1188 / 1055 / 1090). Without scales in the K loop a persistent kernel of
-the same tiles reaches 1325 at 8192³, over cuBLAS tensorwise's 1280: the gap is the per-group scaling, which
-waits on each group's tensor-core product. `WS` (off in every autotuned config) puts Triton's warp
-specialization on the K loop: with Triton 3.6 on the H200 it was slower than the best plain config (867 vs
-922 TFLOPS at 8192³), several tiles failed to compile and 64x256 returned NaN (scripts/gemm_variant_probe.py --ws).
+Every config is tested against the dequantized reference. On the H200 (scripts/gemm_variant_probe.py,
+results/h200-kernels/gemm_variant_probe.json) rescale 128x256 with M-major, prefetched scales on a persistent
+grid reached 985 / 968 / 998 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down (cuBLAS blockwise 1188 /
+1055 / 1090). Without scales in the K loop a persistent kernel of the same tiles reaches 1325 at 8192³, over
+cuBLAS tensorwise's 1280: the gap is the per-group scaling, which waits on each group's tensor-core product
+(`wgmma.wait_group 0`). `gemm_blockwise_gluon.py` overlaps the two across warpgroups and is what the `triton`
+backend runs on Hopper; this kernel serves other GPUs and Triton's interpreter. `WS` (off in every autotuned
+config) puts Triton's warp specialization on the K loop: with Triton 3.6 on the H200 it was slower than the
+best plain config (867 vs 922 TFLOPS at 8192³), several tiles failed to compile and 64x256 returned NaN
+(scripts/gemm_variant_probe.py --ws).
 
 `gemm_blockwise_reference`: dequantize both operands to FP32 and multiply.
 """
@@ -141,8 +144,6 @@ def _gemm_tile(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, s
         c_desc.store([off_m, off_n + SUB_N], acc1.to(tl.bfloat16))
 
 
-@triton.autotune(configs=tuning_configs(CONFIGS, interpreter=CONFIGS[0]), key=["M", "N", "K"],
-                 do_bench=steady_do_bench)
 @triton.jit
 def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups, sa_sm, sa_sk,
                  BLOCK_M: tl.constexpr, NSUB: tl.constexpr, GROUP_M: tl.constexpr, PROMOTE: tl.constexpr,
@@ -158,6 +159,18 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups, sa_
         off_m, off_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
         _gemm_tile(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk, off_m, off_n,
                    BLOCK_M, NSUB, PROMOTE, PREFETCH, WS)
+
+
+def configs_for(fast_accum: bool) -> list[triton.Config]:
+    """The configs of one numerics: promote (DeepSeek-V3's FP32 promotion) by default, rescale (the sum stays in
+    the tensor core's accumulation, like cuBLAS's fast accumulation) only when asked for. The two differ in
+    accuracy, so speed never picks between them."""
+    return [c for c in CONFIGS if c.kwargs["PROMOTE"] != fast_accum]
+
+
+_AUTOTUNED = {fast: triton.autotune(configs=tuning_configs(configs_for(fast), interpreter=configs_for(fast)[0]),
+                                    key=["M", "N", "K"], do_bench=steady_do_bench)(_gemm_kernel)
+              for fast in (False, True)}
 
 
 def m_major(sa: torch.Tensor) -> torch.Tensor:
@@ -182,10 +195,11 @@ def check_operands(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
 
 
 def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
-                   config: triton.Config | None = None) -> torch.Tensor:
+                   config: triton.Config | None = None, fast_accum: bool = False) -> torch.Tensor:
     """BF16 [M, N] from E4M3 A [M, K] (1x128 inverse scales sa) and E4M3 B [N, K] (128x128 inverse scales sb).
     sa may be row-major, as `quantize_blockwise` writes it, or M-major (`m_major`), which reads faster.
-    `config` runs one of `CONFIGS` instead of the autotuner's pick (tests, per-variant benchmarks)."""
+    `config` runs one of `CONFIGS` instead of the autotuner's pick among `configs_for(fast_accum)` (tests,
+    per-variant benchmarks)."""
     m, n, n_kgroups = check_operands(a, sa, b, sb)
     k = a.shape[1]
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
@@ -200,10 +214,10 @@ def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
         return (min(tiles, sms) if meta.get("PERSISTENT") else tiles,)
     args = (a_desc, b_desc, c_desc, sa, sb.contiguous(), m, n, k, n_kgroups, sa.stride(0), sa.stride(1))
     if config is None:
-        _gemm_kernel[grid](*args, NUM_SMS=sms)
+        _AUTOTUNED[fast_accum][grid](*args, NUM_SMS=sms)
     else:
         _set_block_shapes({"a_desc": a_desc, "b_desc": b_desc, "c_desc": c_desc, **config.kwargs})
-        _gemm_kernel.fn[grid](*args, **config.kwargs, NUM_SMS=sms, num_warps=config.num_warps,
+        _gemm_kernel[grid](*args, **config.kwargs, NUM_SMS=sms, num_warps=config.num_warps,
                               num_stages=config.num_stages)
     return c
 

@@ -270,19 +270,44 @@ def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
-def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
-                         config: Config = CONFIGS[0], persistent: bool = True) -> torch.Tensor:
-    """`gemm_blockwise` on Hopper through this kernel, with one `config`; `persistent` runs at most one program
-    per SM (else one per tile)."""
-    m, n, n_kgroups = check_operands(a, sa, b, sb)
-    c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
+def runs_on(device: torch.device) -> bool:
+    """This kernel is Hopper's (sm_90): wgmma and setmaxnreg exist there only."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def _launch(a, sa, b, sb, c, config: Config, persistent: bool, n_kgroups: int) -> None:
+    m, n = c.shape
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     _gemm_kernel[(min(tiles, sms) if persistent else tiles,)](
         _descriptor(a, [config.block_m, BLOCK_K]), _descriptor(b, [config.sub_n, BLOCK_K]),
-        _descriptor(c, [config.block_m // 2, config.sub_n]), sa, sb.contiguous(), m, n, n_kgroups, sa.stride(0),
-        sa.stride(1), BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages,
-        HALVES=config.halves, PROMOTE=config.promote, CONSUMER_REGS=config.consumer_regs, num_warps=4)
+        _descriptor(c, [config.block_m // 2, config.sub_n]), sa, sb, m, n, n_kgroups, sa.stride(0), sa.stride(1),
+        BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
+        PROMOTE=config.promote, CONSUMER_REGS=config.consumer_regs, num_warps=4)
+
+
+_picked: dict[tuple, tuple[Config, bool]] = {}
+
+
+def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                         config: Config | None = None, persistent: bool = True,
+                         fast_accum: bool = False) -> torch.Tensor:
+    """`gemm_blockwise` on Hopper through this kernel. `config` (with `persistent`: at most one program per SM,
+    else one per tile) runs one tuning point; without it the fastest of the configs of one numerics, promote or
+    (`fast_accum`) rescale, and grid is timed once per shape and scale layout, as Triton's autotuner would."""
+    m, n, n_kgroups = check_operands(a, sa, b, sb)
+    sb = sb.contiguous()
+    c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
+    if config is None:
+        key = (m, n, a.shape[1], fast_accum, sa.stride(), a.device)
+        if key not in _picked:
+            from ._tune import steady_do_bench
+
+            options = [(cfg, pers) for cfg in CONFIGS if cfg.promote != fast_accum for pers in (True, False)]
+            _picked[key] = min(options, key=lambda o: steady_do_bench(
+                lambda: _launch(a, sa, b, sb, c, o[0], o[1], n_kgroups)))
+        config, persistent = _picked[key]
+    _launch(a, sa, b, sb, c, config, persistent, n_kgroups)
     return c
 
 

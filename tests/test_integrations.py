@@ -69,6 +69,7 @@ def test_accelerate_hands_fp8_to_torchao_and_leaves_first_and_last_linear_alone(
 def test_integration_variants_name_their_library():
     assert BackendConfig(name="accelerate", fp8_backend="torchao", compile=True).variant() == "torchao+compile"
     assert BackendConfig(name="accelerate").variant() == ""
+    assert BackendConfig(name="triton", fast_accum=True).variant() == "fast_accum"  # rescale vs promote GEMM
     assert BackendConfig(name="te", fp8_backend="te").variant() == ""  # a knob te does not read splits nothing
 
 

@@ -107,6 +107,19 @@ def test_blockwise_gemm_matches_the_dequantized_reference(k, m, n, kk, config):
     assert sqnr_db(ref, c.float()) > 40.0  # BF16 output rounding (~48 dB); a misplaced scale gives < 10 dB
 
 
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["promote", "rescale"])
+@pytest.mark.parametrize("m,n,kk", GEMMS)
+def test_autotuned_gemm_picks_only_among_one_numerics(k, m, n, kk, fast_accum):
+    """Promote and rescale differ in accuracy: the autotuner must not trade one for the other by speed."""
+    tuned = k.gemm_blockwise._AUTOTUNED[fast_accum]
+    assert tuned.configs and all(c.kwargs["PROMOTE"] is not fast_accum for c in tuned.configs)
+    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128))
+    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2), (128, 128))
+    c = k.gemm_blockwise.gemm_blockwise(a, sa, b, sb, fast_accum=fast_accum)
+    assert sqnr_db(k.gemm_blockwise.gemm_blockwise_reference(a, sa, b, sb), c.float()) > 40.0
+    assert tuned.best_config.kwargs["PROMOTE"] is not fast_accum
+
+
 def gluon_configs():
     from fp8bench_kernels.gemm_blockwise_gluon import CONFIGS
 
@@ -138,6 +151,20 @@ def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config):
 
 GLUON_GEMMS = GEMMS + [pytest.param(1000, 1064, 1008, marks=pytest.mark.gpu)]
 """+ ragged edges: partial tiles in M, a half-tile past N, a partial K group"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["promote", "rescale"])
+@pytest.mark.parametrize("m,n,kk", GLUON_GEMMS)
+def test_gluon_gemm_tunes_within_one_numerics(k, m, n, kk, fast_accum):
+    from fp8bench_kernels import gemm_blockwise_gluon as g
+
+    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128))
+    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2), (128, 128))
+    c = g.gemm_blockwise_gluon(a, sa, b, sb, fast_accum=fast_accum)
+    assert sqnr_db(k.gemm_blockwise.gemm_blockwise_reference(a, sa, b, sb), c.float()) > 40.0
+    config, _ = g._picked[(m, n, kk, fast_accum, sa.stride(), a.device)]
+    assert config.promote is not fast_accum
 
 
 @pytest.mark.gpu

@@ -3,7 +3,11 @@
 - quantize: e4m3/current (amax, then cast + transposed copy), e4m3/blockwise (1x128 activations, 128x128
   weights; `scaling.pow2_scales`), mxfp8/mx (32-element blocks, E8M0 exponents);
 - gemm: e4m3/blockwise fprop and dgrad (1x128 A x 128x128 B, scales inside the K loop; the DeepSeek-V3
-  recipe). A case without a kernel is recorded `skipped` with that reason, never run under another name.
+  recipe): on Hopper the warp-specialized Gluon kernel (`gemm_blockwise_gluon`), elsewhere the Triton one
+  (`gemm_blockwise`). Each group's product is promoted to FP32 (DeepSeek-V3) unless `backend.fast_accum`
+  (conf/backend/triton-fastaccum.yaml) lets the sum stay in the tensor core's accumulation (rescale), as
+  cuBLAS's fast accumulation does: faster, less accurate.
+A case without a kernel is recorded `skipped` with that reason, never run under another name.
 """
 
 from __future__ import annotations
@@ -73,7 +77,6 @@ class TritonBackend(Backend):
     def gemm(self, a, b, role, recipe):
         """C = A·Bᵀ with A's 1x128 and B's 128x128 blockwise scales (fprop: activations x weights; dgrad:
         gradients x transposed weights). wgrad has 1x128 scales on both operands: not this kernel."""
-        from fp8bench_kernels.gemm_blockwise import gemm_blockwise, m_major
         from fp8bench_kernels.quantize_blockwise import quantize_blockwise
 
         if recipe.format is Format.BF16:
@@ -82,18 +85,31 @@ class TritonBackend(Backend):
         if role is GemmRole.WGRAD:
             raise ValueError("the blockwise kernel takes 1x128 x 128x128 operands; wgrad's are 1x128 x 1x128")
         pow2 = recipe.scaling_cfg.pow2_scales
+        gemm = _blockwise_gemm(a.device, recipe.backend_cfg.fast_accum)
         a16, b16 = a.bfloat16().contiguous(), b.bfloat16().contiguous()
 
         def with_quant():
             qa, sa = quantize_blockwise(a16, (1, 128), pow2)
             qb, sb = quantize_blockwise(b16, (128, 128), pow2)
-            return gemm_blockwise(qa, m_major(sa), qb, sb)
+            return gemm(qa, sa, qb, sb)
         qa, sa = quantize_blockwise(a16, (1, 128), pow2)
         qb, sb = quantize_blockwise(b16, (128, 128), pow2)
-        # the GEMM reads A's scales M-major: with quantization the copy from the quantizer's row-major layout
-        # is part of the time; kernel-only takes them as the GEMM reads them
-        sa = m_major(sa)
-        return GemmOp(with_quant=with_quant, kernel_only=lambda: gemm_blockwise(qa, sa, qb, sb))
+        return GemmOp(with_quant=with_quant, kernel_only=lambda: gemm(qa, sa, qb, sb))
+
+
+def _blockwise_gemm(device: torch.device, fast_accum: bool):
+    """The blockwise GEMM for this device, taking A's scales as `quantize_blockwise` writes them (row-major)."""
+    try:
+        from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon, runs_on
+    except ImportError:  # a Triton without Gluon
+        runs_on = None
+    if runs_on is not None and runs_on(device):
+        # the Gluon kernel reads row-major 1x128 scales as fast as M-major ones (the H200 probe), so no copy
+        return lambda qa, sa, qb, sb: gemm_blockwise_gluon(qa, sa, qb, sb, fast_accum=fast_accum)
+    from fp8bench_kernels.gemm_blockwise import gemm_blockwise, m_major
+
+    # the Triton kernel reads A's scales M-major: the copy from the quantizer's layout is part of the time
+    return lambda qa, sa, qb, sb: gemm_blockwise(qa, m_major(sa), qb, sb, fast_accum=fast_accum)
 
 
 def _expand(scales: torch.Tensor, block: tuple[int, int], shape: torch.Size) -> torch.Tensor:

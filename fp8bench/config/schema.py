@@ -212,7 +212,8 @@ class BackendConfig:
 
     name: str
     fast_accum: bool = False
-    """torch (CUDA): FP8 GEMMs with cuBLASLt fast accumulation."""
+    """torch (CUDA): FP8 GEMMs with cuBLASLt fast accumulation. triton: the blockwise GEMM's sum stays in the
+    tensor core's accumulation (rescale) instead of DeepSeek-V3's promotion of each 128-deep K group to FP32."""
     cpu_onednn: bool = False
     """torch, torchao (CPU): let oneDNN run FP8 _scaled_mm. Without FP8 hardware its path is a slow reference."""
     compile: bool = False
@@ -229,7 +230,7 @@ class BackendConfig:
     def variant(self) -> str:
         """Short suffix naming the non-default knobs this backend reads, so case ids of variants differ
         (and a knob another backend ignores does not split one case into two)."""
-        reads = {"torch": ("fast_accum", "cpu_onednn"), "torchao": ("compile", "gw_hp", "cpu_onednn"),
+        reads = {"torch": ("fast_accum", "cpu_onednn"), "triton": ("fast_accum",), "torchao": ("compile", "gw_hp", "cpu_onednn"),
                  "accelerate": ("fp8_backend", "compile", "cpu_onednn")}
         parts = []
         for k in reads.get(self.name, ()):
