@@ -26,8 +26,14 @@ Scaling, as in `gemm_blockwise` (`PROMOTE`):
   reports ~14 bits): the numerics of cuBLAS's fast-accumulation mode rather than DeepSeek-V3's promotion
   (scripts/gemm_variant_probe.py --gluon measures both against FP64).
 
+On the H200 (scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json) promote on
+128x128 tiles reached 991 / 937 / 947 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale on
+128x256 1160 / 1079 / 1103, against cuBLAS blockwise's 1177 / 1151 / 1052. Promote on 128x256 needs 192
+registers per thread for its sums and scratch; with a producer warp ptxas has 168 (12 warps), spilled, and ran
+at ~600, so it is not a config.
+
 Triton's interpreter does not run Gluon: CI compiles the kernel for sm_90 and checks that ptxas serializes no
-wgmma; `pytest -m gpu` checks its results on the H200.
+wgmma and spills nothing; `pytest -m gpu` checks its results on the H200.
 """
 
 from __future__ import annotations

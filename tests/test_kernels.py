@@ -12,7 +12,8 @@ from fp8bench.numerics import fake_quant, sqnr_db
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
-MODULES = ("_fp8", "quantize_current", "quantize_blockwise", "quantize_mx", "gemm_blockwise", "tensor_core_load")
+MODULES = ("_fp8", "quantize_current", "quantize_blockwise", "quantize_mx", "gemm_blockwise", "gemm_blockwise_gluon",
+           "tensor_core_load")
 
 
 @pytest.fixture(scope="module")
