@@ -16,10 +16,11 @@ Registers move to the math warpgroups (setmaxnreg: 40 for the producer). The gri
 smaller than the tile count: each program walks tiles in grouped order, and the producer runs ahead into the
 next tile while the math warpgroups store the last one.
 
-Each warpgroup's tile is two column halves of SUB_N, so B's 128x128 scale is one scalar per half and group.
-Scaling, as in `gemm_blockwise` (`PROMOTE`):
-- promote (DeepSeek-V3): each group's product goes to a fresh tile that is scaled and added to an FP32
-  accumulator on the CUDA cores, every 128 of K. Two FP32 tiles per half, so halves are 64 wide (128x128 tiles).
+A tile is HALVES (1 or 2) column halves of SUB_N (64 or 128), so B's 128x128 scale is one scalar per half and
+group. Scaling, as in `gemm_blockwise` (`PROMOTE`):
+- promote (DeepSeek-V3): each group's product goes to a fresh scratch tile that is scaled and added to an FP32
+  sum on the CUDA cores, every 128 of K, one half after the other through the same scratch. A sum per half
+  plus the scratch: 128x128 tiles (one 128-wide half, DeepGEMM's tile, or two 64-wide ones).
 - rescale: each half keeps its accumulator in units of the current group's scale s = sa·sb, so a step is
   `acc = wgmma(a, b, acc · s_prev/s)` and s is applied once at the end: one FP32 tile per half (128x256 tiles).
   The sum then stays in the tensor core's accumulation, whose precision on Hopper is below FP32 (DeepSeek-V3
@@ -129,7 +130,7 @@ def _scales(sa_ptr, sb_ptr, off_m, off_n, kg, n_kgroups, M, N, sa_sm, sa_sk, row
 def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
               WG: gl.constexpr, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, PROMOTE: gl.constexpr):
-    """One math warpgroup: rows [WG·64, WG·64 + 64) of each tile, both column halves. Each K group's wgmmas are
+    """One math warpgroup: rows [WG·64, WG·64 + 64) of each tile, every column half. Each K group's wgmmas are
     waited for at once (ptxas serializes every wgmma of a kernel that reads an accumulator while another wgmma
     is in flight); the overlap of scaling and tensor-core work comes from the other warpgroup, which no
     CTA-wide barrier ties to this one."""
@@ -144,7 +145,7 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
         off_m, off_n = _tile(tile_id, M, N, BLOCK_M, HALVES * SUB_N, GROUP_M)
         acc0 = zero
         acc1 = zero
-        t = zero  # promote's scratch tile, set per tile so that it is dead in the epilogue (else 128x256 spills)
+        t = zero  # promote's scratch tile
         s0, s1 = _scales(sa_ptr, sb_ptr, off_m, off_n, 0, n_kgroups, M, N, sa_sm, sa_sk, rows, SUB_N)
         # rescale's previous-group scales: their own tensors, not aliases of s0/s1 (Triton's frontend would
         # then not carry them through the loop), and any value does for the first group, which ignores acc
