@@ -54,27 +54,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gemm_blockwise import check_operands
+from .gemm_blockwise import GROUP as BLOCK_K
+from .gemm_blockwise import _tile, check_operands
 
-BLOCK_K = 128
-"""K per scale group: one TMA box, one scaling step"""
-GROUP = gl.constexpr(BLOCK_K)  # the same, readable inside the kernels
+GROUP = gl.constexpr(BLOCK_K)  # K per scale group (one TMA box, one scaling step), readable inside the kernels
 
 # Triton 3.6 (the GPU box) names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later
 # releases (the CPU machines' wheel) renamed them async_load / async_store, same arguments.
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
-
-
-@gluon.jit
-def _tile(tile_id, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """(row, column) offsets of a tile in grouped order: tiles that share A rows run together (L2 reuse)."""
-    grid_m = gl.cdiv(M, BLOCK_M)
-    grid_n = gl.cdiv(N, BLOCK_N)
-    width = GROUP_M * grid_n
-    first_m = (tile_id // width) * GROUP_M
-    group_m = gl.minimum(grid_m - first_m, GROUP_M)
-    return (first_m + (tile_id % width) % group_m) * BLOCK_M, ((tile_id % width) // group_m) * BLOCK_N
 
 
 @gluon.jit

@@ -89,6 +89,14 @@ GEMMS = ([pytest.param(8192, 8192, 8192, marks=pytest.mark.gpu), pytest.param(81
          if CUDA else [(64, 128, 256), (100, 136, 304)])
 
 
+def gemm_operands(k, m, n, kk):
+    """A [m, kk] with 1x128 scales and B [n, kk] with 128x128 scales, quantized from spread-out data: scales
+    over six decades along K, so each group's scale must land on its own product."""
+    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128))
+    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2), (128, 128))
+    return a, sa, b, sb
+
+
 def gemm_configs():
     """Every variant by name (None: the autotuner's pick); on CPU the interpreter's small tiles."""
     from fp8bench_kernels.gemm_blockwise import CONFIGS
@@ -99,9 +107,7 @@ def gemm_configs():
 @pytest.mark.parametrize("config", gemm_configs(), ids=lambda c: "autotuned" if c is None else str(c.all_kwargs()))
 @pytest.mark.parametrize("m,n,kk", GEMMS)
 def test_blockwise_gemm_matches_the_dequantized_reference(k, m, n, kk, config):
-    # scales spread over six decades along K: each group's scale must land on its own product
-    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128))
-    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2), (128, 128))
+    a, sa, b, sb = gemm_operands(k, m, n, kk)
     c = k.gemm_blockwise.gemm_blockwise(a, sa, b, sb, config)
     ref = k.gemm_blockwise.gemm_blockwise_reference(a, sa, b, sb)
     assert c.dtype == torch.bfloat16 and c.shape == (m, n)
@@ -114,8 +120,7 @@ def test_autotuned_gemm_picks_only_among_one_numerics(k, m, n, kk, fast_accum):
     """Promote and rescale differ in accuracy: the autotuner must not trade one for the other by speed."""
     tuned = k.gemm_blockwise._AUTOTUNED[fast_accum]
     assert tuned.configs and all(c.kwargs["PROMOTE"] is not fast_accum for c in tuned.configs)
-    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128))
-    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2), (128, 128))
+    a, sa, b, sb = gemm_operands(k, m, n, kk)
     c = k.gemm_blockwise.gemm_blockwise(a, sa, b, sb, fast_accum=fast_accum)
     assert sqnr_db(k.gemm_blockwise.gemm_blockwise_reference(a, sa, b, sb), c.float()) > 40.0
     assert tuned.best_config.kwargs["PROMOTE"] is not fast_accum
@@ -186,8 +191,7 @@ GLUON_GEMMS = GEMMS + [pytest.param(1000, 1064, 1008, marks=pytest.mark.gpu)]
 def test_gluon_gemm_tunes_within_one_numerics(k, m, n, kk, fast_accum):
     from fp8bench_kernels import gemm_blockwise_gluon as g
 
-    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128))
-    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2), (128, 128))
+    a, sa, b, sb = gemm_operands(k, m, n, kk)
     c = g.gemm_blockwise_gluon(a, sa, b, sb, fast_accum=fast_accum)
     assert sqnr_db(k.gemm_blockwise.gemm_blockwise_reference(a, sa, b, sb), c.float()) > 40.0
     config, _ = g._picked[(m, n, kk, fast_accum, sa.stride(), a.device)]
@@ -201,8 +205,7 @@ def test_gluon_gemm_tunes_within_one_numerics(k, m, n, kk, fast_accum):
 def test_gluon_gemm_matches_the_dequantized_reference(k, m, n, kk, config, persistent):
     from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon
 
-    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128))
-    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2), (128, 128))
+    a, sa, b, sb = gemm_operands(k, m, n, kk)
     ref = k.gemm_blockwise.gemm_blockwise_reference(a, sa, b, sb)
     for scales in (sa, k.gemm_blockwise.m_major(sa)):
         c = gemm_blockwise_gluon(a, scales, b, sb, config, persistent)
