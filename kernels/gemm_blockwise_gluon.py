@@ -115,6 +115,12 @@ def _scales(sa_ptr, sb_ptr, off_m, off_n, kg, n_kgroups, M, N, sa_sm, sa_sk, row
 
 
 @gluon.jit
+def _settled(x):
+    """x, computed before the next side-effecting instruction (the next wgmma)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
               WG: gl.constexpr, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, PROMOTE: gl.constexpr):
@@ -155,6 +161,8 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
                 t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
                 if HALVES == 2:
                     acc0 = acc0 + t * gl.expand_dims(s0, 1)
+                    if SUB_N == 128:  # else LLVM sums after the next wgmma: 64 more registers, spilled
+                        acc0 = _settled(acc0)
                     t = warpgroup_mma(a, b1, t, use_acc=False, is_async=True)
                     t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
                     mbarrier.arrive(empty.index(stage))
