@@ -9,9 +9,10 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
 - unscaled: a plain FP8 GEMM of the same tiles with no scales in the K loop (`_unscaled_kernel` here): the
   ceiling of Triton's code generation before any blockwise work;
 - ws (`WS`, with --ws): Triton's warp specialization on the K loop, over the tiles of WS_TILES;
-- gluon (with --gluon): kernels/gemm_blockwise_gluon.py, each config with a persistent grid and one program per
-  tile, next to the unscaled ceiling; then the error of every blockwise GEMM here, rescale and promote, ours and
-  cuBLAS's with and without fast accumulation, against the exact product (FP64) of the dequantized operands.
+- gluon (with --gluon): kernels/gemm_blockwise_gluon.py, each config and each CANDIDATE (not yet tuned on),
+  with a persistent grid and one program per tile, next to the unscaled ceiling; then the error of every
+  blockwise GEMM here, rescale and promote, ours and cuBLAS's with and without fast accumulation, against the
+  exact product (FP64) of the dequantized operands.
 Stage 1 runs every variant at 8192³ (time-boxed); stage 2 the best few at the Llama shapes. With --ws, every
 WS variant and two plain baselines run at each shape. A config that fails to compile or returns a wrong
 result is recorded as such. Results (results/h200-kernels/): gemm_variant_probe.json (session 7, which timed a
@@ -44,8 +45,10 @@ from fp8bench_kernels.gemm_blockwise import (
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 try:  # Gluon's Hopper kernel (needs a Triton with triton.experimental.gluon)
+    from fp8bench_kernels.gemm_blockwise_gluon import CANDIDATES, gemm_blockwise_gluon
     from fp8bench_kernels.gemm_blockwise_gluon import CONFIGS as GLUON_CONFIGS
-    from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon
+
+    GLUON_CONFIGS += CANDIDATES  # the configs the tuner may pick, and those that wait for this probe
 except ImportError:
     GLUON_CONFIGS, gemm_blockwise_gluon = (), None
 
