@@ -32,6 +32,18 @@ def test_torch_scaled_mm_on_cpu_matches_emulator(fmt, sc, role):
     assert torch.equal(op.kernel_only(), op.with_quant())
 
 
+@pytest.mark.parametrize("name", ["torch", "emulated"])
+def test_backends_without_an_amax_history_refuse_only_delayed_training(name):
+    """Their casts take each tensor's own amax: delayed scaling in one-step cases, current scaling (under
+    another name) across training steps."""
+    be, cpu = get_backend(name), torch.device("cpu")
+    ok, why = be.supports("train", recipe("hybrid", "delayed", name=name), cpu)
+    assert not ok and "no amax history" in why and "backend=te" in why
+    assert be.supports("train", recipe("hybrid", "current", name=name), cpu) == (True, "")
+    for workload in ("gemm", "quantize", "linear", "layer"):
+        assert be.supports(workload, recipe("hybrid", "delayed", name=name), cpu) == (True, "")
+
+
 def test_onednn_and_fallback_paths_agree():
     a, b = operands(16, 32, 64)
     fast = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("e4m3", "current")).with_quant()

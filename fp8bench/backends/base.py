@@ -150,6 +150,10 @@ class Backend:
     loop: str = "fp8bench"
     """Whose training loop runs its `train` cases: fp8bench's own (`prepare_training`), or a framework's
     (`lightning`, `accelerate`: fp8bench.workloads.framework_train), as users of that framework run it."""
+    amax_history: bool = True
+    """Its delayed scaling keeps an amax history across training steps (TE's DelayedScaling). The torch and
+    emulator backends keep none: each of their casts takes this tensor's own amax, which is delayed scaling
+    only where every step sees the same tensor (the one-step gemm, quantize, linear and layer cases)."""
 
     def available(self) -> tuple[bool, str]:
         """Is the backend's software importable here? (ok, reason with the fix)."""
@@ -159,6 +163,10 @@ class Backend:
         """Workload- and recipe-level limits beyond the device capability matrix."""
         if workload not in self.workloads:
             return False, f"backend {self.name!r} does not implement workload {workload!r} (it runs {sorted(self.workloads)})"
+        if workload == "train" and recipe.scaling is Scaling.DELAYED and not self.amax_history:
+            return False, (f"backend {self.name!r} keeps no amax history across steps: its 'delayed' training "
+                           "would be current scaling under another name; backend=te runs DelayedScaling, or "
+                           "choose scaling=current")
         return True, ""
 
     def supports_shape(self, workload: str, shape: dict, recipe: Recipe) -> tuple[bool, str]:

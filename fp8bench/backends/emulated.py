@@ -51,6 +51,7 @@ class _EmulatedLinearFn(torch.autograd.Function):
 
 class EmulatedBackend(Backend):
     name = "emulated"
+    amax_history = False
     timed = False
     workloads = frozenset({"gemm", "quantize", "linear", "layer", "train"})
 

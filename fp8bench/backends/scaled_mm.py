@@ -127,6 +127,7 @@ class _ScaledMMLinearFn(torch.autograd.Function):
 
 class ScaledMMBackend(Backend):
     name = "torch"
+    amax_history = False
     workloads = frozenset({"gemm", "quantize", "linear", "layer", "train"})
 
     def layer(self, model, x, dy, recipe):
