@@ -220,6 +220,35 @@ def fake_quant(x: torch.Tensor, format: Format | str, scaling: Scaling | str,
     return out.reshape(shape)
 
 
+class DelayedScale:
+    """One tensor's cast across steps under TE's DelayedScaling (TE docs, "FP8 Delayed Scaling"): the cast
+    uses the scale that earlier steps' amaxes gave (1 at the first step, as TE initializes it), then this
+    step's amax enters the window and the next scale is computed from the window (`algo` 'max') or from this
+    amax ('most_recent'), backed off by 2**margin; a zero or non-finite amax keeps the old scale. The window
+    holds `length` amaxes, this step's included, as TE's rotated amax_history does."""
+
+    def __init__(self, element: Element, length: int, algo: str = "max", margin: int = 0,
+                 pow2_scale: bool = False) -> None:
+        if algo not in ("max", "most_recent"):
+            raise ValueError(f"amax_compute_algo={algo!r} is unknown; choose one of ['max', 'most_recent']")
+        self.element, self.length, self.algo, self.margin, self.pow2_scale = element, length, algo, margin, pow2_scale
+        self.window: torch.Tensor | None = None  # oldest first, created on the first tensor's device
+        self.scale: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Fake-quantize x (float32 of x's shape) with the current scale, then update the scale."""
+        if self.window is None:
+            self.window = torch.zeros(self.length, device=x.device)
+            self.scale = torch.ones((), device=x.device)
+        out = quant_dequant_scaled(x.float(), self.element, self.scale)
+        amax = x.detach().float().abs().amax()
+        self.window = torch.cat([self.window[1:], amax.reshape(1)])
+        used = self.window.max() if self.algo == "max" else amax
+        new = amax_to_scale(used, self.element, self.pow2_scale, self.margin)
+        self.scale = torch.where((used > 0) & torch.isfinite(used), new, self.scale)
+        return out
+
+
 # --------------------------------------------------------------------------- accuracy metrics
 
 def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:

@@ -32,16 +32,44 @@ def test_torch_scaled_mm_on_cpu_matches_emulator(fmt, sc, role):
     assert torch.equal(op.kernel_only(), op.with_quant())
 
 
-@pytest.mark.parametrize("name", ["torch", "emulated"])
-def test_backends_without_an_amax_history_refuse_only_delayed_training(name):
-    """Their casts take each tensor's own amax: delayed scaling in one-step cases, current scaling (under
-    another name) across training steps."""
-    be, cpu = get_backend(name), torch.device("cpu")
-    ok, why = be.supports("train", recipe("hybrid", "delayed", name=name), cpu)
+def test_torch_backend_refuses_only_delayed_training():
+    """Its casts take each tensor's own amax: delayed scaling in one-step cases, current scaling (under another
+    name) across training steps. The emulator keeps the history (DelayedScalingLinear)."""
+    be, cpu = get_backend("torch"), torch.device("cpu")
+    ok, why = be.supports("train", recipe("hybrid", "delayed"), cpu)
     assert not ok and "no amax history" in why and "backend=te" in why
-    assert be.supports("train", recipe("hybrid", "current", name=name), cpu) == (True, "")
+    assert be.supports("train", recipe("hybrid", "current"), cpu) == (True, "")
     for workload in ("gemm", "quantize", "linear", "layer"):
-        assert be.supports(workload, recipe("hybrid", "delayed", name=name), cpu) == (True, "")
+        assert be.supports(workload, recipe("hybrid", "delayed"), cpu) == (True, "")
+    assert get_backend("emulated").supports("train", recipe("hybrid", "delayed", name="emulated"), cpu) == (True, "")
+
+
+def test_emulated_delayed_training_casts_with_earlier_steps_scales():
+    """TE's first step casts with scale 1 (a 1e-6 gradient is below E5M2's smallest subnormal, so it is lost);
+    once the windows hold this step's tensors, the casts are current scaling's."""
+    from fp8bench.backends.base import RecipeLinear
+    from fp8bench.backends.emulated import DelayedScalingLinear, _EmulatedLinearFn
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 64, bias=False)
+    x, dy = torch.randn(32, 256), torch.randn(32, 64) * 1e-6
+    delayed = DelayedScalingLinear(lin, recipe("hybrid", "delayed", name="emulated"))
+    current = RecipeLinear(lin, _EmulatedLinearFn, recipe("hybrid", "current", name="emulated"))
+
+    def step(module):
+        xi = x.clone().requires_grad_(True)
+        lin.weight.grad = None
+        y = module(xi)
+        y.backward(dy)
+        return y.detach(), xi.grad, lin.weight.grad.clone()
+
+    y1, dx1, dw1 = step(delayed)
+    assert dx1.abs().max() == 0 and dw1.abs().max() == 0
+    want = step(current)
+    assert sqnr_db(want[0], y1) < 40.0  # scale 1 against 448/amax: coarser
+    for got, ref in zip(step(delayed), want, strict=True):
+        assert ref.abs().max() > 0
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=0)
 
 
 def test_onednn_and_fallback_paths_agree():

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fp8bench.numerics import (
+    DelayedScale,
     QuantOptions,
     amax_to_scale,
     fake_quant,
@@ -106,6 +107,36 @@ def test_fake_quant_saturates_values_past_max_after_scaling():
     x = torch.tensor([[1.0, 2.0, 4.0, -8.0]])
     out = fake_quant(x, "e4m3", "delayed", QuantOptions(amax_history=(2.0,)))
     assert out.tolist() == [[1.0, 2.0, 2.0, -2.0]]
+
+
+def _step(ds: DelayedScale, amax: float) -> torch.Tensor:
+    """One cast of [amax/2, amax] through `ds`."""
+    return ds(torch.tensor([amax / 2, amax]))
+
+
+def test_delayed_scale_follows_te_amax_history():
+    """TE's DelayedScaling: the first cast uses scale 1; each later cast the scale from the window of the last
+    `length` amaxes (max), so a larger tensor saturates until its own amax is in the window, and a spike
+    keeps the scale low until it leaves the window."""
+    ds = DelayedScale(Element.E4M3, length=3)
+    assert _step(ds, 0.01).tolist() == [3 * 2**-9, 5 * 2**-9]  # scale 1: subnormals of E4M3 (ulp 2^-9)
+    assert ds.scale.item() == pytest.approx(448 / 0.01, rel=1e-6)
+    assert _step(ds, 4.0).tolist() == pytest.approx([0.01, 0.01], rel=1e-6)  # scale 448/0.01: saturated
+    assert ds.scale.item() == 112.0  # window [0.01, 4]
+    for amax, scale in ((1.0, 112.0), (1.0, 112.0), (1.0, 448.0)):  # the spike leaves the window
+        assert _step(ds, amax).tolist() == [0.5, 1.0]
+        assert ds.scale.item() == scale
+
+
+def test_delayed_scale_most_recent_margin_and_zero_amax():
+    ds = DelayedScale(Element.E5M2, length=1024, algo="most_recent", margin=1)
+    _step(ds, 8.0)
+    _step(ds, 2.0)
+    assert ds.scale.item() == 57344 / 2.0 / 2  # this amax, backed off by 2**margin
+    ds(torch.zeros(4))
+    assert ds.scale.item() == 57344 / 2.0 / 2  # a zero amax keeps the scale
+    with pytest.raises(ValueError, match="most_recent"):
+        DelayedScale(Element.E4M3, 16, algo="mean")
 
 
 def test_mx_hand_checked_vectors():

@@ -136,8 +136,11 @@ class RecipeLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        y = self.fn.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe)
+        y = self.gemms(x.reshape(-1, x.shape[-1]))
         return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def gemms(self, x2d: torch.Tensor) -> torch.Tensor:
+        return self.fn.apply(x2d, self.weight, self.recipe)
 
 
 class Backend:
@@ -151,9 +154,10 @@ class Backend:
     """Whose training loop runs its `train` cases: fp8bench's own (`prepare_training`), or a framework's
     (`lightning`, `accelerate`: fp8bench.workloads.framework_train), as users of that framework run it."""
     amax_history: bool = True
-    """Its delayed scaling keeps an amax history across training steps (TE's DelayedScaling). The torch and
-    emulator backends keep none: each of their casts takes this tensor's own amax, which is delayed scaling
-    only where every step sees the same tensor (the one-step gemm, quantize, linear and layer cases)."""
+    """Its delayed scaling keeps an amax history across training steps (TE's DelayedScaling; the emulator's
+    DelayedScalingLinear). The torch backend keeps none: each of its casts takes this tensor's own amax, which
+    is delayed scaling only where every step sees the same tensor (the one-step gemm, quantize, linear and
+    layer cases)."""
 
     def available(self) -> tuple[bool, str]:
         """Is the backend's software importable here? (ok, reason with the fix)."""

@@ -18,8 +18,8 @@ from fp8bench.backends.base import (
     module_op,
     swap_block_linears,
 )
-from fp8bench.numerics import fake_quant
-from fp8bench.types import Format, GemmRole
+from fp8bench.numerics import DelayedScale, fake_quant
+from fp8bench.types import Format, GemmRole, Scaling
 
 
 def emulated_gemm(a: torch.Tensor, b: torch.Tensor, role: GemmRole, recipe: Recipe,
@@ -49,9 +49,45 @@ class _EmulatedLinearFn(torch.autograd.Function):
         return dx, dw, None
 
 
+class _DelayedScalingLinearFn(torch.autograd.Function):
+    """Y = X Wᵀ under DelayedScaling, cast as TE casts: X and W once in forward (their FP8 copies serve
+    fprop and, transposed, wgrad and dgrad), dY once in backward, each with its own amax history."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, scales: DelayedScalingLinear) -> torch.Tensor:  # type: ignore[override]
+        xq, wq = scales.x_scale(x), scales.w_scale(w)
+        ctx.save_for_backward(xq, wq)
+        ctx.dy_scale = scales.dy_scale
+        return xq @ wq.t()
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
+        xq, wq = ctx.saved_tensors
+        dyq = ctx.dy_scale(dy)
+        return dyq @ wq, dyq.t() @ xq, None
+
+
+class DelayedScalingLinear(RecipeLinear):
+    """A block linear trained under delayed scaling: the input, weight and output-gradient casts keep amax
+    histories across steps (`DelayedScale`), as each TE module does (history length, algorithm and margin
+    from `scaling.*`). One-step cases (linear, layer) use `_EmulatedLinearFn`, whose scales equal what a
+    history of that one tensor gives."""
+
+    def __init__(self, linear: torch.nn.Linear, recipe: Recipe) -> None:
+        super().__init__(linear, _DelayedScalingLinearFn, recipe)
+        sc = recipe.scaling_cfg
+
+        def history(is_grad: bool) -> DelayedScale:
+            return DelayedScale(recipe.format.element(is_grad), sc.amax_history_len, sc.amax_compute_algo,
+                                sc.margin, sc.pow2_scales)
+        self.x_scale, self.w_scale, self.dy_scale = history(False), history(False), history(True)
+
+    def gemms(self, x2d: torch.Tensor) -> torch.Tensor:
+        return self.fn.apply(x2d, self.weight, self)
+
+
 class EmulatedBackend(Backend):
     name = "emulated"
-    amax_history = False
     timed = False
     workloads = frozenset({"gemm", "quantize", "linear", "layer", "train"})
 
@@ -86,6 +122,8 @@ class EmulatedBackend(Backend):
 
 
     def prepare_training(self, model, recipe):
-        if recipe.format is not Format.BF16:
+        if recipe.scaling is Scaling.DELAYED:
+            swap_block_linears(model, lambda lin: DelayedScalingLinear(lin, recipe))
+        elif recipe.format is not Format.BF16:
             swap_block_linears(model, lambda lin: RecipeLinear(lin, _EmulatedLinearFn, recipe))
         return TrainSetup(model)
