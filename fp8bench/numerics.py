@@ -231,7 +231,8 @@ class DelayedScale:
                  pow2_scale: bool = False) -> None:
         if algo not in ("max", "most_recent"):
             raise ValueError(f"amax_compute_algo={algo!r} is unknown; choose one of ['max', 'most_recent']")
-        self.element, self.length, self.algo, self.margin, self.pow2_scale = element, length, algo, margin, pow2_scale
+        self.element, self.length, self.algo = element, length, algo
+        self.margin, self.pow2_scale = margin, pow2_scale
         self.window: torch.Tensor | None = None  # oldest first, created on the first tensor's device
         self.scale: torch.Tensor | None = None
 

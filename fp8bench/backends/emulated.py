@@ -54,7 +54,8 @@ class _DelayedScalingLinearFn(torch.autograd.Function):
     fprop and, transposed, wgrad and dgrad), dY once in backward, each with its own amax history."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, scales: DelayedScalingLinear) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor,  # type: ignore[override]
+                scales: DelayedScalingLinear) -> torch.Tensor:
         xq, wq = scales.x_scale(x), scales.w_scale(w)
         ctx.save_for_backward(xq, wq)
         ctx.dy_scale = scales.dy_scale
