@@ -183,8 +183,9 @@ def optimizer(model: torch.nn.Module, cfg, make=None, **implementation) -> torch
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, **implementation)
 
 
-FP8_LINEAR_CLASSES = {"Float8Linear", "FP8Linear", "RecipeLinear"}
-"""torchao's, COAT's and fp8bench's (torch/emulated) low-precision linears; te.Linear is told by its module."""
+FP8_LINEAR_CLASSES = {"Float8Linear", "FP8Linear", "RecipeLinear", "DelayedScalingLinear"}
+"""torchao's, COAT's and fp8bench's (torch/emulated; the emulator's delayed scaling) low-precision linears;
+te.Linear is told by its module."""
 
 
 def linear_coverage(model: torch.nn.Module, recipe) -> list[Metric]:
