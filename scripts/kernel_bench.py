@@ -1,5 +1,6 @@
-"""Tuning table for fp8bench's Triton kernels on a GPU: every launch variant of each kernel, next to TE's and
-torch's (cuBLAS) kernels for the same work, at the issue's shapes. The sweeps (`fp8bench run workload=quantize
+"""Tuning table for fp8bench's kernels on a GPU: every launch variant of each kernel (the GEMM's Gluon configs
+and candidates on sm_90 too), next to TE's and torch's (cuBLAS) kernels for the same work, at the issue's
+shapes. The sweeps (`fp8bench run workload=quantize
 |gemm backend=triton,te,torch`) are the recorded results; this script is how the kernels' defaults were chosen.
 
 Usage on the GPU box: python3 scripts/kernel_bench.py [--out FILE.json]
@@ -71,35 +72,60 @@ def quantize_table(copy: float) -> list[dict]:
     return rows
 
 
-def gemm_table() -> list[dict]:
+def _gluon_label(config) -> str:
+    return f"gluon {'promote' if config.promote else 'rescale'} {config.block_m}x{config.block_n} s{config.stages}"
+
+
+def gemm_row(name: str, m: int, n: int, k: int) -> dict:
+    """One shape: cuBLAS blockwise and tensorwise; on sm_90 the Gluon kernel as the `triton` backend runs it
+    (tuned within each numerics) and each of its configs and CANDIDATES; the Triton kernel, autotuned and per
+    config. Each of ours is checked against cuBLAS's result first."""
     from fp8bench_kernels.gemm_blockwise import CONFIGS, gemm_blockwise
+    from fp8bench_kernels.gemm_blockwise_gluon import CANDIDATES, gemm_blockwise_gluon, runs_on
+    from fp8bench_kernels.gemm_blockwise_gluon import CONFIGS as GLUON_CONFIGS
     from fp8bench_kernels.quantize_blockwise import quantize_blockwise
 
+    a = torch.randn(m, k, device="cuda").bfloat16()
+    b = torch.randn(n, k, device="cuda").bfloat16()
+    qa, sa = quantize_blockwise(a, (1, 128), True)
+    qb, sb = quantize_blockwise(b, (128, 128), True)
+    flops = 2.0 * m * n * k
+    row: dict = {"shape": name, "mnk": [m, n, k]}
+    op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("torch", "blockwise"))
+    want = op.kernel_only().float()
+    row["cublas_blockwise"] = flops / ms(op.kernel_only) / 1e9
+    op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("torch", "current"))
+    row["cublas_tensorwise"] = flops / ms(op.kernel_only) / 1e9
+
+    def timed(label, fn):
+        try:
+            got = fn().float()  # also tunes, before the timing
+            err = ((got - want).norm() / want.norm()).item()
+            row[label] = f"wrong: rel err {err:.3g} vs cuBLAS" if err > 1e-2 else flops / ms(fn) / 1e9
+        except Exception as e:  # noqa: BLE001 - a config that fails to compile (registers, smem) is a row
+            row[label] = f"failed: {type(e).__name__}: {str(e)[:120]}"
+
+    if runs_on(a.device):
+        for fast in (False, True):
+            timed(f"gluon tuned {'rescale' if fast else 'promote'}",
+                  lambda fast=fast: gemm_blockwise_gluon(qa, sa, qb, sb, fast_accum=fast))
+        for c in GLUON_CONFIGS + CANDIDATES:
+            label = f"gluon {'promote' if c.promote else 'rescale'} {c.block_m}x{c.block_n} s{c.stages}"
+            timed(label + (" (candidate)" if c in CANDIDATES else ""),
+                  lambda c=c: gemm_blockwise_gluon(qa, sa, qb, sb, c, True))
+    timed("triton_autotuned", lambda: gemm_blockwise(qa, sa, qb, sb))
+    for c in CONFIGS:
+        kw = c.kwargs
+        timed(f"{'promote' if kw['PROMOTE'] else 'rescale'} {kw['BLOCK_M']}x{128 * kw['NSUB']} "
+              f"w{c.num_warps} s{c.num_stages}", lambda c=c: gemm_blockwise(qa, sa, qb, sb, c))
+    return row
+
+
+def gemm_table() -> list[dict]:
     rows = []
-    for name, (m, n, k) in GEMMS.items():
-        a = torch.randn(m, k, device="cuda").bfloat16()
-        b = torch.randn(n, k, device="cuda").bfloat16()
-        qa, sa = quantize_blockwise(a, (1, 128), True)
-        qb_, sb = quantize_blockwise(b, (128, 128), True)
-        flops = 2.0 * m * n * k
-        row = {"shape": name, "mnk": [m, n, k]}
-        op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("torch", "blockwise"))
-        row["cublas_blockwise"] = flops / ms(op.kernel_only) / 1e9
-        op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("torch", "current"))
-        row["cublas_tensorwise"] = flops / ms(op.kernel_only) / 1e9
-        operands = (qa, sa, qb_, sb)
-        row["triton_autotuned"] = flops / ms(lambda o=operands: gemm_blockwise(*o)) / 1e9
-        for c in CONFIGS:
-            kw = c.kwargs
-            label = (f"{'promote' if kw['PROMOTE'] else 'rescale'} {kw['BLOCK_M']}x{128 * kw['NSUB']} "
-                     f"w{c.num_warps} s{c.num_stages}")
-            try:
-                row[label] = flops / ms(lambda o=operands, c=c: gemm_blockwise(*o, c)) / 1e9
-            except Exception as e:  # noqa: BLE001 - a config that fails to compile (registers, smem) is a row
-                row[label] = f"failed: {type(e).__name__}: {str(e)[:120]}"
-        rows.append(row)
-        print(json.dumps({k: (round(v) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
-        del a, b, qa, qb_, operands
+    for name, mnk in GEMMS.items():
+        rows.append(gemm_row(name, *mnk))
+        print(json.dumps({k: (round(v) if isinstance(v, float) else v) for k, v in rows[-1].items()}), flush=True)
         torch.cuda.empty_cache()
     return rows
 
