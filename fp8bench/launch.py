@@ -8,13 +8,14 @@ for the process's life) and sets CUDA_VISIBLE_DEVICES before CUDA is initialised
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import tempfile
 from pathlib import Path
+
+from fp8bench.records import read_shard
 
 _claimed: dict[str, object] = {}
 
@@ -93,15 +94,12 @@ def job_seconds_from_history(jobs: list) -> list[float | None]:
     latest: dict[tuple, dict[str, tuple[float, float]]] = {}  # key -> case_id -> (started_at, duration_s)
     for results_dir in {Path(str(job.results_dir)) for job in jobs}:
         for shard in results_dir.glob("runs/*/shard-*.jsonl"):
-            for line in shard.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                    key, case_id = tuple(rec[f] for f in JOB_KEY), rec["case_id"]
-                    started, seconds = float(rec["started_at"]), float(rec["duration_s"])
-                except (ValueError, KeyError, TypeError):
-                    continue  # a torn last line of a crashed job, or a record of another version
-                if key in keys and started >= latest.setdefault(key, {}).get(case_id, (-1.0, 0.0))[0]:
-                    latest[key][case_id] = (started, seconds)
+            records, _ = read_shard(shard)  # skips a torn last line of a crashed job
+            for rec in records:
+                key = tuple(getattr(rec, f) for f in JOB_KEY)
+                seen = latest.setdefault(key, {}).get(rec.case_id, (-1.0, 0.0))
+                if key in keys and rec.started_at >= seen[0]:
+                    latest[key][rec.case_id] = (rec.started_at, rec.duration_s)
     return [sum(s for _, s in latest[k].values()) if latest.get(k) else None for k in keys]
 
 

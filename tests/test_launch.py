@@ -94,8 +94,11 @@ def test_longest_first_orders_by_history_and_keeps_declaration_order_without_it(
 
 
 def _history_record(case_id, fmt, scaling, seconds, started):
-    return json.dumps({"case_id": case_id, "workload": "gemm", "model": "tiny", "format": fmt, "scaling": scaling,
-                       "backend": "torch", "status": "ok", "started_at": started, "duration_s": seconds})
+    from fp8bench.records import CaseRecord
+
+    return CaseRecord(run_id="before", case_id=case_id, workload="gemm", model="tiny", format=fmt, scaling=scaling,
+                      backend="torch", shape_name="fprop_o", shape={}, status="ok", started_at=started,
+                      duration_s=seconds).to_json()
 
 
 def test_local_gpus_launcher_hands_out_the_longest_job_first(cli, tmp_path):
@@ -118,3 +121,29 @@ def test_local_gpus_launcher_hands_out_the_longest_job_first(cli, tmp_path):
         for line in shard.read_text().splitlines():
             jobs[json.loads(line)["format"]] = shard.stem.rsplit("-", 1)[1]
     assert jobs == {"e4m3": "job0", "bf16": "job3"}
+
+
+def test_job_seconds_come_from_each_cases_latest_run_and_skip_a_torn_line(tmp_path):
+    from omegaconf import OmegaConf
+
+    from fp8bench.launch import job_seconds_from_history
+    from fp8bench.records import CaseRecord, ShardWriter
+
+    def job(fmt, sc):
+        names = dict(workload="gemm", model="tiny", format=fmt, scaling=sc, backend="torch")
+        return OmegaConf.create({**{k: {"name": v} for k, v in names.items()}, "results_dir": str(tmp_path)})
+
+    def record(run, case, started, seconds, fmt="e4m3", sc="current"):
+        return CaseRecord(run_id=run, case_id=case, workload="gemm", model="tiny", format=fmt, scaling=sc,
+                          backend="torch", shape_name="s", shape={}, status="ok", started_at=started,
+                          duration_s=seconds)
+    old = ShardWriter(tmp_path / "runs" / "old")
+    for rec in (record("old", "a", 1.0, 5.0), record("old", "b", 1.0, 2.0),
+                record("old", "c", 1.0, 1.0, "bf16", "none")):
+        old.write(rec)
+    new = ShardWriter(tmp_path / "runs" / "new")
+    new.write(record("new", "a", 2.0, 3.0))  # a's latest run replaces its older time; b keeps its own
+    with open(new.path, "a") as f:
+        f.write('{"run_id": "new", "case_id": "b", "dur')  # a crashed job's torn last line
+    seconds = job_seconds_from_history([job("e4m3", "current"), job("bf16", "none"), job("hybrid", "current")])
+    assert seconds == [3.0 + 2.0, 1.0, None]
