@@ -13,6 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fp8bench.types import FP8_ALL_GATHER_TAG
+
 MANIFEST = "manifest.json"
 SHARD_GLOB = "shard-*.jsonl"
 RECORD_VERSION = 1
@@ -226,8 +228,8 @@ def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Me
     the same run / this case's time. The emulator is not a kernel and gets none. An FSDP2 run with FP8
     all-gather ('...fsdp2x2fp8ag') is measured against BF16 FSDP2 on as many GPUs: BF16 gathers in BF16."""
     def key(r: CaseRecord) -> tuple:
-        return (r.workload, r.model, r.shape_name.removesuffix("fp8ag"), r.backend, variant_of(r.case_id),
-                r.params.get("tokens"))
+        shape = r.shape_name.removesuffix(FP8_ALL_GATHER_TAG)
+        return (r.workload, r.model, shape, r.backend, variant_of(r.case_id), r.params.get("tokens"))
 
     base = {key(r): r.metric("time_ms") for r in records if r.format == "bf16" and r.status == "ok"}
     out = []

@@ -179,3 +179,8 @@ class Status(str, enum.Enum):
 def choices(enum_cls: type[enum.Enum]) -> list[str]:
     """The config names of an enum, for error messages."""
     return [m.value if isinstance(m.value, str) else m.name.lower() for m in enum_cls]
+
+
+FP8_ALL_GATHER_TAG = "fp8ag"
+"""Ends the shape name of a distributed training run whose FSDP2 all-gathers FP8 weights ('...fsdp2x2fp8ag'):
+the same run without it is that case's BF16-gather counterpart (records.derive_speedups)."""

@@ -6,7 +6,7 @@ The asv suite builds its parameter list from this at import time, so it must sta
 from __future__ import annotations
 
 from fp8bench.config.schema import Config
-from fp8bench.types import GemmRole
+from fp8bench.types import FP8_ALL_GATHER_TAG, GemmRole
 
 
 def role_shape(role: GemmRole, tokens: int, in_f: int, out_f: int) -> tuple[int, int, int]:
@@ -63,7 +63,7 @@ def train(config: Config) -> list[tuple[str, dict]]:
     out = []
     dist = ""
     if t.nproc > 1 or t.fp8_all_gather:  # e.g. ".fsdp2x2fp8ag": a distributed run of the same global batch
-        dist = f".{t.strategy}x{t.nproc}" + ("fp8ag" if t.fp8_all_gather else "")
+        dist = f".{t.strategy}x{t.nproc}" + (FP8_ALL_GATHER_TAG if t.fp8_all_gather else "")
     for seed in range(config.seed, config.seed + n_seeds):
         shape = {"batch": w.batch, "seq": w.seq, "steps": t.steps, "seed": seed, "vocab": TRAIN_VOCAB,
                  "tokens_per_step": w.batch * w.seq}
