@@ -236,18 +236,22 @@ class DelayedScale:
         self.window: torch.Tensor | None = None  # oldest first, created on the first tensor's device
         self.scale: torch.Tensor | None = None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Fake-quantize x (float32 of x's shape) with the current scale, then update the scale."""
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """The scale to cast x with (earlier steps'), after which x's amax is recorded for the next steps."""
         if self.window is None:
             self.window = torch.zeros(self.length, device=x.device)
             self.scale = torch.ones((), device=x.device)
-        out = quant_dequant_scaled(x.float(), self.element, self.scale)
+        used_scale = self.scale
         amax = x.detach().float().abs().amax()
         self.window = torch.cat([self.window[1:], amax.reshape(1)])
-        used = self.window.max() if self.algo == "max" else amax
-        new = amax_to_scale(used, self.element, self.pow2_scale, self.margin)
-        self.scale = torch.where((used > 0) & torch.isfinite(used), new, self.scale)
-        return out
+        ref = self.window.max() if self.algo == "max" else amax
+        new = amax_to_scale(ref, self.element, self.pow2_scale, self.margin)
+        self.scale = torch.where((ref > 0) & torch.isfinite(ref), new, self.scale)
+        return used_scale
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Fake-quantize x (float32 of x's shape) with the scale of earlier steps, and record x's amax."""
+        return quant_dequant_scaled(x.float(), self.element, self.take(x))
 
 
 # --------------------------------------------------------------------------- accuracy metrics

@@ -140,7 +140,8 @@ TRAIN = ["workload=train", "model=tiny", "device=cuda", "workload.train.steps=40
 @pytest.mark.parametrize("backend,fmt,sc", [("te", "bf16", "none"), ("te", "hybrid", "delayed"),
                                             ("te", "e4m3", "current"), ("te", "e4m3", "blockwise"),
                                             ("torchao", "hybrid", "current"), ("torchao", "e4m3", "rowwise"),
-                                            ("torch", "e4m3", "current"), ("torch", "e4m3", "rowwise")])
+                                            ("torch", "e4m3", "current"), ("torch", "e4m3", "rowwise"),
+                                            ("torch", "hybrid", "delayed")])
 def test_training_runs_real_fp8_and_learns(tmp_path, backend, fmt, sc):
     points, _ = expand([*TRAIN, f"backend={backend}", f"format={fmt}", f"scaling={sc}", f"results_dir={tmp_path}"])
     [rec] = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fp8bench.config.schema import BackendConfig, ScalingConfig
-from fp8bench.numerics import QuantOptions
+from fp8bench.numerics import DelayedScale, QuantOptions
 from fp8bench.types import Format, GemmRole, Scaling
 
 
@@ -143,6 +143,26 @@ class RecipeLinear(torch.nn.Module):
         return self.fn.apply(x2d, self.weight, self.recipe)
 
 
+class DelayedScalingLinear(RecipeLinear):
+    """A block linear trained under delayed scaling: its input, weight and output-gradient casts keep amax
+    histories across steps (`numerics.DelayedScale`: history length, algorithm and margin from `scaling.*`),
+    as each TE module does. `fn.apply(x, weight, self)` casts X and W once in forward and dY once in backward
+    with the scales these give. One-step cases (linear, layer) keep RecipeLinear: there a history of that one
+    tensor gives the scale its own amax gives."""
+
+    def __init__(self, linear: torch.nn.Linear, fn: type[torch.autograd.Function], recipe: Recipe) -> None:
+        super().__init__(linear, fn, recipe)
+        sc = recipe.scaling_cfg
+
+        def history(is_grad: bool) -> DelayedScale:
+            return DelayedScale(recipe.format.element(is_grad), sc.amax_history_len, sc.amax_compute_algo,
+                                sc.margin, sc.pow2_scales)
+        self.x_scale, self.w_scale, self.dy_scale = history(False), history(False), history(True)
+
+    def gemms(self, x2d: torch.Tensor) -> torch.Tensor:
+        return self.fn.apply(x2d, self.weight, self)
+
+
 class Backend:
     """Base of the adapters. Subclasses override what they support."""
 
@@ -153,11 +173,6 @@ class Backend:
     loop: str = "fp8bench"
     """Whose training loop runs its `train` cases: fp8bench's own (`prepare_training`), or a framework's
     (`lightning`, `accelerate`: fp8bench.workloads.framework_train), as users of that framework run it."""
-    amax_history: bool = True
-    """Its delayed scaling keeps an amax history across training steps (TE's DelayedScaling; the emulator's
-    DelayedScalingLinear). The torch backend keeps none: each of its casts takes this tensor's own amax, which
-    is delayed scaling only where every step sees the same tensor (the one-step gemm, quantize, linear and
-    layer cases)."""
 
     def available(self) -> tuple[bool, str]:
         """Is the backend's software importable here? (ok, reason with the fix)."""
@@ -167,10 +182,6 @@ class Backend:
         """Workload- and recipe-level limits beyond the device capability matrix."""
         if workload not in self.workloads:
             return False, f"backend {self.name!r} does not implement workload {workload!r} (it runs {sorted(self.workloads)})"
-        if workload == "train" and recipe.scaling is Scaling.DELAYED and not self.amax_history:
-            return False, (f"backend {self.name!r} keeps no amax history across steps: its 'delayed' training "
-                           "would be current scaling under another name; backend=te runs DelayedScaling, or "
-                           "choose scaling=current")
         return True, ""
 
     def supports_shape(self, workload: str, shape: dict, recipe: Recipe) -> tuple[bool, str]:

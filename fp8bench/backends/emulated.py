@@ -10,6 +10,7 @@ import torch
 
 from fp8bench.backends.base import (
     Backend,
+    DelayedScalingLinear,
     GemmOp,
     QuantizeOp,
     Recipe,
@@ -18,7 +19,7 @@ from fp8bench.backends.base import (
     module_op,
     swap_block_linears,
 )
-from fp8bench.numerics import DelayedScale, fake_quant
+from fp8bench.numerics import fake_quant
 from fp8bench.types import Format, GemmRole, Scaling
 
 
@@ -55,10 +56,10 @@ class _DelayedScalingLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor,  # type: ignore[override]
-                scales: DelayedScalingLinear) -> torch.Tensor:
-        xq, wq = scales.x_scale(x), scales.w_scale(w)
+                lin: DelayedScalingLinear) -> torch.Tensor:
+        xq, wq = lin.x_scale(x), lin.w_scale(w)
         ctx.save_for_backward(xq, wq)
-        ctx.dy_scale = scales.dy_scale
+        ctx.dy_scale = lin.dy_scale
         return xq @ wq.t()
 
     @staticmethod
@@ -66,25 +67,6 @@ class _DelayedScalingLinearFn(torch.autograd.Function):
         xq, wq = ctx.saved_tensors
         dyq = ctx.dy_scale(dy)
         return dyq @ wq, dyq.t() @ xq, None
-
-
-class DelayedScalingLinear(RecipeLinear):
-    """A block linear trained under delayed scaling: the input, weight and output-gradient casts keep amax
-    histories across steps (`DelayedScale`), as each TE module does (history length, algorithm and margin
-    from `scaling.*`). One-step cases (linear, layer) use `_EmulatedLinearFn`, whose scales equal what a
-    history of that one tensor gives."""
-
-    def __init__(self, linear: torch.nn.Linear, recipe: Recipe) -> None:
-        super().__init__(linear, _DelayedScalingLinearFn, recipe)
-        sc = recipe.scaling_cfg
-
-        def history(is_grad: bool) -> DelayedScale:
-            return DelayedScale(recipe.format.element(is_grad), sc.amax_history_len, sc.amax_compute_algo,
-                                sc.margin, sc.pow2_scales)
-        self.x_scale, self.w_scale, self.dy_scale = history(False), history(False), history(True)
-
-    def gemms(self, x2d: torch.Tensor) -> torch.Tensor:
-        return self.fn.apply(x2d, self.weight, self)
 
 
 class EmulatedBackend(Backend):
@@ -124,7 +106,7 @@ class EmulatedBackend(Backend):
 
     def prepare_training(self, model, recipe):
         if recipe.scaling is Scaling.DELAYED:
-            swap_block_linears(model, lambda lin: DelayedScalingLinear(lin, recipe))
+            swap_block_linears(model, lambda lin: DelayedScalingLinear(lin, _DelayedScalingLinearFn, recipe))
         elif recipe.format is not Format.BF16:
             swap_block_linears(model, lambda lin: RecipeLinear(lin, _EmulatedLinearFn, recipe))
         return TrainSetup(model)

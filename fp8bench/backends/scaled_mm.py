@@ -12,6 +12,7 @@ import torch
 
 from fp8bench.backends.base import (
     Backend,
+    DelayedScalingLinear,
     GemmOp,
     QuantizeOp,
     Recipe,
@@ -52,15 +53,19 @@ class Quantized:
         return (tiles * s.reshape(m // rows, 1, k // cols, 1)).reshape(m, k)
 
 
-def quantize_operand(x: torch.Tensor, recipe: Recipe, opt: QuantOptions) -> Quantized:
-    """Eager-torch cast of one GEMM operand (K last), with the same scale math as fp8bench.numerics."""
+def quantize_operand(x: torch.Tensor, recipe: Recipe, opt: QuantOptions,
+                     scale: torch.Tensor | None = None) -> Quantized:
+    """Eager-torch cast of one GEMM operand (K last), with the same scale math as fp8bench.numerics. `scale`:
+    a tensorwise scale from earlier steps (delayed scaling in training, `DelayedScale.take`); without it the
+    scale comes from this tensor's amax."""
     element = recipe.format.element(opt.is_grad)
     dtype = element.spec.torch_dtype
     # cuBLASLt FP8 GEMMs are TN only: each operand must be K-major, so a transposed view (dgrad's Wᵀ,
     # wgrad's Xᵀ) costs a real transposed copy here, as it does in every FP8 training recipe on Hopper.
     xf = x.contiguous().float()
     if recipe.scaling in (Scaling.CURRENT, Scaling.DELAYED):
-        scale = amax_to_scale(xf.abs().amax(), element, opt.pow2_scale, opt.margin)
+        if scale is None:
+            scale = amax_to_scale(xf.abs().amax(), element, opt.pow2_scale, opt.margin)
         inv = scale.reciprocal()
     elif recipe.scaling is Scaling.ROWWISE:
         scale = amax_to_scale(xf.abs().amax(dim=-1, keepdim=True), element, opt.pow2_scale)
@@ -125,9 +130,35 @@ class _ScaledMMLinearFn(torch.autograd.Function):
         return dx, dw, None
 
 
+class _DelayedScalingLinearFn(torch.autograd.Function):
+    """Y = X Wᵀ under delayed scaling, three FP8 GEMMs through scaled_mm: X and W take their histories'
+    scales in forward, dY its own in backward; the transposed copies the TN-only GEMMs need (Wᵀ for dgrad, Xᵀ
+    and dYᵀ for wgrad) are cast with the same scales, as TE's transposed FP8 copies are."""
+
+    @staticmethod
+    def forward(ctx, x, w, lin: DelayedScalingLinear):  # type: ignore[override]
+        sx, sw = lin.x_scale.take(x), lin.w_scale.take(w)
+        ctx.save_for_backward(x, w, sx, sw)
+        ctx.lin = lin
+        opt_x, opt_w = lin.recipe.role_options(GemmRole.FPROP)
+        return scaled_gemm(quantize_operand(x, lin.recipe, opt_x, sx), quantize_operand(w, lin.recipe, opt_w, sw),
+                           lin.recipe)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, w, sx, sw = ctx.saved_tensors
+        recipe = ctx.lin.recipe
+        sdy = ctx.lin.dy_scale.take(dy)
+        dg_dy, dg_w = recipe.role_options(GemmRole.DGRAD)
+        dx = scaled_gemm(quantize_operand(dy, recipe, dg_dy, sdy), quantize_operand(w.t(), recipe, dg_w, sw), recipe)
+        wg_dy, wg_x = recipe.role_options(GemmRole.WGRAD)
+        dw = scaled_gemm(quantize_operand(dy.t(), recipe, wg_dy, sdy), quantize_operand(x.t(), recipe, wg_x, sx),
+                         recipe)
+        return dx, dw, None
+
+
 class ScaledMMBackend(Backend):
     name = "torch"
-    amax_history = False
     workloads = frozenset({"gemm", "quantize", "linear", "layer", "train"})
 
     def layer(self, model, x, dy, recipe):
@@ -176,7 +207,9 @@ class ScaledMMBackend(Backend):
         return module_op([w], forward, x.bfloat16(), dy.bfloat16(), weight=w)
 
     def prepare_training(self, model, recipe):
-        if recipe.format is not Format.BF16:
+        if recipe.scaling is Scaling.DELAYED:
+            swap_block_linears(model, lambda lin: DelayedScalingLinear(lin, _DelayedScalingLinearFn, recipe))
+        elif recipe.format is not Format.BF16:
             swap_block_linears(model, lambda lin: RecipeLinear(lin, _ScaledMMLinearFn, recipe))
         device = next(model.parameters()).device
         return TrainSetup(model, step_context=lambda: cpu_scaled_mm_path(recipe, device))
