@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 SWEEP ?= quick
-# and a short training study (BF16 x 3 seeds vs emulated FP8 formats; ~80 s on 2 cores); TRAIN_SWEEP= skips it
+# and a short training study (BF16 x 3 seeds vs emulated FP8 formats; ~3 min on 2 cores); TRAIN_SWEEP= skips it
 TRAIN_SWEEP ?= train-tiny
 # 2.13.0 is the CPU build that lies on this kind of machine's disk (a plain `torch` pulls a multi-GB CUDA build).
 TORCH ?= torch==2.13.0
