@@ -71,10 +71,13 @@ def amax_to_scale(amax: torch.Tensor, element: Element, pow2_scale: bool = False
     """
     scale = element.max / torch.clamp(amax.float(), min=AMAX_EPS)
     scale = scale / (2.0 ** margin)
-    if pow2_scale:
-        _, e = torch.frexp(scale)
-        scale = pow2((e - 1).clamp(-126, 127))
-    return scale
+    return _pow2_floor(scale) if pow2_scale else scale
+
+
+def _pow2_floor(scale: torch.Tensor) -> torch.Tensor:
+    """The largest power of two ≤ scale (within float32's normal range)."""
+    _, e = torch.frexp(scale)
+    return pow2((e - 1).clamp(-126, 127))
 
 
 def _blocks(x: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -221,11 +224,13 @@ def fake_quant(x: torch.Tensor, format: Format | str, scaling: Scaling | str,
 
 
 class DelayedScale:
-    """One tensor's cast across steps under TE's DelayedScaling (TE docs, "FP8 Delayed Scaling"): the cast
-    uses the scale that earlier steps' amaxes gave (1 at the first step, as TE initializes it), then this
-    step's amax enters the window and the next scale is computed from the window (`algo` 'max') or from this
-    amax ('most_recent'), backed off by 2**margin; a zero or non-finite amax keeps the old scale. The window
-    holds `length` amaxes, this step's included, as TE's rotated amax_history does."""
+    """One tensor's cast across steps under TE's DelayedScaling (TE docs, "FP8 Delayed Scaling"; TE 2.20's
+    transformer_engine/pytorch/quantization.py): the cast uses the scale that earlier steps' amaxes gave (1 at
+    the first step, as TE initializes it), then this step's amax enters the window and the next scale is
+    max / amax of the window (`algo` 'max') or of this step ('most_recent'), backed off by 2**margin; a zero
+    or non-finite amax keeps the old scale, an infinite scale becomes float32's max. The window holds `length`
+    amaxes, this step's included, as TE's rotated amax_history does. `pow2_scale` (not TE's) rounds the
+    scale down to a power of two."""
 
     def __init__(self, element: Element, length: int, algo: str = "max", margin: int = 0,
                  pow2_scale: bool = False) -> None:
@@ -245,8 +250,11 @@ class DelayedScale:
         amax = x.detach().float().abs().amax()
         self.window = torch.cat([self.window[1:], amax.reshape(1)])
         ref = self.window.max() if self.algo == "max" else amax
-        new = amax_to_scale(ref, self.element, self.pow2_scale, self.margin)
-        self.scale = torch.where((ref > 0) & torch.isfinite(ref), new, self.scale)
+        # TE's _default_sf_compute: no amax floor, an infinite scale becomes float32's max
+        new = self.element.max / ref / 2.0 ** self.margin
+        new = torch.where((ref > 0) & torch.isfinite(ref), new, self.scale)
+        new = torch.where(torch.isinf(new), torch.finfo(torch.float32).max, new)
+        self.scale = _pow2_floor(new) if self.pow2_scale else new
         return used_scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

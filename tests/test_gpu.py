@@ -84,6 +84,38 @@ def test_te_linear_recipes_run_and_match_emulator(tmp_path, fmt, sc):
     assert rec.metric("sqnr_vs_emulated_db") > 35.0 and rec.metric("peak_mem_bytes") > 0
 
 
+def test_te_delayed_scaling_scales_are_the_emulators():
+    """numerics.DelayedScale (the torch and emulated backends' delayed training) claims TE's rules: after each
+    step a te.Linear's input, weight and grad-output scales equal DelayedScale's fed the same tensors,
+    through a spike that enters and leaves a 3-step window."""
+    te = pytest.importorskip("transformer_engine.pytorch")
+    from transformer_engine.common.recipe import DelayedScaling
+    from transformer_engine.common.recipe import Format as TEFormat
+    from transformer_engine.pytorch.constants import FP8BwdTensorIdx, FP8FwdTensorIdx
+
+    from fp8bench.numerics import DelayedScale
+    from fp8bench.types import Element
+
+    lin = te.Linear(256, 128, bias=False, params_dtype=torch.bfloat16, device="cuda")
+    te_recipe = DelayedScaling(fp8_format=TEFormat.HYBRID, amax_history_len=3, amax_compute_algo="max")
+    ours = {"x": DelayedScale(Element.E4M3, 3), "w": DelayedScale(Element.E4M3, 3),
+            "dy": DelayedScale(Element.E5M2, 3)}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for step, amp in enumerate((1.0, 8.0, 0.5, 0.5, 0.5)):
+        x = (torch.randn(64, 256, device="cuda", generator=g) * amp).bfloat16().requires_grad_(True)
+        dy = (torch.randn(64, 128, device="cuda", generator=g) * amp * 1e-3).bfloat16()
+        with te.autocast(enabled=True, recipe=te_recipe):
+            y = lin(x)
+        y.backward(dy)
+        for name, t in (("x", x), ("w", lin.weight), ("dy", dy)):
+            ours[name].take(t)
+        fwd, bwd = lin.fp8_meta["scaling_fwd"].scale, lin.fp8_meta["scaling_bwd"].scale
+        for got, want in ((fwd[FP8FwdTensorIdx.GEMM1_INPUT], ours["x"].scale),
+                          (fwd[FP8FwdTensorIdx.GEMM1_WEIGHT], ours["w"].scale),
+                          (bwd[FP8BwdTensorIdx.GRAD_OUTPUT1], ours["dy"].scale)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m, step=step: f"step {step}: {m}")
+
+
 @pytest.mark.parametrize("fmt,sc", [("mxfp8", "mx"), ("nvfp4", "nvfp4")])
 def test_te_blackwell_recipes_are_skipped_with_te_reason(fmt, sc):
     pytest.importorskip("transformer_engine.pytorch")

@@ -135,6 +135,8 @@ def test_delayed_scale_most_recent_margin_and_zero_amax():
     assert ds.scale.item() == 57344 / 2.0 / 2  # this amax, backed off by 2**margin
     ds(torch.zeros(4))
     assert ds.scale.item() == 57344 / 2.0 / 2  # a zero amax keeps the scale
+    ds(torch.tensor([1e-39]))
+    assert ds.scale.item() == torch.finfo(torch.float32).max  # max / amax overflows: TE takes float32's max
     with pytest.raises(ValueError, match="most_recent"):
         DelayedScale(Element.E4M3, 16, algo="mean")
 
