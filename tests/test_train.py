@@ -29,15 +29,12 @@ def _train(tmp_path, *overrides, name="r"):
 
 
 def test_tiny_trains_200_steps_and_validation_loss_drops_30_percent(tmp_path):
-    t0 = time.perf_counter()
     [rec] = _train(tmp_path, "format=bf16", "scaling=none", "backend=torch", "workload.train.bf16_seeds=1")
-    elapsed = time.perf_counter() - t0
     assert rec.status == "ok", rec.reason
     assert len(rec.samples["loss"]) == 200
     first, last = rec.metric("loss_initial"), rec.metric("loss_final")
     assert first == pytest.approx(math.log(256), abs=0.15)  # an untrained byte model is near-uniform
     assert last <= 0.7 * first, f"validation loss {first:.3f} -> {last:.3f}"
-    assert elapsed < 60, f"200 steps took {elapsed:.1f} s"
     assert rec.metric("tokens_per_s") > 0 and rec.metric("mem_weights_bytes") > 0
     assert rec.metric("mem_optimizer_bytes") == pytest.approx(2 * rec.metric("mem_weights_bytes"), rel=0.01)
 
