@@ -1,7 +1,7 @@
 """Tuning table for fp8bench's kernels on a GPU: every launch variant of each kernel (the GEMM's Gluon configs
 and candidates on sm_90 too), next to TE's and torch's (cuBLAS) kernels for the same work, at the issue's
-shapes. The sweeps (`fp8bench run workload=quantize
-|gemm backend=triton,te,torch`) are the recorded results; this script is how the kernels' defaults were chosen.
+shapes. The sweeps (`fp8bench run workload=quantize|gemm backend=triton,te,torch`) are the recorded results;
+this script is how the kernels' defaults were chosen.
 
 Usage on the GPU box: python3 scripts/kernel_bench.py [--out FILE.json]
 """
@@ -70,10 +70,6 @@ def quantize_table(copy: float) -> list[dict]:
             op = get_backend(be).quantize(x, recipe(be, "blockwise"), block == (128, 128))
             add(f"blockwise {block[0]}x{block[1]}", be, op.bytes_moved, op.run)
     return rows
-
-
-def _gluon_label(config) -> str:
-    return f"gluon {'promote' if config.promote else 'rescale'} {config.block_m}x{config.block_n} s{config.stages}"
 
 
 def gemm_row(name: str, m: int, n: int, k: int) -> dict:
