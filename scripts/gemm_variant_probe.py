@@ -194,14 +194,13 @@ def probe_shape(name: str, mnk: tuple[int, int, int], todo: list[dict], deadline
 
 
 def cublas_blockwise(qa, sa, qb, sb, fast_accum: bool):
-    """F.scaled_mm (cuBLAS) on the same quantized operands, scales in the layouts it asks for
-    (fp8bench/backends/scaled_mm.py)."""
+    """F.scaled_mm (cuBLAS) on the same quantized operands, scales in the layouts it asks for."""
     import torch.nn.functional as F
-    kg = sa.shape[1]
-    padded = torch.zeros(sb.shape[0], -(-kg // 4) * 4, device=sb.device)
-    padded[:, :kg] = sb
-    return F.scaled_mm(qa, qb.t(), m_major(sa), F.ScalingType.BlockWise1x128, padded.t(),
-                       F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+
+    from fp8bench.backends.scaled_mm import cublas_blockwise_scales
+    return F.scaled_mm(qa, qb.t(), cublas_blockwise_scales(sa, False), F.ScalingType.BlockWise1x128,
+                       cublas_blockwise_scales(sb, True), F.ScalingType.BlockWise128x128,
+                       output_dtype=torch.bfloat16, use_fast_accum=fast_accum)
 
 
 def accuracy(name: str, mnk: tuple[int, int, int], rows: int = 512) -> dict:

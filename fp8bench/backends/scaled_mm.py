@@ -34,6 +34,15 @@ def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
+def cublas_blockwise_scales(inv: torch.Tensor, is_weight: bool) -> torch.Tensor:
+    """Blockwise inverse scales [rows / block, K/128] in the layout F.scaled_mm asks for (above)."""
+    if is_weight:
+        padded = torch.zeros(inv.shape[0], _round_up(inv.shape[1], 4), device=inv.device, dtype=torch.float32)
+        padded[:, : inv.shape[1]] = inv
+        return padded.t()
+    return inv.t().contiguous().t()
+
+
 class Quantized:
     """An FP8 operand and its dequantization scale in the layout the GEMM call wants."""
 
@@ -78,13 +87,7 @@ def quantize_operand(x: torch.Tensor, recipe: Recipe, opt: QuantOptions,
         tiles = xf.reshape(m // rows, rows, k // cols, cols)
         scale = amax_to_scale(tiles.abs().amax(dim=(1, 3), keepdim=True), element, opt.pow2_scale)
         data = (tiles * scale).clamp(-element.max, element.max).to(dtype).reshape(m, k)
-        s = scale.reshape(m // rows, k // cols).reciprocal()
-        if opt.is_weight:
-            padded = torch.zeros(m // rows, _round_up(k // cols, 4), device=x.device, dtype=torch.float32)
-            padded[:, : k // cols] = s
-            inv = padded.t()
-        else:
-            inv = s.t().contiguous().t()
+        inv = cublas_blockwise_scales(scale.reshape(m // rows, k // cols).reciprocal(), opt.is_weight)
         return Quantized(data, inv, (rows, cols))
     else:
         raise ValueError(f"backend 'torch' has no {recipe.format.value}/{recipe.scaling.value} cast")
