@@ -183,21 +183,24 @@ def optimizer(model: torch.nn.Module, cfg, make=None, **implementation) -> torch
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, **implementation)
 
 
-FP8_LINEAR_CLASSES = {"Float8Linear", "FP8Linear", "RecipeLinear", "DelayedScalingLinear"}
-"""torchao's, COAT's and fp8bench's (torch/emulated; the emulator's delayed scaling) low-precision linears;
-te.Linear is told by its module."""
+FP8_LINEAR_CLASSES = {"Float8Linear", "FP8Linear"}
+"""torchao's and COAT's low-precision linears, by name (neither library need be installed); fp8bench's own
+(torch, emulated, and their delayed-scaling variant) are RecipeLinears; te.Linear is told by its module."""
 
 
 def linear_coverage(model: torch.nn.Module, recipe) -> list[Metric]:
     """How many of the model's linears run the recipe (`linears_fp8`) out of all (`linears_total`): the
     backends and integrations differ here (the output head, Accelerate's first/last-layer filter)."""
+    from fp8bench.backends.base import RecipeLinear
+
     total = low = 0
     for m in model.modules():
         kind = type(m).__name__
         is_te = kind == "Linear" and type(m).__module__.startswith("transformer_engine")
-        if isinstance(m, torch.nn.Linear) or is_te or kind in FP8_LINEAR_CLASSES:
+        is_low = is_te or kind in FP8_LINEAR_CLASSES or isinstance(m, RecipeLinear)
+        if isinstance(m, torch.nn.Linear) or is_low:
             total += 1
-            low += recipe.format.value != "bf16" and (is_te or kind in FP8_LINEAR_CLASSES)
+            low += recipe.format.value != "bf16" and is_low
     return [Metric.of("linears_fp8", low), Metric.of("linears_total", total)]
 
 
