@@ -230,8 +230,8 @@ class BackendConfig:
     def variant(self) -> str:
         """Short suffix naming the non-default knobs this backend reads, so case ids of variants differ
         (and a knob another backend ignores does not split one case into two)."""
-        reads = {"torch": ("fast_accum", "cpu_onednn"), "triton": ("fast_accum",), "torchao": ("compile", "gw_hp", "cpu_onednn"),
-                 "accelerate": ("fp8_backend", "compile", "cpu_onednn")}
+        reads = {"torch": ("fast_accum", "cpu_onednn"), "triton": ("fast_accum",),
+                 "torchao": ("compile", "gw_hp", "cpu_onednn"), "accelerate": ("fp8_backend", "compile", "cpu_onednn")}
         parts = []
         for k in reads.get(self.name, ()):
             value = getattr(self, k)
