@@ -88,10 +88,14 @@ def _load_step(a_desc, b_desc, a_smem, b_smem, ready, empty, step, total, M, N, 
 
 
 @gluon.jit
+def _n_tiles(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    return gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+
+
+@gluon.jit
 def _steps(M, N, n_kgroups, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """How many (tile, K group) steps this program runs: its tiles are pid, pid + programs, ..."""
-    n_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-    return gl.cdiv(n_tiles - gl.program_id(0), gl.num_programs(0)) * n_kgroups
+    return gl.cdiv(_n_tiles(M, N, BLOCK_M, BLOCK_N) - gl.program_id(0), gl.num_programs(0)) * n_kgroups
 
 
 @gluon.jit
@@ -134,7 +138,7 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
                                                   instr_shape=[16, SUB_N, 32])
     rows = WG * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
     zero = gl.zeros((ROWS, SUB_N), gl.float32, mma)
-    n_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, HALVES * SUB_N)
+    n_tiles = _n_tiles(M, N, BLOCK_M, HALVES * SUB_N)
     step = 0
     for tile_id in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
         off_m, off_n = _tile(tile_id, M, N, BLOCK_M, HALVES * SUB_N, GROUP_M)
