@@ -128,6 +128,16 @@ def test_delayed_scale_follows_te_amax_history():
         assert ds.scale.item() == scale
 
 
+def test_delayed_scale_divides_as_te_kernel_does():
+    """TE's fused scale update divides in float32, correctly rounded. torch's `float / tensor` takes the
+    reciprocal first, which for amax 33.5 gives one ulp less: the H200 test against TE caught it."""
+    ds = DelayedScale(Element.E4M3, length=2)
+    _step(ds, 33.5)
+    exact = torch.tensor(448 / 33.5, dtype=torch.float32)  # float64 quotient, rounded once
+    assert ds.scale.item() == exact.item() == pytest.approx(13.373134613, abs=1e-9)
+    assert (448 / torch.tensor(33.5)).item() != exact.item()  # the rounding this guards against
+
+
 def test_delayed_scale_most_recent_margin_and_zero_amax():
     ds = DelayedScale(Element.E5M2, length=1024, algo="most_recent", margin=1)
     _step(ds, 8.0)
