@@ -83,8 +83,10 @@ def gemm_row(name: str, m: int, n: int, k: int) -> dict:
 
     a = torch.randn(m, k, device="cuda").bfloat16()
     b = torch.randn(n, k, device="cuda").bfloat16()
-    qa, sa = quantize_blockwise(a, (1, 128), True)
-    qb, sb = quantize_blockwise(b, (128, 128), True)
+    # the scales cuBLAS's operands get from the torch backend's blockwise recipe (not powers of two), so the
+    # check against its result compares accumulation only
+    qa, sa = quantize_blockwise(a, (1, 128))
+    qb, sb = quantize_blockwise(b, (128, 128))
     flops = 2.0 * m * n * k
     row: dict = {"shape": name, "mnk": [m, n, k]}
     op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("torch", "blockwise"))
