@@ -99,8 +99,10 @@ def _slowed_cuda(fn: Callable[[], object], fraction: float,
     the wait speeds up. But busy work has its own power draw, so no length computed from the filler's speed
     alone adds the intended fraction to every workload (on the H200 a 3% filler sized that way added 1.4%
     to a BF16 GEMM and 5-6% to a BF16 transformer block). The length is therefore corrected by feedback:
-    blocks of fn alone and fn + filler alternate (2 x ~100 ms each per round) until their medians differ by
-    the fraction within a tenth of it, FEEDBACK_ROUNDS rounds at most."""
+    blocks of fn alone and fn + filler alternate (2 x ~200 ms each per round) until their medians differ by
+    the fraction within a tenth of it, FEEDBACK_ROUNDS rounds at most. Only each block's second half is
+    timed: timed from its first sample, a block measured the clocks' transition between the two loads, and
+    on a power-capped H200 a filler sized that way added 5-11% to a GEMM, set to 10%."""
     from fp8bench_kernels.tensor_core_load import make_operand, tensor_core_load
 
     a = make_operand(device)
@@ -121,9 +123,9 @@ def _slowed_cuda(fn: Callable[[], object], fraction: float,
     added = 0.0
     for round_ in range(FEEDBACK_ROUNDS):
         base, slow = [], []
-        for _ in range(2):
-            base += event_samples(fn, block)
-            slow += event_samples(slowed, block)
+        for _ in range(2):  # each block's first half settles the clocks to that load; its second half counts
+            base += event_samples(fn, 2 * block)[block:]
+            slow += event_samples(slowed, 2 * block)[block:]
         b, s = statistics.median(base), statistics.median(slow)
         added = s / b - 1.0
         if abs(added - fraction) <= 0.1 * fraction or round_ == FEEDBACK_ROUNDS - 1:
