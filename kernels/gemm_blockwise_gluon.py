@@ -20,19 +20,19 @@ A tile is HALVES (1 or 2) column halves of SUB_N (64 or 128), so B's 128x128 sca
 group. Scaling, as in `gemm_blockwise` (`PROMOTE`):
 - promote (DeepSeek-V3): each group's product goes to a fresh scratch tile that is scaled and added to an FP32
   sum on the CUDA cores, every 128 of K, one half after the other through the same scratch. A sum per half
-  plus the scratch: 128x128 tiles (one 128-wide half, DeepGEMM's tile, or two 64-wide ones).
+  plus the scratch: 128x256 tiles, or 128x128 (one 128-wide half, DeepGEMM's tile, or two 64-wide ones).
 - rescale: each half keeps its accumulator in units of the current group's scale s = sa·sb, so a step is
   `acc = wgmma(a, b, acc · s_prev/s)` and s is applied once at the end: one FP32 tile per half (128x256 tiles).
   The sum then stays in the tensor core's accumulation, whose precision on Hopper is below FP32 (DeepSeek-V3
   reports ~14 bits): the numerics of cuBLAS's fast-accumulation mode rather than DeepSeek-V3's promotion
   (scripts/gemm_variant_probe.py --gluon measures both against FP64).
 
-On the H200 (scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json) promote on
-128x128 tiles reached 991 / 937 / 947 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale on
-128x256 1160 / 1079 / 1103, against cuBLAS blockwise's 1177 / 1151 / 1052. Promote on 128x256 needs 192
-registers per thread for its sums and scratch, which the math warpgroups have (setmaxnreg 232; ptxas reports
-the kernel's 168, the cap of 12 warps, but allocates each region to its setmaxnreg). It first spilled, from
-an LLVM reordering that `_settled` now prevents, and is a CANDIDATE until it is timed on the H200.
+On the H200 (scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json) promote
+reached 1066 / 1064 / 1037 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale 1123 / 1060 /
+1105, against cuBLAS blockwise's 1174 / 1099 / 1111; both on 128x256 tiles. Promote there needs 192 registers
+per thread for its two sums and the scratch, which the math warpgroups have (setmaxnreg 232; ptxas reports the
+kernel's 168, the cap of 12 warps, but allocates each region to its setmaxnreg). It spilled and ran at ~600
+until `_settled` stopped an LLVM reordering that kept two scratch tiles live.
 
 Triton's interpreter does not run Gluon: CI compiles the kernel for sm_90 and checks that ptxas serializes no
 wgmma and spills nothing; `pytest -m gpu` checks its results on the H200.
@@ -128,7 +128,7 @@ def _settled(x):
 @gluon.jit
 def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
               WG: gl.constexpr, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, PROMOTE: gl.constexpr, SPLIT_STORE: gl.constexpr):
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, PROMOTE: gl.constexpr):
     """One math warpgroup: rows [WG·64, WG·64 + 64) of each tile, every column half. Each K group's wgmmas are
     waited for at once (ptxas serializes every wgmma of a kernel that reads an accumulator while another wgmma
     is in flight); the overlap of scaling and tensor-core work comes from the other warpgroup, which no
@@ -198,36 +198,24 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
             acc0 = acc0 * gl.expand_dims(prev0, 1)
             acc1 = acc1 * gl.expand_dims(prev1, 1)
         tma.store_wait(pendings=0)  # this warpgroup's previous stores have read its C buffers
-        if SPLIT_STORE:  # one C buffer per warpgroup: the halves go out one after the other through it
-            c_smem.index(WG).store(acc0.to(c_desc.dtype))
-            fence_async_shared()
-            _tma_store(c_desc, [off_m + WG * ROWS, off_n], c_smem.index(WG))
+        c_smem.index(HALVES * WG).store(acc0.to(c_desc.dtype))
+        if HALVES == 2:
+            c_smem.index(2 * WG + 1).store(acc1.to(c_desc.dtype))
+        fence_async_shared()
+        _tma_store(c_desc, [off_m + WG * ROWS, off_n], c_smem.index(HALVES * WG))
+        if HALVES == 2:
             if off_n + SUB_N < N:
-                tma.store_wait(pendings=0)
-                c_smem.index(WG).store(acc1.to(c_desc.dtype))
-                fence_async_shared()
-                _tma_store(c_desc, [off_m + WG * ROWS, off_n + SUB_N], c_smem.index(WG))
-        else:
-            c_smem.index(HALVES * WG).store(acc0.to(c_desc.dtype))
-            if HALVES == 2:
-                c_smem.index(2 * WG + 1).store(acc1.to(c_desc.dtype))
-            fence_async_shared()
-            _tma_store(c_desc, [off_m + WG * ROWS, off_n], c_smem.index(HALVES * WG))
-            if HALVES == 2:
-                if off_n + SUB_N < N:
-                    _tma_store(c_desc, [off_m + WG * ROWS, off_n + SUB_N], c_smem.index(2 * WG + 1))
+                _tma_store(c_desc, [off_m + WG * ROWS, off_n + SUB_N], c_smem.index(2 * WG + 1))
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
                  BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
-                 STAGES: gl.constexpr, PROMOTE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                 SPLIT_STORE: gl.constexpr):
+                 STAGES: gl.constexpr, PROMOTE: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [HALVES * STAGES, SUB_N, GROUP], b_desc.layout)
-    C_BUFS: gl.constexpr = 2 if SPLIT_STORE else 2 * HALVES  # per math warpgroup: 1, or one per half
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, [C_BUFS, BLOCK_M // 2, SUB_N], c_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [2 * HALVES, BLOCK_M // 2, SUB_N], c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -244,9 +232,9 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm,
     # math warpgroup instead (8 warps, no reallocation) was 10-20% slower on the H200.
     gl.warp_specialize([
         (_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
-                     0, BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, SPLIT_STORE)),
+                     0, BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE)),
         (_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
-                     1, BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, SPLIT_STORE)),
+                     1, BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE)),
         (_loader, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N, HALVES, GROUP_M,
                    STAGES)),
     ], [4, 1], [CONSUMER_REGS, 40])
@@ -269,18 +257,9 @@ class Config(NamedTuple):
     def block_n(self) -> int:
         return self.halves * self.sub_n
 
-    def _ring_bytes(self) -> int:
-        return self.stages * (self.block_m + self.block_n) * BLOCK_K + 16 * self.stages  # E4M3 A, B; mbarriers
-
-    @property
-    def split_store(self) -> bool:
-        """Whether the BF16 C tile goes out one half at a time through one buffer per math warpgroup: only
-        where the whole tile's buffer would not fit beside the ring (128x256 tiles with 4 stages)."""
-        return self.halves == 2 and self._ring_bytes() + self.block_m * self.block_n * 2 > SMEM_LIMIT
-
     def smem_bytes(self) -> int:
-        c_cols = self.sub_n if self.split_store else self.block_n
-        return self._ring_bytes() + self.block_m * c_cols * 2
+        ring = self.stages * (self.block_m + self.block_n) * BLOCK_K  # E4M3 A and B tiles
+        return ring + self.block_m * self.block_n * 2 + 16 * self.stages  # + the BF16 C tile, mbarriers
 
 
 SMEM_LIMIT = 232448
@@ -293,11 +272,12 @@ CONFIGS = (Config(128, 128, 2, 3, False), Config(128, 128, 1, 6, False), Config(
 as one 128-wide half (DeepGEMM's tile) or two 64-wide ones. These are the configs measured on the H200; the
 per-shape tuner picks among them."""
 
-CANDIDATES = (Config(128, 128, 2, 4, True), Config(128, 128, 2, 4, False))
+CANDIDATES: tuple[Config, ...] = ()
 """Configs that compile cleanly for sm_90 (CI checks them as it checks CONFIGS) but have not been timed on the
-H200 yet, so the tuner leaves them out: `scripts/gemm_variant_probe.py --gluon` times them next to CONFIGS.
-128x256 tiles with a 4-deep ring, which fits beside the C tile only when each math warpgroup stores its two
-halves one after the other through one buffer (`split_store`)."""
+H200 yet, so the tuner leaves them out: `scripts/gemm_variant_probe.py --gluon` and `scripts/kernel_bench.py`
+time them next to CONFIGS. None now. The last were 128x256 tiles with a 4-deep ring, made to fit by storing
+C one half at a time: on the H200 (session 10) they ran no faster than the 3-deep ring (promote 990 against
+1066 TFLOPS at 8192³, 1057 against 1037 at Llama-3-70B down), so they were dropped with that store path."""
 
 
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
@@ -318,7 +298,7 @@ def _launch(a, sa, b, sb, c, config: Config, persistent: bool, n_kgroups: int) -
         _descriptor(a, [config.block_m, BLOCK_K]), _descriptor(b, [config.sub_n, BLOCK_K]),
         _descriptor(c, [config.block_m // 2, config.sub_n]), sa, sb, m, n, n_kgroups, sa.stride(0), sa.stride(1),
         BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
-        PROMOTE=config.promote, CONSUMER_REGS=config.consumer_regs, SPLIT_STORE=config.split_store, num_warps=4)
+        PROMOTE=config.promote, CONSUMER_REGS=config.consumer_regs, num_warps=4)
 
 
 _picked: dict[tuple, tuple[Config, bool]] = {}
@@ -361,8 +341,7 @@ def compile_sm90(config: Config):
                  "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32", "n_kgroups": "i32", "sa_sm": "i32",
                  "sa_sk": "i32"}
     constants = {"BLOCK_M": config.block_m, "SUB_N": config.sub_n, "GROUP_M": 8, "STAGES": config.stages,
-                 "HALVES": config.halves, "PROMOTE": config.promote, "CONSUMER_REGS": config.consumer_regs,
-                 "SPLIT_STORE": config.split_store}
+                 "HALVES": config.halves, "PROMOTE": config.promote, "CONSUMER_REGS": config.consumer_regs}
     signature.update(dict.fromkeys(constants, "constexpr"))
     return triton.compile(GluonASTSource(_gemm_kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})
