@@ -10,17 +10,19 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
   ceiling of Triton's code generation before any blockwise work;
 - ws (`WS`, with --ws): Triton's warp specialization on the K loop, over the tiles of WS_TILES;
 - gluon (with --gluon): kernels/gemm_blockwise_gluon.py, each config and each CANDIDATE (not yet tuned on),
-  with a persistent grid and one program per tile, next to the unscaled ceiling; then the error of every
-  blockwise GEMM here, rescale and promote, ours and cuBLAS's with and without fast accumulation, against the
-  exact product (FP64) of the dequantized operands.
+  with a persistent grid and one program per tile, next to the unscaled ceilings of Triton's kernel and of the
+  Gluon kernel's own structure (scripts/gluon_unscaled.py: each K group waited for, or one in flight); then
+  the error of every blockwise GEMM here, rescale and promote, ours and cuBLAS's with and without fast
+  accumulation, against the exact product (FP64) of the dequantized operands. --gluon-ceilings: only the
+  128x256 configs and those ceilings, no accuracy.
 Stage 1 runs every variant at 8192³ (time-boxed); stage 2 the best few at the Llama shapes. With --ws, every
 WS variant and two plain baselines run at each shape. A config that fails to compile or returns a wrong
 result is recorded as such. Results (results/h200-kernels/): gemm_variant_probe.json (session 7, which timed a
 copy of the kernel with these switches, since folded in) and gemm_ws_probe.json (session 6, recorded by this
 probe's WS part when it was scripts/gemm_ws_probe.py; re-run it after a Triton upgrade) and
-gemm_gluon_probe.json (--gluon, session 8).
+gemm_gluon_probe.json (--gluon, session 10).
 
-Usage: python3 scripts/gemm_variant_probe.py OUT.json [--budget-s 200] [--ws | --gluon]
+Usage: python3 scripts/gemm_variant_probe.py OUT.json [--budget-s 200] [--ws | --gluon | --gluon-ceilings]
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ try:  # Gluon's Hopper kernel (needs a Triton with triton.experimental.gluon)
     from fp8bench_kernels.gemm_blockwise_gluon import CONFIGS as GLUON_CONFIGS
 
     GLUON_CONFIGS += CANDIDATES  # the configs the tuner may pick, and those that wait for this probe
+    from gluon_unscaled import unscaled_gluon_gemm
 except ImportError:
-    GLUON_CONFIGS, gemm_blockwise_gluon = (), None
+    GLUON_CONFIGS, gemm_blockwise_gluon, unscaled_gluon_gemm = (), None, None
 
 
 @triton.jit
@@ -83,10 +86,13 @@ def unscaled_gemm(a, b, *, block_m, nsub, warps, stages, persistent=False):
 
 
 def probe_gemm(a, sa, b, sb, *, block_m=None, nsub=None, warps=None, stages=None, promote=True, prefetch=False, sa_t=False,
-               scaled=True, persistent=False, ws=False, gluon=None):
-    """One variant: fp8bench's kernel with that config, or (scaled=False) the unscaled ceiling."""
+               scaled=True, persistent=False, ws=False, gluon=None, gluon_in_flight=None):
+    """One variant: fp8bench's kernel with that config, or (scaled=False) the unscaled ceiling: Triton's, or with
+    `gluon_in_flight` the Gluon kernel's structure (scripts/gluon_unscaled.py)."""
     if gluon is not None:
         return gemm_blockwise_gluon(a, m_major(sa) if sa_t else sa, b, sb, gluon, persistent)
+    if gluon_in_flight is not None:
+        return unscaled_gluon_gemm(a, b, gluon_in_flight, stages, persistent)
     if not scaled:
         return unscaled_gemm(a, b, block_m=block_m, nsub=nsub, warps=warps, stages=stages, persistent=persistent)
     config = triton.Config({"BLOCK_M": block_m, "NSUB": nsub, "GROUP_M": 8, "PROMOTE": promote,
@@ -134,13 +140,27 @@ def gluon_variants():
         for config in GLUON_CONFIGS:
             yield dict(gluon=config, persistent=persistent)
     yield dict(gluon=GLUON_CONFIGS[0], persistent=True, sa_t=True)  # M-major activation scales (copy timed in)
+    yield from list(gluon_ceiling_variants())[2:]  # the ceilings (the two scaled configs ran above)
+
+
+def gluon_ceiling_variants():
+    """Promote and rescale on 128x256 tiles against the ceilings of the same tiles: Triton's unscaled kernel and
+    the Gluon structure's own, each K group waited for or one in flight."""
+    if GLUON_CONFIGS:
+        for promote in (True, False):
+            yield dict(gluon=next(c for c in GLUON_CONFIGS if c.block_n == 256 and c.promote is promote),
+                       persistent=True)
     yield dict(block_m=128, nsub=2, warps=8, stages=3, scaled=False, persistent=True)
+    for in_flight in (0, 1):
+        yield dict(gluon_in_flight=in_flight, stages=3, scaled=False, persistent=True)
 
 
 def label(v: dict) -> str:
     if v.get("gluon") is not None:
         return (f"gluon {v['gluon']!r}" + (" persistent" if v["persistent"] else "")
                 + (" M-major sa" if v.get("sa_t") else ""))
+    if v.get("gluon_in_flight") is not None:
+        return f"unscaled gluon 128x256 s{v['stages']} groups in flight {v['gluon_in_flight']} persistent"
     if not v.get("scaled", True):
         return f"unscaled {v['block_m']}x{128 * v['nsub']} w{v['warps']} s{v['stages']}" + (" persistent" if v.get("persistent") else "")
     flags = [f for f in ("sa_t", "prefetch", "persistent") if v.get(f)]
@@ -243,6 +263,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--ws", action="store_true", help="probe Triton's warp specialization instead")
     ap.add_argument("--gluon", action="store_true", help="probe the Gluon kernel (and every kernel's accuracy)")
+    ap.add_argument("--gluon-ceilings", action="store_true",
+                    help="only the Gluon kernel's 128x256 configs against the unscaled ceilings of those tiles")
     args = ap.parse_args()
     rows: list[dict] = []
     best: list[tuple[float, dict]] = []
@@ -251,6 +273,8 @@ def main() -> int:
             rows.append(probe_shape(name, mnk, list(ws_variants()), None, []))
         elif args.gluon:
             rows.append(probe_shape(name, mnk, list(gluon_variants()), None, []))
+        elif args.gluon_ceilings:
+            rows.append(probe_shape(name, mnk, list(gluon_ceiling_variants()), None, []))
         elif stage == 0:
             rows.append(probe_shape(name, mnk, list(variants()), time.monotonic() + args.budget_s, best))
             top = [v for _, v in sorted(best, key=lambda t: -t[0])[:8]] + list(variants())[:3]  # + ceilings

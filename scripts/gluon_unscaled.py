@@ -1,0 +1,109 @@
+"""The Gluon blockwise GEMM's structure with the scales taken out: its ceiling, for gemm_variant_probe.py --gluon.
+
+Same producer warp (`_loader`), ring, mbarriers, 128x256 tiles of two 128-wide halves and epilogue as
+kernels/gemm_blockwise_gluon.py, but the math warpgroups only accumulate, in one of two ways:
+- IN_FLIGHT = 0: each K group's wgmmas are waited for before the next group's are issued, as the scaled kernel
+  must (it reads the accumulator every group). The gap between this and the unscaled Triton kernel is what
+  that structure costs; the gap between this and the scaled kernel is what the scaling costs.
+- IN_FLIGHT = 1: the next group's wgmmas are issued while the last group's run, the stage released once they
+  are done (what Triton's pipeliner does for an unscaled GEMM): the ceiling if the per-group wait were gone.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from fp8bench_kernels.gemm_blockwise import _tile
+from fp8bench_kernels.gemm_blockwise_gluon import BLOCK_K, GROUP, _descriptor, _loader, _n_tiles, _tma_store
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+
+@gluon.jit
+def _accumulating_consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, WG: gl.constexpr,
+                           BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, GROUP_M: gl.constexpr,
+                           STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr):
+    ROWS: gl.constexpr = BLOCK_M // 2
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, SUB_N, 32])
+    zero = gl.zeros((ROWS, SUB_N), gl.float32, mma)
+    step = 0
+    for tile_id in range(gl.program_id(0), _n_tiles(M, N, BLOCK_M, 2 * SUB_N), gl.num_programs(0)):
+        off_m, off_n = _tile(tile_id, M, N, BLOCK_M, 2 * SUB_N, GROUP_M)
+        acc0 = zero
+        acc1 = zero
+        for kg in range(n_kgroups):
+            stage = step % STAGES
+            mbarrier.wait(ready.index(stage), (step // STAGES) & 1)
+            a = a_smem.index(stage).slice(WG * ROWS, ROWS)
+            acc0 = warpgroup_mma(a, b_smem.index(2 * stage).permute((1, 0)), acc0, use_acc=kg > 0, is_async=True)
+            acc1 = warpgroup_mma(a, b_smem.index(2 * stage + 1).permute((1, 0)), acc1, use_acc=kg > 0,
+                                 is_async=True)
+            if IN_FLIGHT:  # this group's two wgmmas stay in flight; the last group's are done: free its stage
+                acc0, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc0, acc1))
+                if kg > 0:
+                    mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
+            else:
+                acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+                mbarrier.arrive(empty.index(stage))
+            step += 1
+        if IN_FLIGHT:
+            acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
+        tma.store_wait(pendings=0)
+        c_smem.index(2 * WG).store(acc0.to(c_desc.dtype))
+        c_smem.index(2 * WG + 1).store(acc1.to(c_desc.dtype))
+        fence_async_shared()
+        _tma_store(c_desc, [off_m + WG * ROWS, off_n], c_smem.index(2 * WG))
+        if off_n + SUB_N < N:
+            _tma_store(c_desc, [off_m + WG * ROWS, off_n + SUB_N], c_smem.index(2 * WG + 1))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _kernel(a_desc, b_desc, c_desc, M, N, n_kgroups, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
+            GROUP_M: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr):
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [2 * STAGES, SUB_N, GROUP], b_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [4, BLOCK_M // 2, SUB_N], c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)
+    M = gl.to_tensor(M)
+    N = gl.to_tensor(N)
+    n_kgroups = gl.to_tensor(n_kgroups)
+    gl.warp_specialize([
+        (_accumulating_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, 0, BLOCK_M, SUB_N,
+                                  GROUP_M, STAGES, IN_FLIGHT)),
+        (_accumulating_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, 1, BLOCK_M, SUB_N,
+                                  GROUP_M, STAGES, IN_FLIGHT)),
+        (_loader, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N, 2, GROUP_M,
+                   STAGES)),
+    ], [4, 1], [232, 40])
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
+
+
+def unscaled_gluon_gemm(a: torch.Tensor, b: torch.Tensor, in_flight: int, stages: int = 3,
+                        persistent: bool = True) -> torch.Tensor:
+    """A · Bᵀ of E4M3 operands (no scales) through the Gluon kernel's structure on 128x256 tiles."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
+    tiles = triton.cdiv(m, 128) * triton.cdiv(n, 256)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    _kernel[(min(tiles, sms) if persistent else tiles,)](
+        _descriptor(a, [128, BLOCK_K]), _descriptor(b, [128, BLOCK_K]), _descriptor(c, [64, 128]), m, n,
+        triton.cdiv(k, BLOCK_K), BLOCK_M=128, SUB_N=128, GROUP_M=8, STAGES=stages, IN_FLIGHT=in_flight,
+        num_warps=4)
+    return c
