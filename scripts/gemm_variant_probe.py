@@ -11,7 +11,8 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
 - ws (`WS`, with --ws): Triton's warp specialization on the K loop, over the tiles of WS_TILES;
 - gluon (with --gluon): kernels/gemm_blockwise_gluon.py, each config and each CANDIDATE (not yet tuned on),
   with a persistent grid and one program per tile, next to the unscaled ceilings of Triton's kernel and of the
-  Gluon kernel's own structure (scripts/gluon_unscaled.py: each K group waited for, or one in flight); then
+  Gluon kernel's own structure (scripts/gluon_unscaled.py: each K group waited for, or one in flight, or
+  waited for and its accumulators multiplied by a per-row factor with nothing loaded); then
   the error of every blockwise GEMM here, rescale and promote, ours and cuBLAS's with and without fast
   accumulation, against the exact product (FP64) of the dequantized operands. --gluon-ceilings: only the
   128x256 configs and those ceilings, no accuracy.
@@ -86,13 +87,13 @@ def unscaled_gemm(a, b, *, block_m, nsub, warps, stages, persistent=False):
 
 
 def probe_gemm(a, sa, b, sb, *, block_m=None, nsub=None, warps=None, stages=None, promote=True, prefetch=False, sa_t=False,
-               scaled=True, persistent=False, ws=False, gluon=None, gluon_in_flight=None):
+               scaled=True, persistent=False, ws=False, gluon=None, gluon_in_flight=None, multiply=False):
     """One variant: fp8bench's kernel with that config, or (scaled=False) the unscaled ceiling: Triton's, or with
     `gluon_in_flight` the Gluon kernel's structure (scripts/gluon_unscaled.py)."""
     if gluon is not None:
         return gemm_blockwise_gluon(a, m_major(sa) if sa_t else sa, b, sb, gluon, persistent)
     if gluon_in_flight is not None:
-        return unscaled_gluon_gemm(a, b, gluon_in_flight, stages, persistent)
+        return unscaled_gluon_gemm(a, b, gluon_in_flight, stages, persistent, multiply)
     if not scaled:
         return unscaled_gemm(a, b, block_m=block_m, nsub=nsub, warps=warps, stages=stages, persistent=persistent)
     config = triton.Config({"BLOCK_M": block_m, "NSUB": nsub, "GROUP_M": 8, "PROMOTE": promote,
@@ -153,6 +154,7 @@ def gluon_ceiling_variants():
     yield dict(block_m=128, nsub=2, warps=8, stages=3, scaled=False, persistent=True)
     for in_flight in (0, 1):
         yield dict(gluon_in_flight=in_flight, stages=3, scaled=False, persistent=True)
+    yield dict(gluon_in_flight=0, multiply=True, stages=3, scaled=False, persistent=True)
 
 
 def label(v: dict) -> str:
@@ -160,7 +162,8 @@ def label(v: dict) -> str:
         return (f"gluon {v['gluon']!r}" + (" persistent" if v["persistent"] else "")
                 + (" M-major sa" if v.get("sa_t") else ""))
     if v.get("gluon_in_flight") is not None:
-        return f"unscaled gluon 128x256 s{v['stages']} groups in flight {v['gluon_in_flight']} persistent"
+        return (f"unscaled gluon 128x256 s{v['stages']} groups in flight {v['gluon_in_flight']} persistent"
+                + (" + per-group multiply" if v.get("multiply") else ""))
     if not v.get("scaled", True):
         return f"unscaled {v['block_m']}x{128 * v['nsub']} w{v['warps']} s{v['stages']}" + (" persistent" if v.get("persistent") else "")
     flags = [f for f in ("sa_t", "prefetch", "persistent") if v.get(f)]

@@ -7,6 +7,9 @@ kernels/gemm_blockwise_gluon.py, but the math warpgroups only accumulate, in one
   that structure costs; the gap between this and the scaled kernel is what the scaling costs.
 - IN_FLIGHT = 1: the next group's wgmmas are issued while the last group's run, the stage released once they
   are done (what Triton's pipeliner does for an unscaled GEMM): the ceiling if the per-group wait were gone.
+With MULTIPLY (IN_FLIGHT = 0 only), each group first multiplies both accumulators by a per-row factor (1.0, a
+kernel argument, so not folded), as rescale does with its scale ratio, but with no scale loaded from memory:
+what the CUDA-core step alone costs.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 @gluon.jit
-def _accumulating_consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, WG: gl.constexpr,
+def _accumulating_consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, factor, WG: gl.constexpr,
                            BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, GROUP_M: gl.constexpr,
-                           STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr):
+                           STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, MULTIPLY: gl.constexpr):
     ROWS: gl.constexpr = BLOCK_M // 2
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, SUB_N, 32])
     zero = gl.zeros((ROWS, SUB_N), gl.float32, mma)
+    per_row = gl.expand_dims(gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, mma)) + factor, 1)
     step = 0
     for tile_id in range(gl.program_id(0), _n_tiles(M, N, BLOCK_M, 2 * SUB_N), gl.num_programs(0)):
         off_m, off_n = _tile(tile_id, M, N, BLOCK_M, 2 * SUB_N, GROUP_M)
@@ -43,6 +47,9 @@ def _accumulating_consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n
             stage = step % STAGES
             mbarrier.wait(ready.index(stage), (step // STAGES) & 1)
             a = a_smem.index(stage).slice(WG * ROWS, ROWS)
+            if MULTIPLY:
+                acc0 = acc0 * per_row
+                acc1 = acc1 * per_row
             acc0 = warpgroup_mma(a, b_smem.index(2 * stage).permute((1, 0)), acc0, use_acc=kg > 0, is_async=True)
             acc1 = warpgroup_mma(a, b_smem.index(2 * stage + 1).permute((1, 0)), acc1, use_acc=kg > 0,
                                  is_async=True)
@@ -68,8 +75,8 @@ def _accumulating_consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n
 
 
 @gluon.jit
-def _kernel(a_desc, b_desc, c_desc, M, N, n_kgroups, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
-            GROUP_M: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr):
+def _kernel(a_desc, b_desc, c_desc, M, N, n_kgroups, factor, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
+            GROUP_M: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, MULTIPLY: gl.constexpr):
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [2 * STAGES, SUB_N, GROUP], b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [4, BLOCK_M // 2, SUB_N], c_desc.layout)
@@ -81,11 +88,12 @@ def _kernel(a_desc, b_desc, c_desc, M, N, n_kgroups, BLOCK_M: gl.constexpr, SUB_
     M = gl.to_tensor(M)
     N = gl.to_tensor(N)
     n_kgroups = gl.to_tensor(n_kgroups)
+    factor = gl.to_tensor(factor)
     gl.warp_specialize([
-        (_accumulating_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, 0, BLOCK_M, SUB_N,
-                                  GROUP_M, STAGES, IN_FLIGHT)),
-        (_accumulating_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, 1, BLOCK_M, SUB_N,
-                                  GROUP_M, STAGES, IN_FLIGHT)),
+        (_accumulating_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, factor, 0, BLOCK_M,
+                                  SUB_N, GROUP_M, STAGES, IN_FLIGHT, MULTIPLY)),
+        (_accumulating_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, factor, 1, BLOCK_M,
+                                  SUB_N, GROUP_M, STAGES, IN_FLIGHT, MULTIPLY)),
         (_loader, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N, 2, GROUP_M,
                    STAGES)),
     ], [4, 1], [232, 40])
@@ -95,7 +103,7 @@ def _kernel(a_desc, b_desc, c_desc, M, N, n_kgroups, BLOCK_M: gl.constexpr, SUB_
 
 
 def unscaled_gluon_gemm(a: torch.Tensor, b: torch.Tensor, in_flight: int, stages: int = 3,
-                        persistent: bool = True) -> torch.Tensor:
+                        persistent: bool = True, multiply: bool = False) -> torch.Tensor:
     """A · Bᵀ of E4M3 operands (no scales) through the Gluon kernel's structure on 128x256 tiles."""
     m, k = a.shape
     n = b.shape[0]
@@ -104,6 +112,6 @@ def unscaled_gluon_gemm(a: torch.Tensor, b: torch.Tensor, in_flight: int, stages
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     _kernel[(min(tiles, sms) if persistent else tiles,)](
         _descriptor(a, [128, BLOCK_K]), _descriptor(b, [128, BLOCK_K]), _descriptor(c, [64, 128]), m, n,
-        triton.cdiv(k, BLOCK_K), BLOCK_M=128, SUB_N=128, GROUP_M=8, STAGES=stages, IN_FLIGHT=in_flight,
-        num_warps=4)
+        triton.cdiv(k, BLOCK_K), 1.0, BLOCK_M=128, SUB_N=128, GROUP_M=8, STAGES=stages, IN_FLIGHT=in_flight,
+        MULTIPLY=multiply and not in_flight, num_warps=4)
     return c
