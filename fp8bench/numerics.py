@@ -250,10 +250,10 @@ class DelayedScale:
         amax = x.detach().float().abs().amax()
         self.window = torch.cat([self.window[1:], amax.reshape(1)])
         ref = self.window.max() if self.algo == "max" else amax
-        # TE's fused update (delayed_scaling.cu): max·2^-margin / amax as one float32 division, correctly
-        # rounded (a Python float over a tensor is reciprocal-then-multiply in torch: 1 ulp off at times);
-        # no amax floor; an infinite scale becomes float32's max
-        new = ref.new_tensor(self.element.max * 2.0 ** -self.margin) / ref
+        # TE's rule, no amax floor, an infinite scale becomes float32's max. Its arithmetic is fp8bench's
+        # everywhere (torch's `max / amax`: reciprocal, then multiply, as torchao and our kernels compute it),
+        # where TE's fused update divides correctly rounded: the scales can differ by an ulp
+        new = self.element.max / ref / 2.0 ** self.margin
         new = torch.where((ref > 0) & torch.isfinite(ref), new, self.scale)
         new = torch.where(torch.isinf(new), torch.finfo(torch.float32).max, new)
         self.scale = _pow2_floor(new) if self.pow2_scale else new

@@ -87,7 +87,8 @@ def test_te_linear_recipes_run_and_match_emulator(tmp_path, fmt, sc):
 def test_te_delayed_scaling_scales_are_the_emulators():
     """numerics.DelayedScale (the torch and emulated backends' delayed training) claims TE's rules: after each
     step a te.Linear's input, weight and grad-output scales equal DelayedScale's fed the same tensors,
-    through a spike that enters and leaves a 3-step window."""
+    through a spike that enters and leaves a 3-step window, to the ulp that separates TE's correctly rounded
+    division from fp8bench's reciprocal-then-multiply (13.373134613 against 13.373133659 at amax 33.5)."""
     te = pytest.importorskip("transformer_engine.pytorch")
     from transformer_engine.common.recipe import DelayedScaling
     from transformer_engine.common.recipe import Format as TEFormat
@@ -113,7 +114,7 @@ def test_te_delayed_scaling_scales_are_the_emulators():
         for got, want in ((fwd[FP8FwdTensorIdx.GEMM1_INPUT], ours["x"].scale),
                           (fwd[FP8FwdTensorIdx.GEMM1_WEIGHT], ours["w"].scale),
                           (bwd[FP8BwdTensorIdx.GRAD_OUTPUT1], ours["dy"].scale)):
-            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m, step=step: f"step {step}: {m}")
+            torch.testing.assert_close(got, want, rtol=2**-23, atol=0, msg=lambda m, step=step: f"step {step}: {m}")
 
 
 @pytest.mark.parametrize("fmt,sc", [("mxfp8", "mx"), ("nvfp4", "nvfp4")])

@@ -128,14 +128,16 @@ def test_delayed_scale_follows_te_amax_history():
         assert ds.scale.item() == scale
 
 
-def test_delayed_scale_divides_as_te_kernel_does():
-    """TE's fused scale update divides in float32, correctly rounded. torch's `float / tensor` takes the
-    reciprocal first, which for amax 33.5 gives one ulp less: the H200 test against TE caught it."""
+def test_delayed_scale_divides_as_current_scaling_does():
+    """One arithmetic for every scale: torch's `max / amax` (reciprocal, then multiply; torchao's and our
+    kernels'), so a delayed cast whose window holds this tensor's amax is current scaling's, bit for bit. TE's
+    fused update divides correctly rounded instead: at amax 33.5 it gives one ulp more (13.373134613), which
+    the H200 test against te.Linear allows."""
     ds = DelayedScale(Element.E4M3, length=2)
     _step(ds, 33.5)
-    exact = torch.tensor(448 / 33.5, dtype=torch.float32)  # float64 quotient, rounded once
-    assert ds.scale.item() == exact.item() == pytest.approx(13.373134613, abs=1e-9)
-    assert (448 / torch.tensor(33.5)).item() != exact.item()  # the rounding this guards against
+    assert ds.scale.item() == amax_to_scale(torch.tensor(33.5), Element.E4M3).item() == pytest.approx(13.373133659,
+                                                                                                      abs=1e-9)
+    assert torch.tensor(448 / 33.5, dtype=torch.float32).item() - ds.scale.item() == pytest.approx(2**-20)  # 1 ulp
 
 
 def test_delayed_scale_most_recent_margin_and_zero_amax():
