@@ -102,7 +102,7 @@ def _slowed_cuda(fn: Callable[[], object], fraction: float,
     blocks of fn alone and fn + filler alternate (2 x ~200 ms each per round) until their medians differ by
     the fraction within a tenth of it, FEEDBACK_ROUNDS rounds at most. Only each block's second half is
     timed: timed from its first sample, a block measured the clocks' transition between the two loads, and
-    on a power-capped H200 a filler sized that way added 5-11% to a GEMM, set to 10%."""
+    on a power-capped H200 a filler sized that way added -1.7% to 11.5% to a GEMM, set to 10% (README)."""
     from fp8bench_kernels.tensor_core_load import make_operand, tensor_core_load
 
     a = make_operand(device)

@@ -141,12 +141,12 @@ def gluon_variants():
         for config in GLUON_CONFIGS:
             yield dict(gluon=config, persistent=persistent)
     yield dict(gluon=GLUON_CONFIGS[0], persistent=True, sa_t=True)  # M-major activation scales (copy timed in)
-    yield from list(gluon_ceiling_variants())[2:]  # the ceilings (the two scaled configs ran above)
+    yield from (v for v in gluon_ceiling_variants() if v.get("gluon") is None)  # the ceilings
 
 
 def gluon_ceiling_variants():
     """Promote and rescale on 128x256 tiles against the ceilings of the same tiles: Triton's unscaled kernel and
-    the Gluon structure's own, each K group waited for or one in flight."""
+    the Gluon structure's own, each K group waited for, one in flight, or waited for and multiplied."""
     if GLUON_CONFIGS:
         for promote in (True, False):
             yield dict(gluon=next(c for c in GLUON_CONFIGS if c.block_n == 256 and c.promote is promote),

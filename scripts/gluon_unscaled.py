@@ -1,15 +1,15 @@
 """The Gluon blockwise GEMM's structure with the scales taken out: its ceiling, for gemm_variant_probe.py --gluon.
 
 Same producer warp (`_loader`), ring, mbarriers, 128x256 tiles of two 128-wide halves and epilogue as
-kernels/gemm_blockwise_gluon.py, but the math warpgroups only accumulate, in one of two ways:
+kernels/gemm_blockwise_gluon.py, but the math warpgroups only accumulate, in one of three ways:
 - IN_FLIGHT = 0: each K group's wgmmas are waited for before the next group's are issued, as the scaled kernel
   must (it reads the accumulator every group). The gap between this and the unscaled Triton kernel is what
   that structure costs; the gap between this and the scaled kernel is what the scaling costs.
 - IN_FLIGHT = 1: the next group's wgmmas are issued while the last group's run, the stage released once they
   are done (what Triton's pipeliner does for an unscaled GEMM): the ceiling if the per-group wait were gone.
-With MULTIPLY (IN_FLIGHT = 0 only), each group first multiplies both accumulators by a per-row factor (1.0, a
-kernel argument, so not folded), as rescale does with its scale ratio, but with no scale loaded from memory:
-what the CUDA-core step alone costs.
+- MULTIPLY (with IN_FLIGHT = 0): each group first multiplies both accumulators by a per-row factor (1.0, a
+  kernel argument, so not folded), as rescale does with its scale ratio, but with no scale loaded from
+  memory: what the CUDA-core step alone costs.
 """
 
 from __future__ import annotations
