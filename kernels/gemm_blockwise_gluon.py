@@ -197,16 +197,24 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
         if not PROMOTE:
             acc0 = acc0 * gl.expand_dims(prev0, 1)
             acc1 = acc1 * gl.expand_dims(prev1, 1)
-        tma.store_wait(pendings=0)  # this warpgroup's previous stores have read its C buffers
-        c_smem.index(HALVES * WG).store(acc0.to(c_desc.dtype))
-        if HALVES == 2:
-            c_smem.index(2 * WG + 1).store(acc1.to(c_desc.dtype))
-        fence_async_shared()
-        _tma_store(c_desc, [off_m + WG * ROWS, off_n], c_smem.index(HALVES * WG))
-        if HALVES == 2:
-            if off_n + SUB_N < N:
-                _tma_store(c_desc, [off_m + WG * ROWS, off_n + SUB_N], c_smem.index(2 * WG + 1))
+        _store_rows(c_smem, c_desc, acc0, acc1, off_m, off_n, N, WG, ROWS, SUB_N, HALVES)
     tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _store_rows(c_smem, c_desc, acc0, acc1, off_m, off_n, N, WG: gl.constexpr, ROWS: gl.constexpr,
+                SUB_N: gl.constexpr, HALVES: gl.constexpr):
+    """Math warpgroup WG's rows of a C tile, each half through its own BF16 buffer and a TMA store (a half
+    past N is not stored). Waits first for this warpgroup's previous stores to have read those buffers."""
+    tma.store_wait(pendings=0)
+    c_smem.index(HALVES * WG).store(acc0.to(c_desc.dtype))
+    if HALVES == 2:
+        c_smem.index(2 * WG + 1).store(acc1.to(c_desc.dtype))
+    fence_async_shared()
+    _tma_store(c_desc, [off_m + WG * ROWS, off_n], c_smem.index(HALVES * WG))
+    if HALVES == 2:
+        if off_n + SUB_N < N:
+            _tma_store(c_desc, [off_m + WG * ROWS, off_n + SUB_N], c_smem.index(2 * WG + 1))
 
 
 @gluon.jit

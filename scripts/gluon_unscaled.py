@@ -17,16 +17,10 @@ from __future__ import annotations
 import torch
 import triton
 from fp8bench_kernels.gemm_blockwise import _tile
-from fp8bench_kernels.gemm_blockwise_gluon import BLOCK_K, GROUP, _descriptor, _loader, _n_tiles, _tma_store
+from fp8bench_kernels.gemm_blockwise_gluon import BLOCK_K, GROUP, _descriptor, _loader, _n_tiles, _store_rows
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 
 @gluon.jit
@@ -64,13 +58,7 @@ def _accumulating_consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n
         if IN_FLIGHT:
             acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES))
-        tma.store_wait(pendings=0)
-        c_smem.index(2 * WG).store(acc0.to(c_desc.dtype))
-        c_smem.index(2 * WG + 1).store(acc1.to(c_desc.dtype))
-        fence_async_shared()
-        _tma_store(c_desc, [off_m + WG * ROWS, off_n], c_smem.index(2 * WG))
-        if off_n + SUB_N < N:
-            _tma_store(c_desc, [off_m + WG * ROWS, off_n + SUB_N], c_smem.index(2 * WG + 1))
+        _store_rows(c_smem, c_desc, acc0, acc1, off_m, off_n, N, WG, ROWS, SUB_N, 2)
     tma.store_wait(pendings=0)
 
 
