@@ -9,7 +9,8 @@ another accumulator does not work either: ptxas then serializes every wgmma of t
 cannot tell that `wait_group 1` retired the accumulator being read.
 
 So the overlap is between warpgroups, as in DeepGEMM: a producer warp TMA-loads each (tile, K group) into a
-STAGES-deep ring, and two math warpgroups, rows 0-63 and 64-127 of the tile, each wait for a stage (`ready`
+STAGES-deep ring (A's and B's tiles and the 1x128 scales of A's rows, read M-major: `scales_for_tma`), and
+two math warpgroups, rows 0-63 and 64-127 of the tile, each wait for a stage (`ready`
 mbarrier), run their wgmmas, wait for them, release the stage (`empty` mbarrier, one arrival per warpgroup) and
 scale. Nothing but those mbarriers ties the warpgroups together, so one scales while the other's wgmmas run.
 Registers move to the math warpgroups (setmaxnreg: 40 for the producer). The grid is persistent when it is
@@ -27,7 +28,10 @@ group. Scaling, as in `gemm_blockwise` (`PROMOTE`):
   reports ~14 bits): the numerics of cuBLAS's fast-accumulation mode rather than DeepSeek-V3's promotion
   (scripts/gemm_variant_probe.py --gluon measures both against FP64).
 
-On the H200 (scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json) promote
+Staging A's scales with the tiles, rather than each math warpgroup loading its rows' scales from global
+memory a group ahead, took promote on 128x256 tiles at 8192³ from 683-691 to 702-716 TFLOPS per GHz of SM clock
+in sustained runs on the H200 (rescale: 689-701 to 713-721; cuBLAS blockwise 747-760), session 11.
+Before it (session 10; scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json) promote
 reached 1066 / 1064 / 1037 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale 1123 / 1060 /
 1105, against cuBLAS blockwise's 1174 / 1099 / 1111; both on 128x256 tiles. Promote there needs 192 registers
 per thread for its two sums and the scratch, which the math warpgroups have (setmaxnreg 232; ptxas reports the
@@ -67,11 +71,11 @@ _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_
 
 
 @gluon.jit
-def _load_step(a_desc, b_desc, a_smem, b_smem, ready, empty, step, total, M, N, n_kgroups,
+def _load_step(a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, step, total, M, N, n_kgroups,
                BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
                STAGES: gl.constexpr):
     """TMA-load this program's `step`-th (tile, K group) into ring stage step % STAGES once both math warpgroups
-    have released it (nothing past `total`)."""
+    have released it (nothing past `total`): A's and B's tiles and the 1x128 scales of A's rows."""
     stage = step % STAGES
     pred = step < total
     # a fresh barrier counts as released once (parity 1), so the first lap does not wait
@@ -80,8 +84,10 @@ def _load_step(a_desc, b_desc, a_smem, b_smem, ready, empty, step, total, M, N, 
                          HALVES * SUB_N, GROUP_M)
     k = (step % n_kgroups) * GROUP
     bar = ready.index(stage)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + HALVES * b_desc.block_type.nbytes, pred=pred)
+    mbarrier.expect(bar, a_desc.block_type.nbytes + HALVES * b_desc.block_type.nbytes + sa_desc.block_type.nbytes,
+                    pred=pred)
     _tma_load(a_desc, [off_m, k], bar, a_smem.index(stage), pred=pred)
+    _tma_load(sa_desc, [step % n_kgroups, off_m], bar, sa_smem.index(stage), pred=pred)
     _tma_load(b_desc, [off_n, k], bar, b_smem.index(HALVES * stage), pred=pred)
     if HALVES == 2:
         _tma_load(b_desc, [off_n + SUB_N, k], bar, b_smem.index(2 * stage + 1), pred=pred)
@@ -99,24 +105,22 @@ def _steps(M, N, n_kgroups, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _loader(a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, n_kgroups, BLOCK_M: gl.constexpr,
-            SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+def _loader(a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, M, N, n_kgroups,
+            BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
+            STAGES: gl.constexpr):
     """Producer warp: every load of the program, in order, as stages free up."""
     total = _steps(M, N, n_kgroups, BLOCK_M, HALVES * SUB_N)
     for step in range(total):
-        _load_step(a_desc, b_desc, a_smem, b_smem, ready, empty, step, total, M, N, n_kgroups, BLOCK_M, SUB_N,
-                   HALVES, GROUP_M, STAGES)
+        _load_step(a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, step, total, M, N, n_kgroups,
+                   BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES)
 
 
 @gluon.jit
-def _scales(sa_ptr, sb_ptr, off_m, off_n, kg, n_kgroups, M, N, sa_sm, sa_sk, rows, SUB_N: gl.constexpr):
-    """Per-row scales sa·sb of both halves for one K group. Rows past M and a half past N read scale 1 (their
-    products are zero-filled and never stored)."""
-    rm = off_m + rows
-    sa = gl.load(sa_ptr + rm * sa_sm + kg * sa_sk, mask=rm < M, other=1.0)
+def _weight_scales(sb_ptr, off_n, kg, n_kgroups, N, SUB_N: gl.constexpr):
+    """B's 128x128 scales of both halves for one K group (a half past N reads 1: it is never stored)."""
     sb0 = gl.load(sb_ptr + (off_n // GROUP) * n_kgroups + kg)
     sb1 = gl.load(sb_ptr + ((off_n + SUB_N) // GROUP) * n_kgroups + kg, mask=off_n + SUB_N < N, other=1.0)
-    return sa * sb0, sa * sb1
+    return sb0, sb1
 
 
 @gluon.jit
@@ -126,9 +130,9 @@ def _settled(x):
 
 
 @gluon.jit
-def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
-              WG: gl.constexpr, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, PROMOTE: gl.constexpr):
+def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, WG: gl.constexpr,
+              BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
+              STAGES: gl.constexpr, PROMOTE: gl.constexpr):
     """One math warpgroup: rows [WG·64, WG·64 + 64) of each tile, every column half. Each K group's wgmmas are
     waited for at once (ptxas serializes every wgmma of a kernel that reads an accumulator while another wgmma
     is in flight); the overlap of scaling and tensor-core work comes from the other warpgroup, which no
@@ -136,7 +140,7 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
     ROWS: gl.constexpr = BLOCK_M // 2
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, SUB_N, 32])
-    rows = WG * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
+    row_scales: gl.constexpr = gl.SliceLayout(1, mma)
     zero = gl.zeros((ROWS, SUB_N), gl.float32, mma)
     n_tiles = _n_tiles(M, N, BLOCK_M, HALVES * SUB_N)
     step = 0
@@ -145,24 +149,29 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
         acc0 = zero
         acc1 = zero
         t = zero  # promote's scratch tile
-        s0, s1 = _scales(sa_ptr, sb_ptr, off_m, off_n, 0, n_kgroups, M, N, sa_sm, sa_sk, rows, SUB_N)
+        sb0, sb1 = _weight_scales(sb_ptr, off_n, 0, n_kgroups, N, SUB_N)
         # rescale's previous-group scales: their own tensors, not aliases of s0/s1 (Triton's frontend would
         # then not carry them through the loop), and any value does for the first group, which ignores acc
-        prev0 = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, mma))
-        prev1 = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, mma))
+        prev0 = gl.full([ROWS], 1.0, gl.float32, row_scales)
+        prev1 = gl.full([ROWS], 1.0, gl.float32, row_scales)
         for kg in range(n_kgroups):
-            # the next group's scales now: their latency hides behind this group's wait and MMAs
-            nxt0, nxt1 = _scales(sa_ptr, sb_ptr, off_m, off_n, gl.minimum(kg + 1, n_kgroups - 1), n_kgroups, M, N,
-                                 sa_sm, sa_sk, rows, SUB_N)
+            # the next group's weight scales now: their latency hides behind this group's wait and MMAs
+            nxt0, nxt1 = _weight_scales(sb_ptr, off_n, gl.minimum(kg + 1, n_kgroups - 1), n_kgroups, N, SUB_N)
             stage = step % STAGES
             mbarrier.wait(ready.index(stage), (step // STAGES) & 1)
             a = a_smem.index(stage).slice(WG * ROWS, ROWS)
             b0 = b_smem.index(HALVES * stage).permute((1, 0))
             b1 = b_smem.index(HALVES * stage + HALVES - 1).permute((1, 0))  # (HALVES == 2 only)
+            # this warpgroup's rows of A's scales, which the producer staged with the tiles (rows past M read 0:
+            # their A rows are zero-filled and never stored)
+            sa_rows = sa_smem.index(stage).reshape([BLOCK_M]).slice(WG * ROWS, ROWS)
             if PROMOTE:  # DeepSeek-V3: each group's product from zero, scaled and summed in FP32
                 # one half at a time through one scratch tile (the wgmma's own input, ignored with
                 # use_acc=False): two FP32 sums and a scratch instead of two of each
                 t = warpgroup_mma(a, b0, t, use_acc=False, is_async=True)
+                sa = sa_rows.load(row_scales)  # read while the wgmmas run, before the stage is released
+                s0 = sa * sb0
+                s1 = sa * sb1
                 t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
                 if HALVES == 2:
                     acc0 = acc0 + t * gl.expand_dims(s0, 1)
@@ -176,6 +185,9 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
                     mbarrier.arrive(empty.index(stage))
                     acc0 = acc0 + t * gl.expand_dims(s0, 1)
             else:  # rescale: the accumulator in this group's units, s applied after the loop
+                sa = sa_rows.load(row_scales)
+                s0 = sa * sb0
+                s1 = sa * sb1
                 # both halves scaled before either wgmma: ptxas makes a wgmma wait for any later read of an
                 # accumulator register
                 first = kg == 0
@@ -189,10 +201,10 @@ def _consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N
                     acc0 = warpgroup_mma(a, b0, acc0, use_acc=not first, is_async=True)
                     acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
                 mbarrier.arrive(empty.index(stage))
-            prev0 = s0
-            prev1 = s1
-            s0 = nxt0
-            s1 = nxt1
+                prev0 = s0
+                prev1 = s1
+            sb0 = nxt0
+            sb1 = nxt1
             step += 1
         if not PROMOTE:
             acc0 = acc0 * gl.expand_dims(prev0, 1)
@@ -218,33 +230,32 @@ def _store_rows(c_smem, c_desc, acc0, acc1, off_m, off_n, N, WG: gl.constexpr, R
 
 
 @gluon.jit
-def _gemm_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
+def _gemm_kernel(a_desc, b_desc, c_desc, sa_desc, sb_ptr, M, N, n_kgroups,
                  BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
                  STAGES: gl.constexpr, PROMOTE: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [HALVES * STAGES, SUB_N, GROUP], b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [2 * HALVES, BLOCK_M // 2, SUB_N], c_desc.layout)
+    sa_smem = gl.allocate_shared_memory(sa_desc.dtype, [STAGES, 1, BLOCK_M], sa_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # both math warpgroups release each stage
     # worker partitions take IR values only: integer arguments equal to 1 arrive as constexprs (Triton's
-    # specialization, e.g. sa_sm of M-major scales), so the scalars go in as tensors
+    # specialization, e.g. n_kgroups of K = 128), so the scalars go in as tensors
     M = gl.to_tensor(M)
     N = gl.to_tensor(N)
     n_kgroups = gl.to_tensor(n_kgroups)
-    sa_sm = gl.to_tensor(sa_sm)
-    sa_sk = gl.to_tensor(sa_sk)
     # a producer warp loads; registers move from it to the math warpgroups (setmaxnreg). Loading from the first
     # math warpgroup instead (8 warps, no reallocation) was 10-20% slower on the H200.
     gl.warp_specialize([
-        (_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
-                     0, BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE)),
-        (_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, sa_ptr, sb_ptr, M, N, n_kgroups, sa_sm, sa_sk,
-                     1, BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE)),
-        (_loader, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N, HALVES, GROUP_M,
-                   STAGES)),
+        (_consumer, (a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 0, BLOCK_M,
+                     SUB_N, HALVES, GROUP_M, STAGES, PROMOTE)),
+        (_consumer, (a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 1, BLOCK_M,
+                     SUB_N, HALVES, GROUP_M, STAGES, PROMOTE)),
+        (_loader, (a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N,
+                   HALVES, GROUP_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, 40])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -266,19 +277,19 @@ class Config(NamedTuple):
         return self.halves * self.sub_n
 
     def smem_bytes(self) -> int:
-        ring = self.stages * (self.block_m + self.block_n) * BLOCK_K  # E4M3 A and B tiles
+        ring = self.stages * ((self.block_m + self.block_n) * BLOCK_K + 4 * self.block_m)  # E4M3 A, B; A's scales
         return ring + self.block_m * self.block_n * 2 + 16 * self.stages  # + the BF16 C tile, mbarriers
 
 
 SMEM_LIMIT = 232448
 """Shared memory one block may use on Hopper (227 KiB)."""
 
-CONFIGS = (Config(128, 128, 2, 3, False), Config(128, 128, 1, 6, False), Config(128, 128, 2, 3, True),
-           Config(128, 128, 1, 4, True), Config(128, 128, 1, 6, True), Config(128, 64, 2, 4, True))
+CONFIGS = (Config(128, 128, 2, 3, False), Config(128, 128, 1, 5, False), Config(128, 128, 2, 3, True),
+           Config(128, 128, 1, 4, True), Config(128, 128, 1, 5, True), Config(128, 64, 2, 4, True))
 """Rescale on 128x256 tiles (per math warpgroup two 64x128 halves: 128 accumulator registers per thread) and
-128x128; promote on 128x256 tiles (two 64-register sums and one 64-register scratch per thread) and on 128x128,
-as one 128-wide half (DeepGEMM's tile) or two 64-wide ones. These are the configs measured on the H200; the
-per-shape tuner picks among them."""
+128x128 (5 stages: with A's scales staged, a sixth no longer fits); promote on 128x256 tiles (two 64-register
+sums and one 64-register scratch per thread) and on 128x128, as one 128-wide half (DeepGEMM's tile) or two
+64-wide ones. These are the configs measured on the H200; the per-shape tuner picks among them."""
 
 CANDIDATES: tuple[Config, ...] = ()
 """Configs that compile cleanly for sm_90 (CI checks them as it checks CONFIGS) but have not been timed on the
@@ -293,18 +304,34 @@ def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
+SCALES_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+"""A's scales in shared memory: one unswizzled row of BLOCK_M floats per stage, read back as a vector."""
+
+
+def scales_for_tma(sa: torch.Tensor) -> torch.Tensor:
+    """A's 1x128 scales [M, K/128] as the [K/128, M] M-major view the producer's TMA reads (rows 16-byte
+    aligned): a view when `sa` is already so (`quantize_blockwise(..., m_major_scales=True)`), else a copy."""
+    m, groups = sa.shape
+    if sa.stride(0) == 1 and sa.stride(1) % 4 == 0 and sa.data_ptr() % 16 == 0:
+        return sa.t()
+    buf = torch.empty((groups, triton.cdiv(m, 4) * 4), device=sa.device, dtype=torch.float32)
+    buf[:, :m] = sa.t()
+    return buf[:, :m]
+
+
 def runs_on(device: torch.device) -> bool:
     """This kernel is Hopper's (sm_90): wgmma and setmaxnreg exist there only."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def _launch(a, sa, b, sb, c, config: Config, persistent: bool, n_kgroups: int) -> None:
+def _launch(a, sa_t, b, sb, c, config: Config, persistent: bool, n_kgroups: int) -> None:
     m, n = c.shape
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     _gemm_kernel[(min(tiles, sms) if persistent else tiles,)](
         _descriptor(a, [config.block_m, BLOCK_K]), _descriptor(b, [config.sub_n, BLOCK_K]),
-        _descriptor(c, [config.block_m // 2, config.sub_n]), sa, sb, m, n, n_kgroups, sa.stride(0), sa.stride(1),
+        _descriptor(c, [config.block_m // 2, config.sub_n]),
+        TensorDescriptor.from_tensor(sa_t, [1, config.block_m], SCALES_LAYOUT), sb, m, n, n_kgroups,
         BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
         PROMOTE=config.promote, CONSUMER_REGS=config.consumer_regs, num_warps=4)
 
@@ -319,6 +346,7 @@ def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
     else one per tile) runs one tuning point; without it the fastest of the configs of one numerics, promote or
     (`fast_accum`) rescale, and grid is timed once per shape and scale layout, as Triton's autotuner would."""
     m, n, n_kgroups = check_operands(a, sa, b, sb)
+    sa_t = scales_for_tma(sa)
     sb = sb.contiguous()
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
     if config is None:
@@ -328,9 +356,9 @@ def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
 
             options = [(cfg, pers) for cfg in CONFIGS if cfg.promote != fast_accum for pers in (True, False)]
             _picked[key] = min(options, key=lambda o: steady_do_bench(
-                lambda: _launch(a, sa, b, sb, c, o[0], o[1], n_kgroups)))
+                lambda: _launch(a, sa_t, b, sb, c, o[0], o[1], n_kgroups)))
         config, persistent = _picked[key]
-    _launch(a, sa, b, sb, c, config, persistent, n_kgroups)
+    _launch(a, sa_t, b, sb, c, config, persistent, n_kgroups)
     return c
 
 
@@ -346,8 +374,8 @@ def compile_sm90(config: Config):
     signature = {"a_desc": desc("fp8e4nv", [config.block_m, 128], gl.float8e4nv),
                  "b_desc": desc("fp8e4nv", [config.sub_n, 128], gl.float8e4nv),
                  "c_desc": desc("bf16", [config.block_m // 2, config.sub_n], gl.bfloat16),
-                 "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32", "n_kgroups": "i32", "sa_sm": "i32",
-                 "sa_sk": "i32"}
+                 "sa_desc": f"tensordesc<fp32[1, {config.block_m}],{SCALES_LAYOUT!r}>",
+                 "sb_ptr": "*fp32", "M": "i32", "N": "i32", "n_kgroups": "i32"}
     constants = {"BLOCK_M": config.block_m, "SUB_N": config.sub_n, "GROUP_M": 8, "STAGES": config.stages,
                  "HALVES": config.halves, "PROMOTE": config.promote, "CONSUMER_REGS": config.consumer_regs}
     signature.update(dict.fromkeys(constants, "constexpr"))

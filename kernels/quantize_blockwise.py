@@ -5,7 +5,8 @@ One pass: each program loads its groups once, reduces each to its amax, computes
 (optionally rounded down to a power of two, TE Float8BlockScaling's default) and stores the E4M3 values and
 the inverse scales (what the GEMM multiplies by). Bytes moved: read X once, write Y and the scales.
 
-Scale layouts (row-major float32): 1x128 -> [M, ceil(K/128)]; 128x128 -> [ceil(M/128), ceil(K/128)].
+Scale layouts (row-major float32): 1x128 -> [M, ceil(K/128)]; 128x128 -> [ceil(M/128), ceil(K/128)]. 1x128
+scales can instead be written M-major (`m_major_scales`), as Hopper's blockwise GEMMs read them.
 `quantize_blockwise_reference` is the same contract in plain torch.
 """
 
@@ -30,9 +31,9 @@ BLOCK_CONFIGS = tuning_configs([triton.Config({"BLOCK_M": 128}, num_warps=w) for
                                interpreter=triton.Config({"BLOCK_M": 128}, num_warps=4))
 
 
-@triton.autotune(configs=GROUP_CONFIGS, key=["M", "K", "POW2"], do_bench=steady_do_bench)
+@triton.autotune(configs=GROUP_CONFIGS, key=["M", "K", "POW2", "s_stride_m"], do_bench=steady_do_bench)
 @triton.jit
-def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
+def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups, s_stride_m, s_stride_g,
                          BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, GROUP_K: tl.constexpr, POW2: tl.constexpr):
     # each program: BLOCK_M rows x GROUPS consecutive 128-column groups, as a [BLOCK_M, GROUPS, 128] tile
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -47,7 +48,7 @@ def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups
     q = round_to_e4m3(tl.minimum(tl.maximum(x * scale[:, :, None], -E4M3_MAX_C), E4M3_MAX_C))
     tl.store(y_ptr + rows[:, None, None] * K + cols[None, :, :], q.to(tl.float8e4nv), mask=mask)
     smask = (rows[:, None] < M) & (groups[None, :] < n_groups)
-    tl.store(s_ptr + rows[:, None] * n_groups + groups[None, :], exact_rcp(scale), mask=smask)
+    tl.store(s_ptr + rows[:, None] * s_stride_m + groups[None, :] * s_stride_g, exact_rcp(scale), mask=smask)
 
 
 @triton.autotune(configs=BLOCK_CONFIGS, key=["M", "K", "POW2"], do_bench=steady_do_bench)
@@ -66,18 +67,27 @@ def _blocks_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_grou
     tl.store(s_ptr + tl.program_id(0) * n_groups + tl.program_id(1), exact_rcp(scale))
 
 
-def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP),
-                       pow2_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Y [M, K] E4M3, inverse scales float32) for block (1, 128) or (128, 128); launch shape autotuned."""
+def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow2_scales: bool = False,
+                       m_major_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Y [M, K] E4M3, inverse scales float32) for block (1, 128) or (128, 128); launch shape autotuned.
+    `m_major_scales` (1x128 only): the scales [M, K/128] as a view of a [K/128, M] buffer whose rows are padded
+    to 16 bytes, the layout Hopper's blockwise GEMMs read A's scales in (gemm_blockwise_gluon's TMA, DeepGEMM),
+    written directly so that no transposing copy lands in the GEMM."""
     if x.dim() != 2:
         raise ValueError(f"quantize_blockwise takes a 2-D tensor, got shape {tuple(x.shape)}")
     m, k = x.shape
     n_groups = triton.cdiv(k, GROUP)
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
+    if m_major_scales and block != (1, GROUP):
+        raise ValueError(f"m_major_scales is for 1x128 scales, not block={block!r}")
     if block == (1, GROUP):
-        s = torch.empty((m, n_groups), device=x.device, dtype=torch.float32)
+        if m_major_scales:
+            s = torch.empty((n_groups, triton.cdiv(m, 4) * 4), device=x.device, dtype=torch.float32)[:, :m].t()
+        else:
+            s = torch.empty((m, n_groups), device=x.device, dtype=torch.float32)
         _groups_1x128_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n_groups, meta["GROUPS"]))](
-            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, GROUP_K=GROUP, POW2=pow2_scales)
+            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, s.stride(0), s.stride(1), GROUP_K=GROUP,
+            POW2=pow2_scales)
     elif block == (GROUP, GROUP):
         s = torch.empty((triton.cdiv(m, GROUP), n_groups), device=x.device, dtype=torch.float32)
         _blocks_128x128_kernel[(triton.cdiv(m, GROUP), n_groups)](

@@ -1,7 +1,8 @@
 """The Gluon blockwise GEMM's structure with the scales taken out: its ceiling, for gemm_variant_probe.py --gluon.
 
-Same producer warp (`_loader`), ring, mbarriers, 128x256 tiles of two 128-wide halves and epilogue as
-kernels/gemm_blockwise_gluon.py, but the math warpgroups only accumulate, in one of three ways:
+Same producer warp (`_loader`, which also stages A's scales, here all ones and never read), ring, mbarriers,
+128x256 tiles of two 128-wide halves and epilogue as kernels/gemm_blockwise_gluon.py, but the math warpgroups
+only accumulate, in one of three ways:
 - IN_FLIGHT = 0: each K group's wgmmas are waited for before the next group's are issued, as the scaled kernel
   must (it reads the accumulator every group). The gap between this and the unscaled Triton kernel is what
   that structure costs; the gap between this and the scaled kernel is what the scaling costs.
@@ -17,7 +18,16 @@ from __future__ import annotations
 import torch
 import triton
 from fp8bench_kernels.gemm_blockwise import _tile
-from fp8bench_kernels.gemm_blockwise_gluon import BLOCK_K, GROUP, _descriptor, _loader, _n_tiles, _store_rows
+from fp8bench_kernels.gemm_blockwise_gluon import (
+    BLOCK_K,
+    GROUP,
+    SCALES_LAYOUT,
+    TensorDescriptor,
+    _descriptor,
+    _loader,
+    _n_tiles,
+    _store_rows,
+)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
@@ -63,9 +73,10 @@ def _accumulating_consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n
 
 
 @gluon.jit
-def _kernel(a_desc, b_desc, c_desc, M, N, n_kgroups, factor, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
+def _kernel(a_desc, b_desc, c_desc, sa_desc, M, N, n_kgroups, factor, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
             GROUP_M: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, MULTIPLY: gl.constexpr):
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
+    sa_smem = gl.allocate_shared_memory(sa_desc.dtype, [STAGES, 1, BLOCK_M], sa_desc.layout)  # loaded, unread
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [2 * STAGES, SUB_N, GROUP], b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [4, BLOCK_M // 2, SUB_N], c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -82,8 +93,8 @@ def _kernel(a_desc, b_desc, c_desc, M, N, n_kgroups, factor, BLOCK_M: gl.constex
                                   SUB_N, GROUP_M, STAGES, IN_FLIGHT, MULTIPLY)),
         (_accumulating_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, factor, 1, BLOCK_M,
                                   SUB_N, GROUP_M, STAGES, IN_FLIGHT, MULTIPLY)),
-        (_loader, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N, 2, GROUP_M,
-                   STAGES)),
+        (_loader, (a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N,
+                   2, GROUP_M, STAGES)),
     ], [4, 1], [232, 40])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -98,8 +109,10 @@ def unscaled_gluon_gemm(a: torch.Tensor, b: torch.Tensor, in_flight: int, stages
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
     tiles = triton.cdiv(m, 128) * triton.cdiv(n, 256)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    ones = torch.ones((triton.cdiv(k, BLOCK_K), triton.cdiv(m, 4) * 4), device=a.device)  # scales for the producer
     _kernel[(min(tiles, sms) if persistent else tiles,)](
-        _descriptor(a, [128, BLOCK_K]), _descriptor(b, [128, BLOCK_K]), _descriptor(c, [64, 128]), m, n,
+        _descriptor(a, [128, BLOCK_K]), _descriptor(b, [128, BLOCK_K]), _descriptor(c, [64, 128]),
+        TensorDescriptor.from_tensor(ones[:, :m], [1, 128], SCALES_LAYOUT), m, n,
         triton.cdiv(k, BLOCK_K), 1.0, BLOCK_M=128, SUB_N=128, GROUP_M=8, STAGES=stages, IN_FLIGHT=in_flight,
         MULTIPLY=multiply and not in_flight, num_warps=4)
     return c

@@ -68,6 +68,32 @@ def test_blockwise_quantization_is_bit_exact(k, m, n, block, pow2):
 
 
 @pytest.mark.parametrize("m,n", SHAPES)
+def test_m_major_1x128_scales_are_the_same_scales_in_the_gemms_layout(k, m, n):
+    """M-major scales: the same values, in a [K/128, M] buffer whose rows start 16-byte aligned (what the Gluon
+    GEMM's TMA needs, so it takes them as they are)."""
+    x = data(m, n)
+    y, s = k.quantize_blockwise.quantize_blockwise(x, (1, 128), m_major_scales=True)
+    ry, rs = k.quantize_blockwise.quantize_blockwise_reference(x, (1, 128))
+    assert torch.equal(bits(y), bits(ry)) and torch.equal(s, rs)
+    assert s.stride(0) == 1 and s.stride(1) % 4 == 0 and s.stride(1) >= m
+    assert k.gemm_blockwise_gluon.scales_for_tma(s).data_ptr() == s.data_ptr()  # a view, no copy
+    with pytest.raises(ValueError, match="1x128"):
+        k.quantize_blockwise.quantize_blockwise(x, (128, 128), m_major_scales=True)
+
+
+@pytest.mark.parametrize("m", [8, 13])
+def test_scales_for_tma_copies_only_what_tma_cannot_read(k, m):
+    """Row-major scales, or M-major ones whose rows are not 16-byte aligned (M % 4), go through one copy into
+    a padded M-major buffer; the values never change."""
+    sa = torch.rand(m, 3, device=DEV)
+    for scales in (sa, k.gemm_blockwise.m_major(sa)):
+        t = k.gemm_blockwise_gluon.scales_for_tma(scales)
+        assert t.shape == (3, m) and torch.equal(t, sa.t())
+        assert t.stride(1) == 1 and t.stride(0) % 4 == 0
+        assert (t.data_ptr() == scales.data_ptr()) == (scales.stride(0) == 1 and m % 4 == 0)
+
+
+@pytest.mark.parametrize("m,n", SHAPES)
 def test_mx_quantization_is_bit_exact(k, m, n):
     x = data(m, n)
     y, e = k.quantize_mx.quantize_mx(x)
@@ -182,8 +208,9 @@ def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config, sm90_bu
     assert "0 bytes spill stores" in ptxas.stderr
 
 
-GLUON_GEMMS = GEMMS + [pytest.param(1000, 1064, 1008, marks=pytest.mark.gpu)]
-"""+ ragged edges: partial tiles in M, a half-tile past N, a partial K group"""
+GLUON_GEMMS = GEMMS + [pytest.param(1001, 1064, 1008, marks=pytest.mark.gpu)]
+"""+ ragged edges: partial tiles in M, a half-tile past N, a partial K group; M % 4 = 1, so A's scales are
+copied for the TMA unless the quantizer wrote them M-major and padded"""
 
 
 @pytest.mark.gpu
@@ -208,7 +235,8 @@ def test_gluon_gemm_matches_the_dequantized_reference(k, m, n, kk, config, persi
 
     a, sa, b, sb = gemm_operands(k, m, n, kk)
     ref = k.gemm_blockwise.gemm_blockwise_reference(a, sa, b, sb)
-    for scales in (sa, k.gemm_blockwise.m_major(sa)):
+    padded = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128), m_major_scales=True)[1]
+    for scales in (sa, k.gemm_blockwise.m_major(sa), padded):
         c = gemm_blockwise_gluon(a, scales, b, sb, config, persistent)
         assert c.dtype == torch.bfloat16 and c.shape == (m, n)
         assert sqnr_db(ref, c.float()) > 40.0

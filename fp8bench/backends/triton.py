@@ -88,28 +88,27 @@ class TritonBackend(Backend):
         gemm = _blockwise_gemm(a.device, recipe.backend_cfg.fast_accum)
         a16, b16 = a.bfloat16().contiguous(), b.bfloat16().contiguous()
 
-        def with_quant():
-            qa, sa = quantize_blockwise(a16, (1, 128), pow2)
+        def with_quant():  # A's scales written M-major, the layout both GEMM kernels read them in
+            qa, sa = quantize_blockwise(a16, (1, 128), pow2, m_major_scales=True)
             qb, sb = quantize_blockwise(b16, (128, 128), pow2)
             return gemm(qa, sa, qb, sb)
-        qa, sa = quantize_blockwise(a16, (1, 128), pow2)
+        qa, sa = quantize_blockwise(a16, (1, 128), pow2, m_major_scales=True)
         qb, sb = quantize_blockwise(b16, (128, 128), pow2)
         return GemmOp(with_quant=with_quant, kernel_only=lambda: gemm(qa, sa, qb, sb))
 
 
 def _blockwise_gemm(device: torch.device, fast_accum: bool):
-    """The blockwise GEMM for this device, taking A's scales as `quantize_blockwise` writes them (row-major)."""
+    """The blockwise GEMM for this device, taking A's scales M-major (`quantize_blockwise(m_major_scales=True)`):
+    the Gluon kernel's producer TMA-loads them so, and the Triton kernel reads them in one coalesced load."""
     try:
         from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon, runs_on
     except ImportError:  # a Triton without Gluon
         runs_on = None
     if runs_on is not None and runs_on(device):
-        # the Gluon kernel reads row-major 1x128 scales as fast as M-major ones (the H200 probe), so no copy
         return lambda qa, sa, qb, sb: gemm_blockwise_gluon(qa, sa, qb, sb, fast_accum=fast_accum)
-    from fp8bench_kernels.gemm_blockwise import gemm_blockwise, m_major
+    from fp8bench_kernels.gemm_blockwise import gemm_blockwise
 
-    # the Triton kernel reads A's scales M-major: the copy from the quantizer's layout is part of the time
-    return lambda qa, sa, qb, sb: gemm_blockwise(qa, m_major(sa), qb, sb, fast_accum=fast_accum)
+    return lambda qa, sa, qb, sb: gemm_blockwise(qa, sa, qb, sb, fast_accum=fast_accum)
 
 
 def _expand(scales: torch.Tensor, block: tuple[int, int], shape: torch.Size) -> torch.Tensor:
