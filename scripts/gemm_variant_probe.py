@@ -10,7 +10,7 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
   ceiling of Triton's code generation before any blockwise work;
 - ws (`WS`, with --ws): Triton's warp specialization on the K loop, over the tiles of WS_TILES;
 - gluon (with --gluon): kernels/gemm_blockwise_gluon.py, each config and each CANDIDATE (not yet tuned on),
-  with a persistent grid and one program per tile, next to the unscaled ceilings of Triton's kernel and of the
+  with a persistent grid and one program per tile, A's scales M-major as the triton backend quantizes them, next to the unscaled ceilings of Triton's kernel and of the
   Gluon kernel's own structure (scripts/gluon_unscaled.py: each K group waited for, or one in flight, or
   waited for and its accumulators multiplied by a per-row factor with nothing loaded); then
   the error of every blockwise GEMM here, rescale and promote, ours and cuBLAS's with and without fast
@@ -140,7 +140,6 @@ def gluon_variants():
     for persistent in (True, False):
         for config in GLUON_CONFIGS:
             yield dict(gluon=config, persistent=persistent)
-    yield dict(gluon=GLUON_CONFIGS[0], persistent=True, sa_t=True)  # M-major activation scales (copy timed in)
     yield from (v for v in gluon_ceiling_variants() if v.get("gluon") is None)  # the ceilings
 
 
@@ -186,6 +185,7 @@ def probe_shape(name: str, mnk: tuple[int, int, int], todo: list[dict], deadline
     a = torch.randn(m, k, device="cuda").bfloat16()
     b = torch.randn(n, k, device="cuda").bfloat16()
     qa, sa = quantize_blockwise(a, (1, 128), True)
+    sa_tma = quantize_blockwise(a, (1, 128), True, m_major_scales=True)[1]  # the layout the Gluon kernel's TMA reads
     qb, sb = quantize_blockwise(b, (128, 128), True)
     ref = gemm_blockwise(qa, sa, qb, sb).float()
     ref_unscaled = qa.float() @ qb.float().t()
@@ -200,13 +200,14 @@ def probe_shape(name: str, mnk: tuple[int, int, int], todo: list[dict], deadline
             row["stopped"] = "budget spent"
             break
         try:
-            y = probe_gemm(qa, sa, qb, sb, **v).float()
+            scales = sa_tma if v.get("gluon") is not None else sa
+            y = probe_gemm(qa, scales, qb, sb, **v).float()
             want = ref if v.get("scaled", True) else ref_unscaled
             err = ((y - want).norm() / want.norm()).item()
             if err > 1e-2:
                 row[label(v)] = f"wrong: rel err {err:.3g}"
             else:
-                tf = fl / steady_do_bench(lambda v=v: probe_gemm(qa, sa, qb, sb, **v)) / 1e9
+                tf = fl / steady_do_bench(lambda v=v, s=scales: probe_gemm(qa, s, qb, sb, **v)) / 1e9
                 row[label(v)] = round(tf, 1)
                 if v.get("scaled", True):
                     best.append((tf, v))

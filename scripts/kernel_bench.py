@@ -84,8 +84,8 @@ def gemm_row(name: str, m: int, n: int, k: int) -> dict:
     a = torch.randn(m, k, device="cuda").bfloat16()
     b = torch.randn(n, k, device="cuda").bfloat16()
     # the scales cuBLAS's operands get from the torch backend's blockwise recipe (not powers of two), so the
-    # check against its result compares accumulation only
-    qa, sa = quantize_blockwise(a, (1, 128))
+    # check against its result compares accumulation only; A's M-major, as the triton backend quantizes them
+    qa, sa = quantize_blockwise(a, (1, 128), m_major_scales=True)
     qb, sb = quantize_blockwise(b, (128, 128))
     flops = 2.0 * m * n * k
     row: dict = {"shape": name, "mnk": [m, n, k]}
