@@ -28,15 +28,16 @@ group. Scaling, as in `gemm_blockwise` (`PROMOTE`):
   reports ~14 bits): the numerics of cuBLAS's fast-accumulation mode rather than DeepSeek-V3's promotion
   (scripts/gemm_variant_probe.py --gluon measures both against FP64).
 
-Staging A's scales with the tiles, rather than each math warpgroup loading its rows' scales from global
-memory a group ahead, took promote on 128x256 tiles at 8192³ from 683-691 to 702-716 TFLOPS per GHz of SM clock
-in sustained runs on the H200 (rescale: 689-701 to 713-721; cuBLAS blockwise 747-760), session 11.
-Before it (session 10; scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json) promote
-reached 1066 / 1064 / 1037 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale 1123 / 1060 /
-1105, against cuBLAS blockwise's 1174 / 1099 / 1111; both on 128x256 tiles. Promote there needs 192 registers
-per thread for its two sums and the scratch, which the math warpgroups have (setmaxnreg 232; ptxas reports the
-kernel's 168, the cap of 12 warps, but allocates each region to its setmaxnreg). It spilled and ran at ~600
-until `_settled` stopped an LLVM reordering that kept two scratch tiles live.
+On the H200 (scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json, session 11)
+promote reached 1139 / 1089 / 1084 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale 1139 /
+1026 / 1119, against cuBLAS blockwise's 1208 / 1089 / 1120; both on 128x256 tiles. Staging A's scales with the
+tiles, instead of each math warpgroup loading its rows' scales from global memory a group ahead, took promote
+at 8192³ from 683-691 to 702-716 TFLOPS per GHz of SM clock (sustained runs; cuBLAS blockwise: 757-763 in
+scripts/gemm_power_probe.py's results/h200-kernels/gemm_power.json, where every FP8 GEMM runs at the 700 W cap).
+Promote on 128x256 tiles needs 192 registers per thread for its two sums and the scratch, which the math
+warpgroups have (setmaxnreg 232; ptxas reports the kernel's 168, the cap of 12 warps, but allocates each region
+to its setmaxnreg). It spilled and ran at ~600 until `_settled` stopped an LLVM reordering that kept two scratch
+tiles live.
 
 Triton's interpreter does not run Gluon: CI compiles the kernel for sm_90 and checks that ptxas serializes no
 wgmma and spills nothing; `pytest -m gpu` checks its results on the H200.
