@@ -10,11 +10,12 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
   ceiling of Triton's code generation before any blockwise work;
 - ws (`WS`, with --ws): Triton's warp specialization on the K loop, over the tiles of WS_TILES;
 - gluon (with --gluon): kernels/gemm_blockwise_gluon.py, each config and each CANDIDATE (not yet tuned on),
-  with a persistent grid and one program per tile, A's scales M-major as the triton backend quantizes them, next to the unscaled ceilings of Triton's kernel and of the
-  Gluon kernel's own structure (scripts/gluon_unscaled.py: each K group waited for, or one in flight, or
-  waited for and its accumulators multiplied by a per-row factor with nothing loaded); then
-  the error of every blockwise GEMM here, rescale and promote, ours and cuBLAS's with and without fast
-  accumulation, against the exact product (FP64) of the dequantized operands. --gluon-ceilings: only the
+  with a persistent grid and one program per tile, A's scales M-major as the triton backend quantizes them,
+  next to the unscaled ceilings of Triton's kernel and of the Gluon kernel's own structure
+  (scripts/gluon_unscaled.py: each K group waited for, or one in flight, or waited for and its accumulators
+  multiplied by a per-row factor with nothing loaded); then the error of every blockwise GEMM here, rescale
+  and promote, ours and cuBLAS's with and without fast accumulation, against the exact product (FP64) of the
+  dequantized operands. --gluon-ceilings: only the
   128x256 configs and those ceilings, no accuracy.
 Stage 1 runs every variant at 8192³ (time-boxed); stage 2 the best few at the Llama shapes. With --ws, every
 WS variant and two plain baselines run at each shape. A config that fails to compile or returns a wrong
