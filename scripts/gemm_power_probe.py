@@ -10,10 +10,12 @@ sustained runs hold.
 
 Kernels, all on the same quantized operands (A's scales M-major, as the triton backend quantizes them): cuBLAS
 tensorwise and blockwise (torch backend), the Gluon kernel's unscaled structure (scripts/gluon_unscaled.py:
-each K group waited for; and with a per-row multiply of both accumulators each group), and the Gluon kernel's
+each K group waited for; with a per-row multiply of both accumulators each group; with 64 or 128 multiplies
+per group on other registers, which ptxas places amid the warpgroup's own wgmmas), and the Gluon kernel's
 promote and rescale on 128x256 tiles with a persistent grid.
 
 Usage: python3 scripts/gemm_power_probe.py OUT.json [--shape M N K] [--seconds 2] [--rounds 2]
+                                             [--data random zeros]
 Result (results/h200-kernels/gemm_power.json): a row per data, round and kernel.
 """
 
@@ -90,6 +92,8 @@ def kernels(a: torch.Tensor, b: torch.Tensor, zeros: bool) -> dict:
         "cublas blockwise": lambda: cublas_blockwise(qa, sa, qb, sb, False),
         "gluon unscaled (each group waited for)": lambda: unscaled_gluon_gemm(qa, qb, 0, 3, True, False),
         "gluon unscaled + per-row multiply": lambda: unscaled_gluon_gemm(qa, qb, 0, 3, True, True),
+        "gluon unscaled + 64 multiplies amid its wgmmas": lambda: unscaled_gluon_gemm(qa, qb, 0, 3, True, side=1),
+        "gluon unscaled + 128 multiplies amid its wgmmas": lambda: unscaled_gluon_gemm(qa, qb, 0, 3, True, side=2),
         "gluon promote 128x256": lambda: gluon.gemm_blockwise_gluon(qa, sa, qb, sb, promote, True),
         "gluon rescale 128x256": lambda: gluon.gemm_blockwise_gluon(qa, sa, qb, sb, rescale, True),
     }
@@ -104,6 +108,7 @@ def main() -> int:
     ap.add_argument("--shape", type=int, nargs=3, default=[8192, 8192, 8192], metavar=("M", "N", "K"))
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--data", nargs="+", choices=["random", "zeros"], default=["random", "zeros"])
     args = ap.parse_args()
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
@@ -112,7 +117,7 @@ def main() -> int:
     rows: list[dict] = [{"power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000,
                          "max_sm_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
                          "mnk": args.shape}]
-    for data in ("random", "zeros"):
+    for data in args.data:
         a = torch.randn(m, k, device="cuda").bfloat16()
         b = torch.randn(n, k, device="cuda").bfloat16()
         if data == "zeros":
