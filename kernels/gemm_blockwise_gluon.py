@@ -230,6 +230,25 @@ def _store_rows(c_smem, c_desc, acc0, acc1, off_m, off_n, N, WG: gl.constexpr, R
 
 
 @gluon.jit
+def _ring_barriers(STAGES: gl.constexpr):
+    """The ring's mbarriers, one pair per stage: `ready` (the producer's TMA bytes complete it) and `empty`
+    (both math warpgroups release the stage)."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)
+    return ready, empty
+
+
+@gluon.jit
+def _invalidate(ready, empty, STAGES: gl.constexpr):
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
+
+
+@gluon.jit
 def _gemm_kernel(a_desc, b_desc, c_desc, sa_desc, sb_ptr, M, N, n_kgroups,
                  BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
                  STAGES: gl.constexpr, PROMOTE: gl.constexpr, CONSUMER_REGS: gl.constexpr):
@@ -237,11 +256,7 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_desc, sb_ptr, M, N, n_kgroups,
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [HALVES * STAGES, SUB_N, GROUP], b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [2 * HALVES, BLOCK_M // 2, SUB_N], c_desc.layout)
     sa_smem = gl.allocate_shared_memory(sa_desc.dtype, [STAGES, 1, BLOCK_M], sa_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)  # both math warpgroups release each stage
+    ready, empty = _ring_barriers(STAGES)
     # worker partitions take IR values only: integer arguments equal to 1 arrive as constexprs (Triton's
     # specialization, e.g. n_kgroups of K = 128), so the scalars go in as tensors
     M = gl.to_tensor(M)
@@ -257,9 +272,7 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_desc, sb_ptr, M, N, n_kgroups,
         (_loader, (a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N,
                    HALVES, GROUP_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, 40])
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
-        mbarrier.invalidate(empty.index(s))
+    _invalidate(ready, empty, STAGES)
 
 
 class Config(NamedTuple):

@@ -15,8 +15,7 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
   (scripts/gluon_unscaled.py: each K group waited for, or one in flight, or waited for and its accumulators
   multiplied by a per-row factor with nothing loaded); then the error of every blockwise GEMM here, rescale
   and promote, ours and cuBLAS's with and without fast accumulation, against the exact product (FP64) of the
-  dequantized operands. --gluon-ceilings: only the
-  128x256 configs and those ceilings, no accuracy.
+  dequantized operands. --gluon-ceilings: only the 128x256 configs and those ceilings, no accuracy.
 Stage 1 runs every variant at 8192³ (time-boxed); stage 2 the best few at the Llama shapes. With --ws, every
 WS variant and two plain baselines run at each shape. A config that fails to compile or returns a wrong
 result is recorded as such. Results (results/h200-kernels/): gemm_variant_probe.json (session 7, which timed a
@@ -92,7 +91,7 @@ def probe_gemm(a, sa, b, sb, *, block_m=None, nsub=None, warps=None, stages=None
     """One variant: fp8bench's kernel with that config, or (scaled=False) the unscaled ceiling: Triton's, or with
     `gluon_in_flight` the Gluon kernel's structure (scripts/gluon_unscaled.py)."""
     if gluon is not None:
-        return gemm_blockwise_gluon(a, m_major(sa) if sa_t else sa, b, sb, gluon, persistent)
+        return gemm_blockwise_gluon(a, sa, b, sb, gluon, persistent)  # sa: as the triton backend quantizes it
     if gluon_in_flight is not None:
         return unscaled_gluon_gemm(a, b, gluon_in_flight, stages, persistent, multiply)
     if not scaled:
@@ -159,8 +158,7 @@ def gluon_ceiling_variants():
 
 def label(v: dict) -> str:
     if v.get("gluon") is not None:
-        return (f"gluon {v['gluon']!r}" + (" persistent" if v["persistent"] else "")
-                + (" M-major sa" if v.get("sa_t") else ""))
+        return f"gluon {v['gluon']!r}" + (" persistent" if v["persistent"] else "")
     if v.get("gluon_in_flight") is not None:
         return (f"unscaled gluon 128x256 s{v['stages']} groups in flight {v['gluon_in_flight']} persistent"
                 + (" + per-group multiply" if v.get("multiply") else ""))

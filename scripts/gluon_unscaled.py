@@ -28,8 +28,10 @@ from fp8bench_kernels.gemm_blockwise_gluon import (
     SCALES_LAYOUT,
     TensorDescriptor,
     _descriptor,
+    _invalidate,
     _loader,
     _n_tiles,
+    _ring_barriers,
     _settled,
     _store_rows,
 )
@@ -93,11 +95,7 @@ def _kernel(a_desc, b_desc, c_desc, sa_desc, M, N, n_kgroups, factor, BLOCK_M: g
     sa_smem = gl.allocate_shared_memory(sa_desc.dtype, [STAGES, 1, BLOCK_M], sa_desc.layout)  # loaded, unread
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [2 * STAGES, SUB_N, GROUP], b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [4, BLOCK_M // 2, SUB_N], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)
+    ready, empty = _ring_barriers(STAGES)
     M = gl.to_tensor(M)
     N = gl.to_tensor(N)
     n_kgroups = gl.to_tensor(n_kgroups)
@@ -110,9 +108,7 @@ def _kernel(a_desc, b_desc, c_desc, sa_desc, M, N, n_kgroups, factor, BLOCK_M: g
         (_loader, (a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N,
                    2, GROUP_M, STAGES)),
     ], [4, 1], [232, 40])
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
-        mbarrier.invalidate(empty.index(s))
+    _invalidate(ready, empty, STAGES)
 
 
 def unscaled_gluon_gemm(a: torch.Tensor, b: torch.Tensor, in_flight: int, stages: int = 3,
