@@ -38,6 +38,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._tune import INTERPRETING, steady_do_bench, tuning_configs
+from .quantize_blockwise import m_major_empty
 
 GROUP = 128
 
@@ -174,9 +175,14 @@ _AUTOTUNED = {fast: triton.autotune(configs=tuning_configs(configs_for(fast), in
 
 
 def m_major(sa: torch.Tensor) -> torch.Tensor:
-    """1x128 scales [M, K/128] laid out M-major (a [K/128, M] buffer, viewed [M, K/128]): one K group's scales
-    of a tile's rows are then one coalesced load (DeepGEMM asks for this layout). Free if already so."""
-    return sa if sa.stride(0) == 1 else sa.t().contiguous().t()
+    """1x128 scales [M, K/128] laid out M-major (`m_major_empty`: a [K/128, M] buffer with 16-byte aligned rows,
+    viewed [M, K/128]): one K group's scales of a tile's rows are then one coalesced load, or one TMA box
+    (DeepGEMM asks for this layout). Free if already so, as `quantize_blockwise(m_major_scales=True)` writes
+    them; else one copy."""
+    m, groups = sa.shape
+    if sa.stride(0) == 1 and sa.stride(1) % 4 == 0 and sa.data_ptr() % 16 == 0:
+        return sa
+    return m_major_empty(m, groups, sa.device).copy_(sa)
 
 
 def check_operands(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor) -> tuple[int, int, int]:

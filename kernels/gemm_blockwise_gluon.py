@@ -9,7 +9,7 @@ another accumulator does not work either: ptxas then serializes every wgmma of t
 cannot tell that `wait_group 1` retired the accumulator being read.
 
 So the overlap is between warpgroups, as in DeepGEMM: a producer warp TMA-loads each (tile, K group) into a
-STAGES-deep ring (A's and B's tiles and the 1x128 scales of A's rows, read M-major: `scales_for_tma`), and
+STAGES-deep ring (A's and B's tiles and the 1x128 scales of A's rows, read M-major: `m_major`), and
 two math warpgroups, rows 0-63 and 64-127 of the tile, each wait for a stage (`ready` mbarrier), run their
 wgmmas, wait for them, release the stage (`empty` mbarrier, one arrival per warpgroup) and scale. Nothing but those mbarriers ties the warpgroups together, so one scales while the other's wgmmas run.
 Registers move to the math warpgroups (setmaxnreg: 40 for the producer). The grid is persistent when it is
@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gemm_blockwise import GROUP as BLOCK_K
-from .gemm_blockwise import _tile, check_operands
+from .gemm_blockwise import _tile, check_operands, m_major
 
 GROUP = gl.constexpr(BLOCK_K)  # K per scale group (one TMA box, one scaling step), readable inside the kernels
 
@@ -321,17 +321,6 @@ SCALES_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, 
 """A's scales in shared memory: one unswizzled row of BLOCK_M floats per stage, read back as a vector."""
 
 
-def scales_for_tma(sa: torch.Tensor) -> torch.Tensor:
-    """A's 1x128 scales [M, K/128] as the [K/128, M] M-major view the producer's TMA reads (rows 16-byte
-    aligned): a view when `sa` is already so (`quantize_blockwise(..., m_major_scales=True)`), else a copy."""
-    m, groups = sa.shape
-    if sa.stride(0) == 1 and sa.stride(1) % 4 == 0 and sa.data_ptr() % 16 == 0:
-        return sa.t()
-    buf = torch.empty((groups, triton.cdiv(m, 4) * 4), device=sa.device, dtype=torch.float32)
-    buf[:, :m] = sa.t()
-    return buf[:, :m]
-
-
 def runs_on(device: torch.device) -> bool:
     """This kernel is Hopper's (sm_90): wgmma and setmaxnreg exist there only."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
@@ -361,7 +350,7 @@ def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
     (`fast_accum`) rescale, and grid is picked once per shape and scale layout (the best of TUNING_ROUNDS timings
     of each, interleaved), as Triton's autotuner would."""
     m, n, n_kgroups = check_operands(a, sa, b, sb)
-    sa_t = scales_for_tma(sa)
+    sa_t = m_major(sa).t()  # the [K/128, M] view the producer's TMA reads
     sb = sb.contiguous()
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
     if config is None:

@@ -67,6 +67,12 @@ def _blocks_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_grou
     tl.store(s_ptr + tl.program_id(0) * n_groups + tl.program_id(1), exact_rcp(scale))
 
 
+def m_major_empty(m: int, groups: int, device: torch.device) -> torch.Tensor:
+    """Room for 1x128 scales [m, groups] laid out M-major: a view of a [groups, m] buffer whose rows are padded to
+    16 bytes, so each starts aligned (TMA's rule)."""
+    return torch.empty((groups, triton.cdiv(m, 4) * 4), device=device, dtype=torch.float32)[:, :m].t()
+
+
 def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow2_scales: bool = False,
                        m_major_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(Y [M, K] E4M3, inverse scales float32) for block (1, 128) or (128, 128); launch shape autotuned.
@@ -82,7 +88,7 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow
         raise ValueError(f"m_major_scales is for 1x128 scales, not block={block!r}")
     if block == (1, GROUP):
         if m_major_scales:
-            s = torch.empty((n_groups, triton.cdiv(m, 4) * 4), device=x.device, dtype=torch.float32)[:, :m].t()
+            s = m_major_empty(m, n_groups, x.device)
         else:
             s = torch.empty((m, n_groups), device=x.device, dtype=torch.float32)
         _groups_1x128_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n_groups, meta["GROUPS"]))](

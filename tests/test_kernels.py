@@ -76,20 +76,20 @@ def test_m_major_1x128_scales_are_the_same_scales_in_the_gemms_layout(k, m, n):
     ry, rs = k.quantize_blockwise.quantize_blockwise_reference(x, (1, 128))
     assert torch.equal(bits(y), bits(ry)) and torch.equal(s, rs)
     assert s.stride(0) == 1 and s.stride(1) % 4 == 0 and s.stride(1) >= m
-    assert k.gemm_blockwise_gluon.scales_for_tma(s).data_ptr() == s.data_ptr()  # a view, no copy
+    assert k.gemm_blockwise.m_major(s).data_ptr() == s.data_ptr()  # the GEMMs take them as they are
     with pytest.raises(ValueError, match="1x128"):
         k.quantize_blockwise.quantize_blockwise(x, (128, 128), m_major_scales=True)
 
 
 @pytest.mark.parametrize("m", [8, 13])
-def test_scales_for_tma_copies_only_what_tma_cannot_read(k, m):
+def test_m_major_copies_only_what_tma_cannot_read(k, m):
     """Row-major scales, or M-major ones whose rows are not 16-byte aligned (M % 4), go through one copy into
     a padded M-major buffer; the values never change."""
     sa = torch.rand(m, 3, device=DEV)
-    for scales in (sa, k.gemm_blockwise.m_major(sa)):
-        t = k.gemm_blockwise_gluon.scales_for_tma(scales)
-        assert t.shape == (3, m) and torch.equal(t, sa.t())
-        assert t.stride(1) == 1 and t.stride(0) % 4 == 0
+    for scales in (sa, sa.t().contiguous().t()):
+        t = k.gemm_blockwise.m_major(scales)
+        assert t.shape == (m, 3) and torch.equal(t, sa)
+        assert t.stride(0) == 1 and t.stride(1) % 4 == 0
         assert (t.data_ptr() == scales.data_ptr()) == (scales.stride(0) == 1 and m % 4 == 0)
 
 
@@ -236,7 +236,7 @@ def test_gluon_gemm_matches_the_dequantized_reference(k, m, n, kk, config, persi
     a, sa, b, sb = gemm_operands(k, m, n, kk)
     ref = k.gemm_blockwise.gemm_blockwise_reference(a, sa, b, sb)
     padded = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128), m_major_scales=True)[1]
-    for scales in (sa, k.gemm_blockwise.m_major(sa), padded):
+    for scales in (sa, sa.t().contiguous().t(), padded):  # row-major, M-major unpadded, M-major padded
         c = gemm_blockwise_gluon(a, scales, b, sb, config, persistent)
         assert c.dtype == torch.bfloat16 and c.shape == (m, n)
         assert sqnr_db(ref, c.float()) > 40.0
