@@ -9,10 +9,10 @@ another accumulator does not work either: ptxas then serializes every wgmma of t
 cannot tell that `wait_group 1` retired the accumulator being read.
 
 So the overlap is between warpgroups, as in DeepGEMM: a producer warp TMA-loads each (tile, K group) into a
-STAGES-deep ring (A's and B's tiles and the 1x128 scales of A's rows, read M-major: `m_major`), and
-two math warpgroups, rows 0-63 and 64-127 of the tile, each wait for a stage (`ready` mbarrier), run their
-wgmmas, wait for them, release the stage (`empty` mbarrier, one arrival per warpgroup) and scale. Nothing but those mbarriers ties the warpgroups together, so one scales while the other's wgmmas run.
-Registers move to the math warpgroups (setmaxnreg: 40 for the producer). The grid is persistent when it is
+STAGES-deep ring (A's and B's tiles and the 1x128 scales of A's rows, read M-major: `m_major`), and two math
+warpgroups, rows 0-63 and 64-127 of the tile, each wait for a stage (`ready` mbarrier), run their wgmmas, wait
+for them, release the stage (`empty` mbarrier, one arrival per warpgroup) and scale. Nothing but those
+mbarriers ties the warpgroups together, so one scales while the other's wgmmas run. Registers move to the math warpgroups (setmaxnreg: 40 for the producer). The grid is persistent when it is
 smaller than the tile count: each program walks tiles in grouped order, and the producer runs ahead into the
 next tile while the math warpgroups store the last one.
 
