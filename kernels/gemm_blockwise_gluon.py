@@ -11,10 +11,18 @@ cannot tell that `wait_group 1` retired the accumulator being read.
 So the overlap is between warpgroups, as in DeepGEMM: a producer warp TMA-loads each (tile, K group) into a
 STAGES-deep ring (A's and B's tiles and the 1x128 scales of A's rows, read M-major: `m_major`), and two math
 warpgroups, rows 0-63 and 64-127 of the tile, each wait for a stage (`ready` mbarrier), run their wgmmas, wait
-for them, release the stage (`empty` mbarrier, one arrival per warpgroup) and scale. Nothing but those
-mbarriers ties the warpgroups together, so one scales while the other's wgmmas run. Registers move to the math warpgroups (setmaxnreg: 40 for the producer). The grid is persistent when it is
-smaller than the tile count: each program walks tiles in grouped order, and the producer runs ahead into the
-next tile while the math warpgroups store the last one.
+for them, release the stage (`empty` mbarrier, one arrival per warpgroup) and scale. Registers move to the math
+warpgroups (setmaxnreg: 40 for the producer). The grid is persistent when it is smaller than the tile count:
+each program walks tiles in grouped order, and the producer runs ahead into the next tile while the math
+warpgroups store the last one.
+
+The math warpgroups take turns issuing wgmmas (`pingpong`, two named barriers, as FlashAttention-3 orders its
+softmax and GEMM warpgroups): each issues its next wgmmas only after the other has issued its own, so its
+products queue behind the other's and it scales while those run. Run free, our reading (not shown directly) is
+that the two fall into step, since each SM sub-partition's tensor core takes both warpgroups' wgmmas as they
+come: both products finish together and both warpgroups scale while the tensor cores idle. On the H200 (session 12, do_bench,
+five shapes) that took promote on 128x256 tiles from 1061-1105 to 1165-1184 TFLOPS, and in sustained runs at
+8192³ from 718-722 to 757 TFLOPS per GHz of SM clock, with outputs bit-identical.
 
 A tile is HALVES (1 or 2) column halves of SUB_N (64 or 128), so B's 128x128 scale is one scalar per half and
 group. Scaling, as in `gemm_blockwise` (`PROMOTE`):
@@ -27,12 +35,13 @@ group. Scaling, as in `gemm_blockwise` (`PROMOTE`):
   reports ~14 bits): the numerics of cuBLAS's fast-accumulation mode rather than DeepSeek-V3's promotion
   (scripts/gemm_variant_probe.py --gluon measures both against FP64).
 
-On the H200 (scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json, session 11)
-promote reached 1139 / 1089 / 1084 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale 1139 /
-1026 / 1119, against cuBLAS blockwise's 1208 / 1089 / 1120; both on 128x256 tiles. Staging A's scales with the
-tiles, instead of each math warpgroup loading its rows' scales from global memory a group ahead, took promote
-at 8192³ from 683-691 to 702-716 TFLOPS per GHz of SM clock (sustained runs; cuBLAS blockwise: 757-763 in
-scripts/gemm_power_probe.py's results/h200-kernels/gemm_power.json, where every FP8 GEMM runs at the 700 W cap).
+Before the turns (scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json, session
+11) promote reached 1139 / 1089 / 1084 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale
+1139 / 1026 / 1119, against cuBLAS blockwise's 1208 / 1089 / 1120; both on 128x256 tiles. Staging A's scales
+with the tiles, instead of each math warpgroup loading its rows' scales from global memory a group ahead, had
+taken promote at 8192³ from 683-691 to 702-716 TFLOPS per GHz of SM clock (sustained runs; cuBLAS blockwise:
+757-763 in scripts/gemm_power_probe.py's results/h200-kernels/gemm_power.json, where every FP8 GEMM runs at the
+700 W cap).
 Promote on 128x256 tiles needs 192 registers per thread for its two sums and the scratch, which the math
 warpgroups have (setmaxnreg 232; ptxas reports the kernel's 168, the cap of 12 warps, but allocates each region
 to its setmaxnreg). It spilled and ran at ~600 until `_settled` stopped an LLVM reordering that kept two scratch
@@ -130,13 +139,38 @@ def _settled(x):
 
 
 @gluon.jit
+def _named_barrier(ASM: gl.constexpr):
+    """One named-barrier instruction (`bar.sync` / `bar.arrive` on the ping-pong barriers), kept in place."""
+    gl.inline_asm_elementwise(ASM + " mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _my_turn(WG: gl.constexpr):
+    """PINGPONG: wait until the other math warpgroup has issued its last wgmmas (named barrier 8 + WG: this
+    warpgroup's 128 threads sync, the other's 128 arrive)."""
+    if WG == 0:
+        _named_barrier("bar.sync 8, 256;")
+    else:
+        _named_barrier("bar.sync 9, 256;")
+
+
+@gluon.jit
+def _your_turn(WG: gl.constexpr):
+    """PINGPONG: this warpgroup's wgmmas are issued; the other's may follow them into the tensor cores."""
+    if WG == 0:
+        _named_barrier("bar.arrive 9, 256;")
+    else:
+        _named_barrier("bar.arrive 8, 256;")
+
+
+@gluon.jit
 def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, WG: gl.constexpr,
               BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
-              STAGES: gl.constexpr, PROMOTE: gl.constexpr):
+              STAGES: gl.constexpr, PROMOTE: gl.constexpr, PINGPONG: gl.constexpr):
     """One math warpgroup: rows [WG·64, WG·64 + 64) of each tile, every column half. Each K group's wgmmas are
     waited for at once (ptxas serializes every wgmma of a kernel that reads an accumulator while another wgmma
-    is in flight); the overlap of scaling and tensor-core work comes from the other warpgroup, which no
-    CTA-wide barrier ties to this one."""
+    is in flight); the overlap of scaling and tensor-core work comes from the other warpgroup, whose wgmmas
+    (PINGPONG) are issued between this one's."""
     ROWS: gl.constexpr = BLOCK_M // 2
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, SUB_N, 32])
@@ -144,6 +178,9 @@ def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, 
     zero = gl.zeros((ROWS, SUB_N), gl.float32, mma)
     n_tiles = _n_tiles(M, N, BLOCK_M, HALVES * SUB_N)
     step = 0
+    if PINGPONG:
+        if WG == 1:
+            _your_turn(WG)  # the first wgmmas are warpgroup 0's
     for tile_id in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
         off_m, off_n = _tile(tile_id, M, N, BLOCK_M, HALVES * SUB_N, GROUP_M)
         acc0 = zero
@@ -168,7 +205,11 @@ def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, 
             if PROMOTE:  # DeepSeek-V3: each group's product from zero, scaled and summed in FP32
                 # one half at a time through one scratch tile (the wgmma's own input, ignored with
                 # use_acc=False): two FP32 sums and a scratch instead of two of each
+                if PINGPONG:
+                    _my_turn(WG)
                 t = warpgroup_mma(a, b0, t, use_acc=False, is_async=True)
+                if PINGPONG:
+                    _your_turn(WG)
                 sa = sa_rows.load(row_scales)  # read while the wgmmas run, before the stage is released
                 s0 = sa * sb0
                 s1 = sa * sb1
@@ -177,7 +218,11 @@ def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, 
                     acc0 = acc0 + t * gl.expand_dims(s0, 1)
                     if SUB_N == 128:  # else LLVM sums after the next wgmma: 64 more registers, spilled
                         acc0 = _settled(acc0)
+                    if PINGPONG:
+                        _my_turn(WG)
                     t = warpgroup_mma(a, b1, t, use_acc=False, is_async=True)
+                    if PINGPONG:
+                        _your_turn(WG)
                     t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
                     mbarrier.arrive(empty.index(stage))
                     acc1 = acc1 + t * gl.expand_dims(s1, 1)
@@ -194,11 +239,19 @@ def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, 
                 acc0 = acc0 * gl.expand_dims(prev0 / s0, 1)
                 if HALVES == 2:
                     acc1 = acc1 * gl.expand_dims(prev1 / s1, 1)
+                    if PINGPONG:
+                        _my_turn(WG)
                     acc0 = warpgroup_mma(a, b0, acc0, use_acc=not first, is_async=True)
                     acc1 = warpgroup_mma(a, b1, acc1, use_acc=not first, is_async=True)
+                    if PINGPONG:
+                        _your_turn(WG)
                     acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
                 else:
+                    if PINGPONG:
+                        _my_turn(WG)
                     acc0 = warpgroup_mma(a, b0, acc0, use_acc=not first, is_async=True)
+                    if PINGPONG:
+                        _your_turn(WG)
                     acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
                 mbarrier.arrive(empty.index(stage))
                 prev0 = s0
@@ -210,6 +263,9 @@ def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, 
             acc0 = acc0 * gl.expand_dims(prev0, 1)
             acc1 = acc1 * gl.expand_dims(prev1, 1)
         _store_rows(c_smem, c_desc, acc0, acc1, off_m, off_n, N, WG, ROWS, SUB_N, HALVES)
+    if PINGPONG:
+        if WG == 0:
+            _my_turn(WG)  # warpgroup 1's last arrival, so no named barrier is left half-way
     tma.store_wait(pendings=0)
 
 
@@ -251,7 +307,7 @@ def _invalidate(ready, empty, STAGES: gl.constexpr):
 @gluon.jit
 def _gemm_kernel(a_desc, b_desc, c_desc, sa_desc, sb_ptr, M, N, n_kgroups,
                  BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
-                 STAGES: gl.constexpr, PROMOTE: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                 STAGES: gl.constexpr, PROMOTE: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [HALVES * STAGES, SUB_N, GROUP], b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [2 * HALVES, BLOCK_M // 2, SUB_N], c_desc.layout)
@@ -266,9 +322,9 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_desc, sb_ptr, M, N, n_kgroups,
     # math warpgroup instead (8 warps, no reallocation) was 10-20% slower on the H200.
     gl.warp_specialize([
         (_consumer, (a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 0, BLOCK_M,
-                     SUB_N, HALVES, GROUP_M, STAGES, PROMOTE)),
+                     SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, PINGPONG)),
         (_consumer, (a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 1, BLOCK_M,
-                     SUB_N, HALVES, GROUP_M, STAGES, PROMOTE)),
+                     SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, PINGPONG)),
         (_loader, (a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N,
                    HALVES, GROUP_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, 40])
@@ -284,6 +340,9 @@ class Config(NamedTuple):
     promote: bool
     consumer_regs: int = 232
     """setmaxnreg of the second math warpgroup (the first gets what the producer warp leaves)"""
+    pingpong: bool = True
+    """the math warpgroups take turns issuing wgmmas (named barriers), so one scales while the other's run;
+    False: they run free, tied only by the ring's mbarriers (the kernel before session 12, for the probes)"""
 
     @property
     def block_n(self) -> int:
@@ -307,9 +366,8 @@ sums and one 64-register scratch per thread) and on 128x128, as one 128-wide hal
 CANDIDATES: tuple[Config, ...] = ()
 """Configs that compile cleanly for sm_90 (CI checks them as it checks CONFIGS) but have not been timed on the
 H200 yet, so the tuner leaves them out: `scripts/gemm_variant_probe.py --gluon` and `scripts/kernel_bench.py`
-time them next to CONFIGS. None now. The last were 128x256 tiles with a 4-deep ring, made to fit by storing
-C one half at a time: on the H200 (session 10) they ran no faster than the 3-deep ring (promote 990 against
-1066 TFLOPS at 8192³, 1057 against 1037 at Llama-3-70B down), so they were dropped with that store path."""
+time them next to CONFIGS. None now. The last were CONFIGS with the math warpgroups taking turns (`pingpong`),
+which won on every shape of the H200 (session 12) and became the default."""
 
 
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
@@ -335,7 +393,7 @@ def _launch(a, sa_t, b, sb, c, config: Config, persistent: bool, n_kgroups: int)
         _descriptor(c, [config.block_m // 2, config.sub_n]),
         TensorDescriptor.from_tensor(sa_t, [1, config.block_m], SCALES_LAYOUT), sb, m, n, n_kgroups,
         BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
-        PROMOTE=config.promote, CONSUMER_REGS=config.consumer_regs, num_warps=4)
+        PROMOTE=config.promote, PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, num_warps=4)
 
 
 _picked: dict[tuple, tuple[Config, bool]] = {}
@@ -386,7 +444,8 @@ def compile_sm90(config: Config):
                  "sa_desc": f"tensordesc<fp32[1, {config.block_m}],{SCALES_LAYOUT!r}>",
                  "sb_ptr": "*fp32", "M": "i32", "N": "i32", "n_kgroups": "i32"}
     constants = {"BLOCK_M": config.block_m, "SUB_N": config.sub_n, "GROUP_M": 8, "STAGES": config.stages,
-                 "HALVES": config.halves, "PROMOTE": config.promote, "CONSUMER_REGS": config.consumer_regs}
+                 "HALVES": config.halves, "PROMOTE": config.promote, "PINGPONG": config.pingpong,
+                 "CONSUMER_REGS": config.consumer_regs}
     signature.update(dict.fromkeys(constants, "constexpr"))
     return triton.compile(GluonASTSource(_gemm_kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})

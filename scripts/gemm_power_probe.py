@@ -12,11 +12,13 @@ Kernels, all on the same quantized operands (A's scales M-major, as the triton b
 tensorwise and blockwise (torch backend), the Gluon kernel's unscaled structure (scripts/gluon_unscaled.py:
 each K group waited for; with a per-row multiply of both accumulators each group; with 64 or 128 multiplies
 per group on other registers, which ptxas places amid the warpgroup's own wgmmas), and the Gluon kernel's
-promote and rescale on 128x256 tiles with a persistent grid.
+promote and rescale on 128x256 tiles with a persistent grid, with the math warpgroups taking turns at the tensor
+cores (the kernel's default since session 12) and running free (before).
 
 Usage: python3 scripts/gemm_power_probe.py OUT.json [--shape M N K] [--seconds 2] [--rounds 2]
                                              [--data random zeros]
-Result (results/h200-kernels/gemm_power.json): a row per data, round and kernel.
+Results (results/h200-kernels/): gemm_power.json (session 11), gemm_power_side.json (SIDE), gemm_power_turns.json
+(session 12, with the turns): a row per data, round and kernel.
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ def kernels(a: torch.Tensor, b: torch.Tensor, zeros: bool) -> dict:
         "gluon unscaled + 128 multiplies amid its wgmmas": lambda: unscaled_gluon_gemm(qa, qb, 0, 3, True, side=2),
         "gluon promote 128x256": lambda: gluon.gemm_blockwise_gluon(qa, sa, qb, sb, promote, True),
         "gluon rescale 128x256": lambda: gluon.gemm_blockwise_gluon(qa, sa, qb, sb, rescale, True),
+        "gluon promote 128x256, free-running": lambda: gluon.gemm_blockwise_gluon(
+            qa, sa, qb, sb, promote._replace(pingpong=False), True),
+        "gluon rescale 128x256, free-running": lambda: gluon.gemm_blockwise_gluon(
+            qa, sa, qb, sb, rescale._replace(pingpong=False), True),
     }
 
 

@@ -10,6 +10,7 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
   ceiling of Triton's code generation before any blockwise work;
 - ws (`WS`, with --ws): Triton's warp specialization on the K loop, over the tiles of WS_TILES;
 - gluon (with --gluon): kernels/gemm_blockwise_gluon.py, each config and each CANDIDATE (not yet tuned on),
+  and the 128x256 configs with free-running math warpgroups (`pingpong=False`, the kernel before session 12),
   with a persistent grid and one program per tile, A's scales M-major as the triton backend quantizes them,
   next to the unscaled ceilings of Triton's kernel and of the Gluon kernel's own structure
   (scripts/gluon_unscaled.py: each K group waited for, or one in flight, or waited for and its accumulators
@@ -52,6 +53,8 @@ try:  # Gluon's Hopper kernel (needs a Triton with triton.experimental.gluon)
     from fp8bench_kernels.gemm_blockwise_gluon import CONFIGS as GLUON_CONFIGS
 
     GLUON_CONFIGS += CANDIDATES  # the configs the tuner may pick, and those that wait for this probe
+    # and the 128x256 ones with the math warpgroups running free, as before session 12
+    GLUON_CONFIGS += tuple(c._replace(pingpong=False) for c in GLUON_CONFIGS if c.block_n == 256 and c.pingpong)
     from gluon_unscaled import unscaled_gluon_gemm
 except ImportError:
     GLUON_CONFIGS, gemm_blockwise_gluon, unscaled_gluon_gemm = (), None, None

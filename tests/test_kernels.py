@@ -153,17 +153,18 @@ def test_autotuned_gemm_picks_only_among_one_numerics(k, m, n, kk, fast_accum):
 
 
 def gluon_configs():
-    """The tuned configs and the candidates not yet timed on the H200: both must build and be right."""
+    """The tuned configs, the candidates not yet timed on the H200 and the free-running promote the probes time
+    against the tuned one: all must build and be right."""
     from fp8bench_kernels.gemm_blockwise_gluon import CANDIDATES, CONFIGS
 
-    return CONFIGS + CANDIDATES
+    return CONFIGS + CANDIDATES + (CONFIGS[2]._replace(pingpong=False),)  # + the probes' free-running kernel
 
 
 _COMPILE_SM90 = """
 import json, sys
-from fp8bench_kernels.gemm_blockwise_gluon import CANDIDATES, CONFIGS, compile_sm90
+from fp8bench_kernels.gemm_blockwise_gluon import Config, compile_sm90
 out = {}
-for config in CONFIGS + CANDIDATES:
+for config in (Config(*fields) for fields in json.load(sys.stdin)):
     kernel = compile_sm90(config)
     out[repr(config)] = {"ptx": kernel.asm["ptx"], "shared": kernel.metadata.shared}
 json.dump(out, sys.stdout)
@@ -179,8 +180,8 @@ def sm90_builds():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True, env=env,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-c", _COMPILE_SM90], input=json.dumps(gluon_configs()),
+                          capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -200,6 +201,9 @@ def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config, sm90_bu
     ptx = build["ptx"]
     assert "setmaxnreg.dec.sync.aligned.u32" in ptx
     assert f"wgmma.mma_async.sync.aligned.m64n{config.sub_n}k32.f32.e4m3.e4m3" in ptx
+    # the math warpgroups' turns: each syncs on its own named barrier and arrives on the other's
+    turns = [f"bar.{op} {barrier}, 256" for op in ("sync", "arrive") for barrier in (8, 9)]
+    assert [t in ptx for t in turns] == [config.pingpong] * 4
     assert config.smem_bytes() <= build["shared"] <= SMEM_LIMIT
     ptxas = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"],
                            input=ptx, capture_output=True, text=True)
