@@ -20,9 +20,10 @@ The math warpgroups take turns issuing wgmmas (`pingpong`, two named barriers, a
 softmax and GEMM warpgroups): each issues its next wgmmas only after the other has issued its own, so its
 products queue behind the other's and it scales while those run. Run free, our reading (not shown directly) is
 that the two fall into step, since each SM sub-partition's tensor core takes both warpgroups' wgmmas as they
-come: both products finish together and both warpgroups scale while the tensor cores idle. On the H200 (session 12, do_bench,
-five shapes) that took promote on 128x256 tiles from 1061-1105 to 1165-1184 TFLOPS, and in sustained runs at
-8192³ from 718-722 to 757 TFLOPS per GHz of SM clock, with outputs bit-identical.
+come: both products finish together and both warpgroups scale while the tensor cores idle. On the H200
+(session 12, results/h200-kernels) promote ran 1083-1164 TFLOPS in the sweep kernels-gemm-s12, against cuBLAS
+blockwise's 1044-1136 (free-running, kernels-gemm-s11: 1039-1123), and sustained at 8192³ 758-761 TFLOPS per
+GHz of SM clock against 719-722 free-running (gemm_power_turns.json). The result is bit-identical either way.
 
 A tile is HALVES (1 or 2) column halves of SUB_N (64 or 128), so B's 128x128 scale is one scalar per half and
 group. Scaling, as in `gemm_blockwise` (`PROMOTE`):

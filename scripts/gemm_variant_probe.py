@@ -22,7 +22,7 @@ WS variant and two plain baselines run at each shape. A config that fails to com
 result is recorded as such. Results (results/h200-kernels/): gemm_variant_probe.json (session 7, which timed a
 copy of the kernel with these switches, since folded in) and gemm_ws_probe.json (session 6, recorded by this
 probe's WS part when it was scripts/gemm_ws_probe.py; re-run it after a Triton upgrade) and
-gemm_gluon_probe.json (--gluon, session 10).
+gemm_gluon_probe.json (--gluon, session 12).
 
 Usage: python3 scripts/gemm_variant_probe.py OUT.json [--budget-s 200] [--ws | --gluon | --gluon-ceilings]
 """
