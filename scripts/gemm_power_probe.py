@@ -11,7 +11,8 @@ sustained runs hold.
 Kernels, all on the same quantized operands (A's scales M-major, as the triton backend quantizes them): cuBLAS
 tensorwise and blockwise (torch backend), the Gluon kernel's unscaled structure (scripts/gluon_unscaled.py:
 each K group waited for; with a per-row multiply of both accumulators each group; with 64 or 128 multiplies
-per group on other registers, which ptxas places amid the warpgroup's own wgmmas), and the Gluon kernel's
+per group on other registers, which ptxas places amid the warpgroup's own wgmmas; the first, second and last
+also with the math warpgroups taking turns), and the Gluon kernel's
 promote and rescale on 128x256 tiles with a persistent grid, with the math warpgroups taking turns at the tensor
 cores (the kernel's default since session 12) and running free (before).
 
@@ -96,6 +97,10 @@ def kernels(a: torch.Tensor, b: torch.Tensor, zeros: bool) -> dict:
         "gluon unscaled + per-row multiply": lambda: unscaled_gluon_gemm(qa, qb, 0, 3, True, True),
         "gluon unscaled + 64 multiplies amid its wgmmas": lambda: unscaled_gluon_gemm(qa, qb, 0, 3, True, side=1),
         "gluon unscaled + 128 multiplies amid its wgmmas": lambda: unscaled_gluon_gemm(qa, qb, 0, 3, True, side=2),
+        "gluon unscaled, turns": lambda: unscaled_gluon_gemm(qa, qb, 0, 3, True, turns=True),
+        "gluon unscaled + per-row multiply, turns": lambda: unscaled_gluon_gemm(qa, qb, 0, 3, True, True, turns=True),
+        "gluon unscaled + 128 multiplies amid its wgmmas, turns": lambda: unscaled_gluon_gemm(qa, qb, 0, 3, True, side=2,
+                                                                                          turns=True),
         "gluon promote 128x256": lambda: gluon.gemm_blockwise_gluon(qa, sa, qb, sb, promote, True),
         "gluon rescale 128x256": lambda: gluon.gemm_blockwise_gluon(qa, sa, qb, sb, rescale, True),
         "gluon promote 128x256, free-running": lambda: gluon.gemm_blockwise_gluon(

@@ -15,6 +15,8 @@ only accumulate, in one of these ways:
   of registers that no wgmma reads or writes. ptxas issues them between the warpgroup's own wgmmas, which
   they do not wait for (Triton 3.6, sm_90 SASS): whether FP32 work costs the tensor cores as such, or only
   where it stands between wgmmas.
+- PINGPONG (with IN_FLIGHT = 0): the math warpgroups take turns issuing their wgmmas, as the scaled kernel's
+  have since session 12 (without it they run free): whether the turns lift these ceilings as they lift promote.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from fp8bench_kernels.gemm_blockwise_gluon import (
     _descriptor,
     _invalidate,
     _loader,
+    _my_turn,
     _n_tiles,
     _ring_barriers,
     _settled,
     _store_rows,
+    _your_turn,
 )
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -44,13 +48,15 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 def _accumulating_consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, factor, WG: gl.constexpr,
                            BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, GROUP_M: gl.constexpr,
                            STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, MULTIPLY: gl.constexpr,
-                           SIDE: gl.constexpr):
+                           SIDE: gl.constexpr, PINGPONG: gl.constexpr):
     ROWS: gl.constexpr = BLOCK_M // 2
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, SUB_N, 32])
     zero = gl.zeros((ROWS, SUB_N), gl.float32, mma)
     per_row = gl.expand_dims(gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, mma)) + factor, 1)
     step = 0
+    if WG == 1:
+        _your_turn(WG, PINGPONG)
     for tile_id in range(gl.program_id(0), _n_tiles(M, N, BLOCK_M, 2 * SUB_N), gl.num_programs(0)):
         off_m, off_n = _tile(tile_id, M, N, BLOCK_M, 2 * SUB_N, GROUP_M)
         acc0 = zero
@@ -67,9 +73,11 @@ def _accumulating_consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n
                 for _ in gl.static_range(SIDE):
                     side = side * per_row
                 side = _settled(side)
+            _my_turn(WG, PINGPONG)
             acc0 = warpgroup_mma(a, b_smem.index(2 * stage).permute((1, 0)), acc0, use_acc=kg > 0, is_async=True)
             acc1 = warpgroup_mma(a, b_smem.index(2 * stage + 1).permute((1, 0)), acc1, use_acc=kg > 0,
                                  is_async=True)
+            _your_turn(WG, PINGPONG)
             if IN_FLIGHT:  # this group's two wgmmas stay in flight; the last group's are done: free its stage
                 acc0, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc0, acc1))
                 if kg > 0:
@@ -84,13 +92,15 @@ def _accumulating_consumer(a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n
         if SIDE > 0:  # keeps the side tile live; factor - 1 is 0 at run time, which the compiler cannot know
             acc0 = acc0 + side * (factor - 1.0)
         _store_rows(c_smem, c_desc, acc0, acc1, off_m, off_n, N, WG, ROWS, SUB_N, 2)
+    if WG == 0:
+        _my_turn(WG, PINGPONG)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _kernel(a_desc, b_desc, c_desc, sa_desc, M, N, n_kgroups, factor, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr,
             GROUP_M: gl.constexpr, STAGES: gl.constexpr, IN_FLIGHT: gl.constexpr, MULTIPLY: gl.constexpr,
-            SIDE: gl.constexpr):
+            SIDE: gl.constexpr, PINGPONG: gl.constexpr):
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
     sa_smem = gl.allocate_shared_memory(sa_desc.dtype, [STAGES, 1, BLOCK_M], sa_desc.layout)  # loaded, unread
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [2 * STAGES, SUB_N, GROUP], b_desc.layout)
@@ -102,9 +112,9 @@ def _kernel(a_desc, b_desc, c_desc, sa_desc, M, N, n_kgroups, factor, BLOCK_M: g
     factor = gl.to_tensor(factor)
     gl.warp_specialize([
         (_accumulating_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, factor, 0, BLOCK_M,
-                                  SUB_N, GROUP_M, STAGES, IN_FLIGHT, MULTIPLY, SIDE)),
+                                  SUB_N, GROUP_M, STAGES, IN_FLIGHT, MULTIPLY, SIDE, PINGPONG)),
         (_accumulating_consumer, (a_smem, b_smem, c_smem, ready, empty, c_desc, M, N, n_kgroups, factor, 1, BLOCK_M,
-                                  SUB_N, GROUP_M, STAGES, IN_FLIGHT, MULTIPLY, SIDE)),
+                                  SUB_N, GROUP_M, STAGES, IN_FLIGHT, MULTIPLY, SIDE, PINGPONG)),
         (_loader, (a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N,
                    2, GROUP_M, STAGES)),
     ], [4, 1], [232, 40])
@@ -112,9 +122,11 @@ def _kernel(a_desc, b_desc, c_desc, sa_desc, M, N, n_kgroups, factor, BLOCK_M: g
 
 
 def unscaled_gluon_gemm(a: torch.Tensor, b: torch.Tensor, in_flight: int, stages: int = 3,
-                        persistent: bool = True, multiply: bool = False, side: int = 0) -> torch.Tensor:
+                        persistent: bool = True, multiply: bool = False, side: int = 0,
+                        turns: bool = False) -> torch.Tensor:
     """A · Bᵀ of E4M3 operands (no scales) through the Gluon kernel's structure on 128x256 tiles; `side`
-    (0-2, with in_flight 0): 64 · side multiplies per thread per group on the side tile."""
+    (0-2, with in_flight 0): 64 · side multiplies per thread per group on the side tile; `turns` (with
+    in_flight 0): the math warpgroups take turns issuing their wgmmas, as the scaled kernel's do."""
     m, k = a.shape
     n = b.shape[0]
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
@@ -125,5 +137,6 @@ def unscaled_gluon_gemm(a: torch.Tensor, b: torch.Tensor, in_flight: int, stages
         _descriptor(a, [128, BLOCK_K]), _descriptor(b, [128, BLOCK_K]), _descriptor(c, [64, 128]),
         TensorDescriptor.from_tensor(ones[:, :m], [1, 128], SCALES_LAYOUT), m, n,
         triton.cdiv(k, BLOCK_K), 1.0, BLOCK_M=128, SUB_N=128, GROUP_M=8, STAGES=stages, IN_FLIGHT=in_flight,
-        MULTIPLY=multiply and not in_flight, SIDE=0 if in_flight else side, num_warps=4)
+        MULTIPLY=multiply and not in_flight, SIDE=0 if in_flight else side,
+        PINGPONG=turns and not in_flight, num_warps=4)
     return c
