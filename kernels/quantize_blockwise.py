@@ -81,11 +81,11 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow
     written directly so that no transposing copy lands in the GEMM."""
     if x.dim() != 2:
         raise ValueError(f"quantize_blockwise takes a 2-D tensor, got shape {tuple(x.shape)}")
+    if m_major_scales and block != (1, GROUP):
+        raise ValueError(f"m_major_scales is for 1x128 scales, not block={block!r}")
     m, k = x.shape
     n_groups = triton.cdiv(k, GROUP)
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
-    if m_major_scales and block != (1, GROUP):
-        raise ValueError(f"m_major_scales is for 1x128 scales, not block={block!r}")
     if block == (1, GROUP):
         if m_major_scales:
             s = m_major_empty(m, n_groups, x.device)

@@ -212,9 +212,10 @@ def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config, sm90_bu
     assert "0 bytes spill stores" in ptxas.stderr
 
 
-GLUON_GEMMS = GEMMS + [pytest.param(1001, 1064, 1008, marks=pytest.mark.gpu)]
-"""+ ragged edges: partial tiles in M, a half-tile past N, a partial K group; M % 4 = 1, so A's scales are
-copied for the TMA unless the quantizer wrote them M-major and padded"""
+RAGGED = (1001, 1064, 1008)
+"""Ragged edges: partial tiles in M, a half-tile past N, a partial K group; M % 4 = 1, so A's scales are copied
+for the TMA unless the quantizer wrote them M-major and padded"""
+GLUON_GEMMS = GEMMS + [pytest.param(*RAGGED, marks=pytest.mark.gpu)]
 
 
 @pytest.mark.gpu
@@ -254,7 +255,7 @@ def test_gluon_gemm_turns_change_only_the_order_of_issue(k, config, persistent):
     same config running free, ragged edges included (tiles stay tile-local, each sum in its own order)."""
     from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon
 
-    a, sa, b, sb = gemm_operands(k, 1001, 1064, 1008)
+    a, sa, b, sb = gemm_operands(k, *RAGGED)
     turns = gemm_blockwise_gluon(a, sa, b, sb, config, persistent)
     free = gemm_blockwise_gluon(a, sa, b, sb, config._replace(pingpong=False), persistent)
     assert torch.equal(turns, free)
