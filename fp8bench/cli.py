@@ -10,6 +10,8 @@ import argparse
 import contextlib
 import os
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
@@ -88,8 +90,17 @@ def cmd_run(args: list[str]) -> int:
     from fp8bench.config.compose import check_combination, expand, multirun
     from fp8bench.plan import execution_order, plan, resolve_device
     from fp8bench.records import read_run, write_manifest
-    from fp8bench.runner import check_resume, execute, manifest_for, new_run_id, run_dir_for, summary_table
+    from fp8bench.runner import (
+        check_resume,
+        execute,
+        format_duration,
+        manifest_for,
+        new_run_id,
+        run_dir_for,
+        summary_table,
+    )
 
+    started = time.monotonic()
     is_multi = any(a in ("-m", "--multirun") for a in args)
     overrides = [a for a in args if a not in ("-m", "--multirun")]
     points, dropped = expand(overrides, multirun=is_multi)
@@ -130,6 +141,9 @@ def cmd_run(args: list[str]) -> int:
                 console=console)
     _, records, _ = read_run(run_dir)
     out.print(summary_table(records))
+    statuses = ", ".join(f"{s} {n}" for s, n in sorted(Counter(r.status for r in records).items()))
+    out.print(f"run {run_id}: {len(records)} cases ({statuses}) in {format_duration(time.monotonic() - started)} "
+              "wall time", highlight=False)
     out.print(f"run folder: {run_dir}")
     if first.store.ingest:
         try:

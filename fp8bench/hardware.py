@@ -151,6 +151,7 @@ def environment() -> dict:
         "gpu_uuid": _gpu_uuid() if dev.is_cuda else None,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         **{f"{k}_version": v for k, v in versions.items()},
@@ -158,6 +159,18 @@ def environment() -> dict:
     }
     env["env_id"] = hashlib.sha256(json.dumps(env, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return env
+
+
+def cpu_model() -> str:
+    """The host CPU's model name: what launches the kernels, and so part of every host-bound figure."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def git_state(cwd: str | None = None) -> tuple[str | None, bool | None]:

@@ -27,10 +27,24 @@ class Timing:
     """What the last timed call returned (saves one more call for the numerics checks)."""
     injected_slowdown: float | None = None
     """CUDA, test-only `slowdown`: the fraction the filler added, measured against fn alone before sampling."""
+    rounds: list[list[float]] | None = None
+    """Interleaved timing (time_interleaved): the samples of each round, in round order; None otherwise."""
+    device_ms: float | None = None
+    """CUDA, interleaved: what the timed median would be with the host's launch cost hidden, i.e. the median
+    scaled by the GPU's busy share (device-only over host-paced time of two back-to-back batches,
+    measure._device_only_ms). None where it was not or could not be measured."""
 
     @property
     def median_ms(self) -> float:
         return statistics.median(self.samples_ms)
+
+    @property
+    def gpu_busy_pct(self) -> float | None:
+        """How much of an iteration as timed the GPU spent working: device-only time over the timed median.
+        Well under 100% means the GPU waited for the host to launch work (a host-bound case)."""
+        if self.device_ms is None or not self.median_ms:
+            return None
+        return 100.0 * self.device_ms / self.median_ms
 
     @property
     def iqr_ms(self) -> float:
@@ -211,6 +225,205 @@ def _time_cuda(fn: Callable[[], object], warmup: int, iters: int, min_samples: i
     return Timing(samples, flush is not None, cuda_graph, None if cuda_graph else result, injected)
 
 
+MAX_BLOCK = 64
+"""Iterations of one op per round at most (a microsecond-scale op fills `block_ms` with this many)."""
+DEVICE_ONLY_MS = 4.0
+"""Device-only timing (the host-bound probe) queues about this much GPU work per op, at least 2 iterations."""
+
+
+def time_interleaved(ops: dict[str, Callable[[], object]], *, device: torch.device, warmup: int, rounds: int,
+                     block_ms: float, settle_ms: float = 0.0, flush_l2: bool = False, cuda_graph: bool = False,
+                     slowdown: float = 0.0) -> dict[str, Timing]:
+    """Time several ops side by side: `rounds` rounds, each running every op for a block of back-to-back
+    iterations (enough to last `block_ms`, at least one), the order rotated by one op per round so no op
+    always follows the same neighbour. Drift of the clocks over the rounds reaches every op alike, so the
+    ratio of two ops' times within a round cancels it (fp8bench.speedup).
+
+    CUDA: one event pair per iteration, queued without a sync across all rounds and read at the end; untimed
+    rounds for `settle_ms` first (sustained clocks, as time_fn); then each op's device-only time (launches
+    queued behind a GPU sleep, so the host's launch cost is hidden), from which `gpu_busy_pct` follows.
+    `slowdown` (test-only) stretches every op's iterations by that fraction, as in time_fn."""
+    if not ops:
+        return {}
+    if device.type != "cuda":
+        return _interleaved_cpu(ops, warmup, rounds, block_ms, slowdown)
+    runs = {name: _graphed(fn) if cuda_graph else fn for name, fn in ops.items()}
+    for fn in runs.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    flush = _L2Flusher() if flush_l2 else None
+    est = {name: _estimate_ms(fn, flush) for name, fn in runs.items()}
+    block = {name: max(1, min(MAX_BLOCK, math.ceil(block_ms / est[name]))) for name in runs}
+    round_ms = sum(block[n] * est[n] for n in runs)
+    for _ in range(math.ceil(settle_ms / round_ms) if settle_ms else 0):
+        _round(runs, block, flush, 0, timed=False)
+    injected: dict[str, float] = {}
+    if slowdown:
+        here = torch.device("cuda", torch.cuda.current_device())
+        for name in list(runs):
+            runs[name], injected[name] = _slowed_cuda(runs[name], slowdown, here)
+    timed, host_ms, last = [], {n: [] for n in runs}, {}
+    for r in range(rounds):
+        timed.append(_round(runs, block, flush, r, timed=True, host_ms=host_ms, last=last))
+    torch.cuda.synchronize()
+    per_round = {n: [[s.elapsed_time(e) for s, e in rnd[n]] for rnd in timed] for n in runs}
+    out = {}
+    for name, fn in runs.items():
+        samples = [x for rnd in per_round[name] for x in rnd]
+        wall = statistics.median(samples)
+        host = statistics.median(host_ms[name]) if host_ms[name] else wall
+        probe = _device_only_ms(fn, flush, wall, host)
+        # the timed median, scaled by the busy share the probe's two back-to-back batches agree on
+        device = wall * probe[1] / probe[0] if probe and probe[0] > 0 else None
+        out[name] = Timing(samples, flush is not None, cuda_graph, None if cuda_graph else last.get(name),
+                           injected.get(name), per_round[name], device)
+    return out
+
+
+def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
+    fn()  # allocate outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _estimate_ms(fn: Callable[[], object], flush: _L2Flusher | None) -> float:
+    """One iteration's time, from three (after one sync): sizes the blocks of a round."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        if flush:
+            flush()
+        fn()
+    end.record()
+    end.synchronize()
+    return max(start.elapsed_time(end) / 3, 1e-3)
+
+
+def _round(runs: dict, block: dict, flush, r: int, *, timed: bool, host_ms: dict | None = None,
+           last: dict | None = None) -> dict:
+    """One round: each op's block, the op order rotated by r. Timed: {op: [(start, end) events]}; the host's
+    enqueue time per iteration goes to host_ms[op] (sizes the device-only probe's head start)."""
+    names = list(runs)
+    k = r % len(names)
+    events: dict = {}
+    for name in names[k:] + names[:k]:
+        fn, pairs = runs[name], []
+        t0 = time.perf_counter()
+        for _ in range(block[name]):
+            if flush:
+                flush()
+            if timed:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                out = fn()
+                e.record()
+                pairs.append((s, e))
+            else:
+                out = fn()
+        if timed:
+            host_ms[name].append((time.perf_counter() - t0) * 1e3 / block[name])
+            last[name] = out
+            events[name] = pairs
+    return events
+
+
+_SLEEP_CYCLES_PER_MS: list[float] = []
+
+
+def _sleep_cycles_per_ms() -> float:
+    """GPU clock cycles per millisecond of torch.cuda._sleep, measured once per process (at the load's clock)."""
+    if not _SLEEP_CYCLES_PER_MS:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(2_000_000)
+        end.record()
+        end.synchronize()
+        _SLEEP_CYCLES_PER_MS.append(2_000_000 / max(start.elapsed_time(end), 1e-3))
+    return _SLEEP_CYCLES_PER_MS[0]
+
+
+def _device_only_ms(fn: Callable[[], object], flush: _L2Flusher | None, wall_ms: float,
+                    host_ms: float) -> tuple[float, float] | None:
+    """(host-paced, device-only) median iteration times of one short batch each, back to back in the same
+    loop as the timed one (flush included): first as the host launches it, then with every launch queued
+    behind a GPU sleep long enough for the host to enqueue the whole batch, so no kernel waits for its
+    launch. Their ratio is the GPU's busy share. Both batches run the op back to back, so what interleaving
+    adds to the timed rounds (an op's first iteration after another op) biases neither.
+
+    None when the host still fell behind the sleep three times (an op that synchronises inside, so nothing
+    can be queued ahead of it, or more launches than the queue holds): the share is then unknown."""
+    n = max(1, min(20, math.ceil(DEVICE_ONLY_MS / wall_ms)))
+    paced = _batch_ms(fn, flush, n)
+    sleep_ms = 1.5 * n * min(host_ms, wall_ms) + 0.2
+    for _ in range(3):
+        torch.cuda.synchronize()
+        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s0.record()
+        torch.cuda._sleep(int(sleep_ms * _sleep_cycles_per_ms()))
+        s1.record()
+        t0 = time.perf_counter()
+        pairs = _enqueue(fn, flush, n)
+        enqueue_ms = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        if enqueue_ms < s0.elapsed_time(s1):
+            return paced, statistics.median(s.elapsed_time(e) for s, e in pairs)
+        sleep_ms = min(4.0 * enqueue_ms + 1.0, 1000.0)
+    return None
+
+
+def _enqueue(fn: Callable[[], object], flush: _L2Flusher | None, n: int) -> list:
+    pairs = []
+    for _ in range(n):
+        if flush:
+            flush()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        pairs.append((s, e))
+    return pairs
+
+
+def _batch_ms(fn: Callable[[], object], flush: _L2Flusher | None, n: int) -> float:
+    torch.cuda.synchronize()
+    pairs = _enqueue(fn, flush, n)
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def _interleaved_cpu(ops: dict[str, Callable[[], object]], warmup: int, rounds: int, block_ms: float,
+                     slowdown: float) -> dict[str, Timing]:
+    runs = {n: _slowed_cpu(fn, slowdown) if slowdown else fn for n, fn in ops.items()}
+    for fn in runs.values():
+        for _ in range(warmup):
+            fn()
+    est = {}
+    for name, fn in runs.items():
+        t0 = time.perf_counter_ns()
+        fn()
+        est[name] = max((time.perf_counter_ns() - t0) / 1e6, 1e-3)
+    block = {name: max(1, min(MAX_BLOCK, math.ceil(block_ms / est[name]))) for name in runs}
+    names = list(runs)
+    per_round: dict[str, list[list[float]]] = {n: [] for n in names}
+    last = {}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            samples = []
+            for _ in range(block[name]):
+                t0 = time.perf_counter_ns()
+                last[name] = runs[name]()
+                samples.append((time.perf_counter_ns() - t0) / 1e6)
+            per_round[name].append(samples)
+    return {n: Timing([x for rnd in per_round[n] for x in rnd], False, False, last.get(n), None, per_round[n])
+            for n in names}
+
+
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -218,12 +431,14 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def steady_peak_bytes(step: Callable[[], object], device: torch.device) -> int | None:
-    """Peak bytes of one `step()` run on its own (None on CPU). Measured apart from timing: the timer's
-    L2-flush buffer (256 MiB, live through every timed iteration) must not count as the workload's memory."""
+def steady_peak_bytes(step: Callable[[], object], device: torch.device, others_bytes: int = 0) -> int | None:
+    """Peak bytes of one `step()` run on its own (None on CPU), less `others_bytes` held by other cases alive
+    beside it. Measured apart from timing: the timer's L2-flush buffer (256 MiB, live through every timed
+    iteration) must not count as the workload's memory."""
     reset_peak_memory(device)
     step()
-    return peak_memory_bytes(device)
+    peak = peak_memory_bytes(device)
+    return None if peak is None else peak - others_bytes
 
 
 def peak_memory_bytes(device: torch.device) -> int | None:

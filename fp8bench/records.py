@@ -18,10 +18,19 @@ from fp8bench.types import FP8_ALL_GATHER_TAG
 MANIFEST = "manifest.json"
 SHARD_GLOB = "shard-*.jsonl"
 RECORD_VERSION = 1
-MEASUREMENT_VERSION = 3
-"""How fp8bench times (fp8bench.measure); a change starts new asv series on purpose.
+MEASUREMENT_VERSION = 4
+"""How fp8bench times (fp8bench.measure); a change starts new asv series on purpose, and `compare`, `history`
+and `asv-compare` refuse to judge across versions unless asked to.
 2: CUDA samples queued back to back and read after one sync (1: a sync per iteration).
-3: CUDA samples follow `measure.settle_ms` of untimed load (sustained clocks, not the first steps down)."""
+3: CUDA samples follow `measure.settle_ms` of untimed load (sustained clocks, not the first steps down).
+4: gemm, linear and layer cases are timed side by side with their BF16 twin, interleaved in rounds
+   (fp8bench.groups); speedup_vs_bf16 is measured from those rounds, with a 95% interval, not derived from
+   two cases timed apart; each timing also records the GPU's busy share (host-bound cases)."""
+LEGACY_VERSION_SQL = """CASE WHEN json_extract(config, '$.base.measure.settle_ms') IS NOT NULL THEN 3
+     WHEN started_at >= TIMESTAMP '2026-11-30 03:53:01' THEN 2 ELSE 1 END"""
+"""The measurement version of a run recorded before versions travelled with the data (a `runs` row without
+one), from what its manifest does hold: `measure.settle_ms` exists from version 3 (commit e1dc016), and
+version 2 began with commit 0ef419b (2026-11-30 03:53:01 UTC)."""
 
 # metric name → (unit, direction). Names carry their unit (DESIGN.md "Contract").
 METRICS: dict[str, tuple[str, str]] = {
@@ -31,6 +40,13 @@ METRICS: dict[str, tuple[str, str]] = {
     "tflops": ("TFLOPS", "higher"),
     "tflops_kernel": ("TFLOPS", "higher"),
     "speedup_vs_bf16": ("x", "higher"),
+    "speedup_vs_bf16_lo": ("x", "higher"),
+    "speedup_vs_bf16_hi": ("x", "higher"),
+    "speedup_vs_bf16_kernel": ("x", "higher"),
+    "speedup_vs_bf16_kernel_lo": ("x", "higher"),
+    "speedup_vs_bf16_kernel_hi": ("x", "higher"),
+    "gpu_busy_pct": ("%", "higher"),
+    "host_bound": ("1", "lower"),
     "pct_of_peak": ("%", "higher"),
     "gbps": ("GB/s", "higher"),
     "peak_mem_bytes": ("bytes", "lower"),
@@ -108,6 +124,10 @@ class CaseRecord:
     samples: dict[str, list[float]] = field(default_factory=dict)
     started_at: float = 0.0
     duration_s: float = 0.0
+    measurement: dict = field(default_factory=dict)
+    """How this case was timed: `version` (MEASUREMENT_VERSION), `method` (interleaved with its BF16 twin,
+    alone, or once for the emulator), the timer settings that ran, and for interleaved cases the twin and the
+    rounds. Empty in records written before it existed."""
     record_version: int = RECORD_VERSION
 
     def to_json(self) -> str:
@@ -225,8 +245,10 @@ VARIANT_SQL = "CASE WHEN position('+' IN c.case_id) > 0 THEN substr(c.case_id, p
 
 def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
     """speedup_vs_bf16 = time of the BF16 case of the same workload, model, shape, backend and variant in
-    the same run / this case's time. The emulator is not a kernel and gets none. An FSDP2 run with FP8
-    all-gather ('...fsdp2x2fp8ag') is measured against BF16 FSDP2 on as many GPUs: BF16 gathers in BF16."""
+    the same run / this case's time, for the cases that did not measure it side by side with their twin
+    (MEASUREMENT_VERSION 4: train cases, and runs recorded before). The emulator is not a kernel and gets
+    none. An FSDP2 run with FP8 all-gather ('...fsdp2x2fp8ag') is measured against BF16 FSDP2 on as many
+    GPUs: BF16 gathers in BF16."""
     def key(r: CaseRecord) -> tuple:
         shape = r.shape_name.removesuffix(FP8_ALL_GATHER_TAG)
         return (r.workload, r.model, shape, r.backend, variant_of(r.case_id), r.params.get("tokens"))
@@ -236,7 +258,8 @@ def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Me
     for r in records:
         t = r.metric("time_ms")
         b = base.get(key(r))
-        if r.format != "bf16" and r.status == "ok" and r.backend != "emulated" and t and b:
+        measured = r.metric("speedup_vs_bf16") is not None
+        if r.format != "bf16" and r.status == "ok" and r.backend != "emulated" and t and b and not measured:
             out.append((r, [Metric.of("speedup_vs_bf16", b / t)], True))
     return out
 

@@ -1,32 +1,34 @@
 """Run planned cases: one record per case, written and fsync'ed as soon as it exists.
 
-A case that raises is recorded `failed` with its error and the sweep goes on; `resume=<run_id>` skips the
-cases a run already finished.
+Cases of gemm, linear and layer shapes run as groups timed beside their BF16 twin (fp8bench.groups); the
+rest run one at a time (fp8bench.caserun). A case that raises is recorded `failed` with its error and the
+sweep goes on; `resume=<run_id>` skips the cases a run already finished.
 """
 
 from __future__ import annotations
 
-import gc
 import secrets
 import time
-import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fp8bench.backends import get_backend
+from fp8bench.caserun import run_case
 from fp8bench.config.schema import Config, ConfigError
+from fp8bench.groups import is_group, run_group, units
 from fp8bench.hardware import DeviceInfo, environment, git_state
 from fp8bench.plan import Case
-from fp8bench.records import CaseRecord, ShardWriter, done_case_ids
-from fp8bench.types import Status
-from fp8bench.workloads import get_workload
-from fp8bench.workloads.common import CaseInput, Diverged
+from fp8bench.records import MEASUREMENT_VERSION, CaseRecord, ShardWriter, done_case_ids
+
+__all__ = ["run_case", "run_cases", "execute"]
+
+PLAIN_PROGRESS_EVERY_S = 15.0
+"""Without a terminal (a batch job, CI, a GPU box's log), a progress line at most this often."""
 
 
 def new_run_id() -> str:
@@ -48,68 +50,79 @@ def manifest_for(config: Config, run_id: str, overrides: list[str], n_cases: int
     env = environment()
     return {"run_id": run_id, "started_at": time.time(), "git_commit": commit, "git_dirty": dirty,
             "device_name": env["device_name"], "env": env,
+            "measurement": {"version": MEASUREMENT_VERSION, **asdict(config.measure)},
             "config": {"overrides": overrides, "sweep_name": config.sweep_name, "base": asdict(config)},
             "n_cases": n_cases}
 
 
-def _record(case: Case, run_id: str, status: Status, reason: str = "", out=None, started: float = 0.0) -> CaseRecord:
-    c = case.config
-    return CaseRecord(run_id=run_id, case_id=case.case_id, workload=c.workload.name, model=c.model.name,
-                      format=c.format.name, scaling=c.scaling.name, backend=c.backend.name,
-                      shape_name=case.shape_name, shape=case.shape, params=case.params, status=status.value,
-                      reason=reason, metrics=out.metrics if out else [], samples=out.samples if out else {},
-                      started_at=started, duration_s=time.time() - started if started else 0.0)
+def run_cases(cases: list[Case], run_id: str, device: DeviceInfo, emit: Callable[[CaseRecord], None]) -> None:
+    """Run `cases` in order, groups side by side with their twin, calling `emit` with each record."""
+    for unit in units(cases):
+        if is_group(unit):
+            run_group(unit, run_id, device, emit)
+        else:
+            for case in unit:
+                emit(run_case(case, run_id, device))
 
 
-def run_case(case: Case, run_id: str, device: DeviceInfo) -> CaseRecord:
-    if not case.runnable:
-        return _record(case, run_id, Status.SKIPPED, case.reason)
-    started = time.time()
-    resident = torch.cuda.memory_allocated() if device.is_cuda else 0
-    try:
-        if case.config.fail_on and case.config.fail_on in case.case_id:
-            raise RuntimeError(f"injected failure (fail_on={case.config.fail_on!r})")
-        torch.manual_seed(case.config.seed)
-        inp = CaseInput(case.config, case.shape_name, case.shape, case.recipe, get_backend(case.config.backend.name),
-                        device.torch_device, work_dir=run_dir_for(case.config, run_id) / "work" / case.case_id)
-        out = get_workload(case.config.workload.name).run(inp)
-        return _record(case, run_id, Status.OK, "", out, started)
-    except Diverged as exc:  # a finding about the recipe, with the curve up to the bad step
-        return _record(case, run_id, Status.DIVERGED, str(exc), exc.output, started)
-    except Exception as exc:  # one case's failure never takes the sweep down
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        reason = f"{type(exc).__name__}: {str(exc)[:400]} (at {Path(where.filename).name}:{where.lineno})"
-        return _record(case, run_id, Status.FAILED, reason, None, started)
-    finally:
-        if device.is_cuda:
-            # the next case starts from an empty caching allocator, ok or not. What only reference cycles still
-            # hold (a Lightning Trainer and its module) would count in the next case's peak (seen on the H200:
-            # TE FP8 after Lightning and Accelerate cases peaked 0.34 GB higher), so collect them, but only
-            # when the case left memory behind: a full collection costs 0.1-0.25 s with these libraries loaded
-            if torch.cuda.memory_allocated() > resident:
-                gc.collect()
-            torch.cuda.empty_cache()
+class _PlainProgress:
+    """Progress as plain lines (done/total, statuses, elapsed, ETA) where a live bar would draw nothing."""
+
+    def __init__(self, console: Console, run_id: str, cases: list[Case]) -> None:
+        self.console, self.run_id, self.total = console, run_id, len(cases)
+        self.runnable_left = sum(c.runnable for c in cases)
+        self.runnable_done = 0
+        self.counts: Counter = Counter()
+        self.start = self.last = time.monotonic()
+
+    def advance(self, rec: CaseRecord) -> None:
+        self.counts[rec.status] += 1
+        if rec.status != "skipped":
+            self.runnable_done += 1
+            self.runnable_left -= 1
+        now = time.monotonic()
+        if now - self.last >= PLAIN_PROGRESS_EVERY_S or sum(self.counts.values()) == self.total:
+            self.last = now
+            self.console.print(self.line(now), highlight=False, markup=False, soft_wrap=True)
+
+    def line(self, now: float) -> str:
+        elapsed = now - self.start
+        eta = (elapsed / self.runnable_done * self.runnable_left) if self.runnable_done else None
+        statuses = ", ".join(f"{s} {n}" for s, n in sorted(self.counts.items()))
+        return (f"run {self.run_id}: {sum(self.counts.values())}/{self.total} cases ({statuses}), "
+                f"{format_duration(elapsed)} elapsed" + (f", ETA {format_duration(eta)}" if eta is not None else ""))
+
+
+def format_duration(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 def execute(cases: list[Case], run_dir: Path, run_id: str, device: DeviceInfo, *, job: str = "",
             resume: bool = False, console: Console | None = None, progress: bool = True) -> list[CaseRecord]:
-    """Run cases in order, appending each record to a new shard of `run_dir`."""
+    """Run cases in order, appending each record to a new shard of `run_dir`. Progress: a live bar on a
+    terminal, plain lines otherwise (or none with progress=False)."""
     console = console or Console(stderr=True)
     done = done_case_ids(run_dir) if resume else set()
     todo = [c for c in cases if c.case_id not in done]
     if done:
         console.print(f"resume {run_id}: {len(cases) - len(todo)} cases already recorded, {len(todo)} to run")
-    records = []
+    records: list[CaseRecord] = []
+    live = progress and console.is_terminal
+    plain = _PlainProgress(console, run_id, todo) if progress and not live else None
     with ShardWriter(run_dir, job) as shard, Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[case]}"), console=console, disable=not progress, transient=False) as bar:
+            TextColumn("{task.fields[case]}"), console=console, disable=not live, transient=False) as bar:
         task = bar.add_task(f"run {run_id}", total=len(todo), case="")
-        for case in todo:
-            bar.update(task, case=case.case_id)
-            rec = run_case(case, run_id, device)
+
+        def emit(rec: CaseRecord) -> None:
             shard.write(rec)
             records.append(rec)
-            bar.advance(task)
+            bar.update(task, advance=1, case=rec.case_id)
+            if plain:
+                plain.advance(rec)
+
+        run_cases(todo, run_id, device, emit)
     return records
 
 

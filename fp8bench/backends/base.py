@@ -212,6 +212,21 @@ class Backend:
         raise NotImplementedError(f"backend {self.name!r} has no train")
 
 
+ONE_STEP_WORKLOADS = frozenset({"gemm", "linear", "layer"})
+
+
+def one_step_delayed(backend: str, workload: str, recipe: Recipe) -> tuple[bool, str]:
+    """Delayed scaling in a one-step case of a backend whose casts take the scale from the amax history
+    (the emulator, torch): the history then holds this tensor alone, so the scale is current scaling's and
+    the case would repeat scaling=current under another name. Skipped with that reason; TE's delayed recipe
+    (its own cast kernels) and every backend's `train` cases measure delayed scaling for real."""
+    if recipe.scaling is Scaling.DELAYED and workload in ONE_STEP_WORKLOADS:
+        return False, (f"{backend} delayed scaling in a one-step {workload} case casts with this tensor's own "
+                       "amax, the same case as scaling=current; delayed scaling is measured in `train` (and "
+                       "by TE's recipe)")
+    return True, ""
+
+
 def swap_block_linears(model: torch.nn.Module, make: Callable[[torch.nn.Linear], torch.nn.Module]) -> None:
     """Replace every nn.Linear inside model.blocks by make(linear) (same weights, another implementation)."""
     from fp8bench.workloads.block import swap_linears

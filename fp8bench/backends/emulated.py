@@ -17,6 +17,7 @@ from fp8bench.backends.base import (
     RecipeLinear,
     TrainSetup,
     module_op,
+    one_step_delayed,
     swap_block_linears,
 )
 from fp8bench.numerics import fake_quant
@@ -73,6 +74,10 @@ class EmulatedBackend(Backend):
     name = "emulated"
     timed = False
     workloads = frozenset({"gemm", "quantize", "linear", "layer", "train"})
+
+    def supports(self, workload, recipe, device):
+        ok, why = super().supports(workload, recipe, device)
+        return one_step_delayed(self.name, workload, recipe) if ok else (ok, why)
 
     def gemm(self, a, b, role, recipe):
         opt_a, opt_b = recipe.role_options(role)

@@ -20,6 +20,7 @@ from fp8bench.backends.base import (
     TrainSetup,
     cpu_scaled_mm_path,
     module_op,
+    one_step_delayed,
     swap_block_linears,
 )
 from fp8bench.numerics import ACT_BLOCK, WEIGHT_BLOCK, QuantOptions, amax_to_scale
@@ -181,7 +182,7 @@ class ScaledMMBackend(Backend):
             return ok, why
         if recipe.backend_cfg.fast_accum and device.type != "cuda":
             return False, "backend.fast_accum is a cuBLASLt option; this device is a CPU"
-        return True, ""
+        return one_step_delayed(self.name, workload, recipe)
 
     def gemm(self, a, b, role, recipe):
         if recipe.format is Format.BF16:

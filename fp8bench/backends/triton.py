@@ -30,7 +30,15 @@ class TritonBackend(Backend):
     def available(self):
         if not torch.cuda.is_available() and not _interpreting():
             return False, "triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for correctness only)"
-        return import_probe("triton", "gpu")
+        ok, why = import_probe("triton", "gpu")
+        if not ok:
+            return ok, why
+        try:  # kernels/ is importable only as installed (a package_dir mapping): say so, not fail per case
+            import fp8bench_kernels  # noqa: F401
+        except ImportError as exc:
+            return False, (f"fp8bench_kernels does not import ({exc}); install the project "
+                           "(pip install -e . maps kernels/ to fp8bench_kernels)")
+        return True, ""
 
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)

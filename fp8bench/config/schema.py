@@ -245,15 +245,23 @@ class BackendConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class MeasureConfig:
-    """How every case is timed (fp8bench.measure)."""
+    """How every case is timed (fp8bench.measure). gemm, linear and layer cases are timed beside their BF16
+    twin in `rounds` rounds (measure.time_interleaved); the others (and a BF16 case with no recipe beside it)
+    sample alone, up to `iters` samples or `max_time_s`."""
 
     warmup: int = 3
     """Untimed iterations first (compilation, autotuning, allocator warm-up)."""
     iters: int = 50
-    """Timed iterations (samples) at most."""
+    """Timed iterations (samples) at most, for a case timed alone."""
     min_samples: int = 3
     max_time_s: float = 2.0
-    """Stop sampling after this much time, once min_samples exist."""
+    """A case timed alone stops sampling after this much time, once min_samples exist."""
+    rounds: int = 10
+    """Side-by-side timing: rounds of every op of a group; each round gives one ratio per recipe, and the
+    speedup's 95% interval needs at least 6 (fp8bench.speedup)."""
+    block_ms: float = 1.0
+    """Side-by-side timing: each op runs enough back-to-back iterations per round to last this long (at least
+    one; a microsecond-scale op's round median then rests on many samples)."""
     flush_l2: bool = True
     """CUDA: overwrite a buffer larger than L2 between iterations (outside the timed region)."""
     cuda_graph: bool = False
@@ -268,6 +276,10 @@ class MeasureConfig:
         _positive("measure.iters", self.iters)
         _positive("measure.min_samples", self.min_samples)
         _positive("measure.max_time_s", self.max_time_s)
+        _positive("measure.block_ms", self.block_ms)
+        if not isinstance(self.rounds, int) or self.rounds < 6:
+            raise ConfigError(f"measure.rounds={self.rounds!r} must be an integer >= 6 (fewer rounds give no 95% "
+                              "interval for a speedup)")
         if self.min_samples > self.iters:
             raise ConfigError(f"measure.min_samples={self.min_samples} exceeds measure.iters={self.iters}")
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,6 +40,9 @@ class CaseInput:
     device: torch.device
     work_dir: Path | None = None
     """A folder of this case inside its run (checkpoints); None when the case has nowhere to keep state."""
+    others_bytes: int = 0
+    """CUDA bytes held, when this case is built, by other cases built before it and still alive (cases timed
+    side by side: fp8bench.groups). Subtracted from allocator readings, so a case's memory is its own."""
 
     @property
     def measure(self) -> MeasureConfig:
@@ -49,6 +53,30 @@ class CaseInput:
 class CaseOutput:
     metrics: list[Metric]
     samples: dict[str, list[float]]
+
+
+@dataclass
+class Prepared:
+    """A case built and ready to be timed (gemm, linear, layer): what to time, by the metric each timing
+    becomes (`time_ms`: what the case measures; `time_ms_kernel`: the kernel on operands quantized up front),
+    and `finish(timings)`, which turns those timings into the case's output (speed metrics, numerics). Memory
+    is measured while building, before other cases are built beside it."""
+
+    timed: dict[str, Callable[[], object]]
+    finish: Callable[[dict], CaseOutput]
+    cuda_graph: bool = False
+    """Time replays of a captured graph (measure.cuda_graph; GEMMs only)."""
+    extra: dict = field(default_factory=dict)
+
+
+def run_alone(case: CaseInput, prepare: Callable[[CaseInput], Prepared]) -> CaseOutput:
+    """Build, time each callable on its own (fp8bench.measure.time_fn), finish: how a case runs without a
+    twin to be timed beside (the emulator, BF16 cases, or a group that could not be timed together)."""
+    from fp8bench.measure import time_fn
+
+    prepared = prepare(case)
+    timer = timer_kwargs(case, cuda_graph=prepared.cuda_graph)
+    return prepared.finish({name: time_fn(fn, **timer) for name, fn in prepared.timed.items()})
 
 
 NUMERICS_ROWS = 1024
@@ -89,6 +117,8 @@ def speed_metrics(case: CaseInput, timing, flops: float, pct_of_peak: bool = Tru
     from fp8bench.hardware import detect_device, spec_sheet
 
     metrics = [Metric.of("time_ms", timing.median_ms)]
+    if timing.gpu_busy_pct is not None:
+        metrics.append(Metric.of("gpu_busy_pct", timing.gpu_busy_pct))
     if timing.injected_slowdown is not None:
         metrics.append(Metric.of("injected_slowdown_pct", 100.0 * timing.injected_slowdown))
     if peak_bytes is not None:

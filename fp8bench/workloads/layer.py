@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.measure import peak_memory_bytes, reset_peak_memory, steady_peak_bytes, time_fn
+from fp8bench.measure import peak_memory_bytes, reset_peak_memory, steady_peak_bytes
 from fp8bench.numerics import rel_err, sqnr_db
 from fp8bench.records import Metric
 from fp8bench.types import Format
 from fp8bench.workloads.block import block_flops
-from fp8bench.workloads.common import CaseInput, CaseOutput, generator, randn, speed_metrics, timer_kwargs
+from fp8bench.workloads.common import (
+    CaseInput,
+    CaseOutput,
+    Prepared,
+    generator,
+    randn,
+    run_alone,
+    speed_metrics,
+)
 from fp8bench.workloads.memory import step_breakdown
 from fp8bench.workloads.profile import kernel_metrics
 
 
-def run(case: CaseInput) -> CaseOutput:
+def prepare(case: CaseInput) -> Prepared:
     s, dev = case.shape, case.device
     g = generator(case.config, case.shape_name, dev)
     x = randn((s["batch"], s["seq"], s["hidden"]), g, dev)
@@ -27,22 +35,33 @@ def run(case: CaseInput) -> CaseOutput:
     torch.manual_seed(case.config.seed)  # module initialisation: same weights for every recipe
     reset_peak_memory(dev)
     op = case.backend.layer(case.config.model, x, dy, case.recipe)
-    # The first step also builds library state (cuDNN attention plans, cuBLAS workspaces, TE's FP8 weight
-    # caches) with one-off transients; peak_mem_bytes is the steady state every later step repeats, and the
-    # first step's own peak is recorded next to it.
-    op.step()
-    first_peak = peak_memory_bytes(dev)
-    timing = time_fn(op.step, **timer_kwargs(case))
-    metrics = speed_metrics(case, timing, block_flops(case.config.model, s["batch"], s["seq"]),
-                            peak_bytes=steady_peak_bytes(op.step, dev))
-    if first_peak is not None:
-        metrics.append(Metric.of("peak_mem_first_step_bytes", first_peak))
-    if op.probe is not None:  # one more, instrumented step: where that peak goes
-        metrics += step_breakdown(op, op.params, dev)
-    if case.backend.timed:  # after timing: the profiler's overhead stays out of time_ms
-        metrics += kernel_metrics(op.step, dev)
-    if case.recipe.format is not Format.BF16:
-        y, _, _ = op.outputs()
-        y_hp, _, _ = op.reference_outputs()
-        metrics += [Metric.of("sqnr_db", sqnr_db(y_hp, y)), Metric.of("rel_err", rel_err(y_hp, y))]
-    return CaseOutput(metrics, {"time_ms": timing.samples_ms})
+    metrics, peak = [], None
+    if case.backend.timed:  # the emulator's memory is not a kernel's: it runs once, for its numerics
+        # The first step also builds library state (cuDNN attention plans, cuBLAS workspaces, TE's FP8
+        # weight caches) with one-off transients; peak_mem_bytes is the steady state every later step
+        # repeats, and the first step's own peak is recorded next to it.
+        op.step()
+        first_peak = peak_memory_bytes(dev)
+        if first_peak is not None:
+            metrics.append(Metric.of("peak_mem_first_step_bytes", first_peak - case.others_bytes))
+        peak = steady_peak_bytes(op.step, dev, case.others_bytes)
+        if op.probe is not None:  # one more, instrumented step: where that peak goes
+            metrics += step_breakdown(op, op.params, dev, others_bytes=case.others_bytes)
+
+    def finish(timings: dict) -> CaseOutput:
+        timing = timings["time_ms"]
+        out = speed_metrics(case, timing, block_flops(case.config.model, s["batch"], s["seq"]), peak_bytes=peak)
+        out += metrics
+        if case.backend.timed:  # after timing: the profiler's overhead stays out of time_ms
+            out += kernel_metrics(op.step, dev)
+        if case.recipe.format is not Format.BF16:
+            y, _, _ = op.outputs()
+            y_hp, _, _ = op.reference_outputs()
+            out += [Metric.of("sqnr_db", sqnr_db(y_hp, y)), Metric.of("rel_err", rel_err(y_hp, y))]
+        return CaseOutput(out, {"time_ms": timing.samples_ms})
+
+    return Prepared({"time_ms": op.step}, finish)
+
+
+def run(case: CaseInput) -> CaseOutput:
+    return run_alone(case, prepare)

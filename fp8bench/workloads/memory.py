@@ -73,8 +73,10 @@ def breakdown_metrics(phases: dict, device: torch.device) -> list[Metric]:
     return out
 
 
-def step_breakdown(op, params: list[torch.Tensor], device: torch.device) -> list[Metric]:
-    """Run one instrumented step of a LinearOp (fp8bench.backends.base.module_op) and break its peak down."""
+def step_breakdown(op, params: list[torch.Tensor], device: torch.device, others_bytes: int = 0) -> list[Metric]:
+    """Run one instrumented step of a LinearOp (fp8bench.backends.base.module_op) and break its peak down.
+    `others_bytes`: memory other live cases hold (fp8bench.workloads.common.CaseInput), left out of every
+    allocator reading."""
     census = SavedTensorCensus(params)
     phases: dict[str, int] = {"weights": tensor_bytes(params)}
 
@@ -82,12 +84,12 @@ def step_breakdown(op, params: list[torch.Tensor], device: torch.device) -> list
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        phases["before_forward"] = allocated(device)
+        phases["before_forward"] = allocated(device) - others_bytes
 
     op.probe(hooks=(census.pack, census.unpack), start=start,
-             between=lambda: phases.__setitem__("after_forward", allocated(device)))
+             between=lambda: phases.__setitem__("after_forward", allocated(device) - others_bytes))
     phases["saved_fp8"], phases["saved_hp"] = census.fp8, census.other
     if device.type == "cuda":
         torch.cuda.synchronize()
-        phases["step_peak"] = int(torch.cuda.max_memory_allocated())
+        phases["step_peak"] = int(torch.cuda.max_memory_allocated()) - others_bytes
     return breakdown_metrics(phases, device)

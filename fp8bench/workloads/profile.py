@@ -31,7 +31,7 @@ def category(kernel_name: str) -> str:
     return "other"
 
 
-def kernel_times(step: Callable[[], object], steps: int = 10) -> dict[str, float]:
+def kernel_times(step: Callable[[], object], steps: int = 5) -> dict[str, float]:
     """Milliseconds per step of each category's kernels, plus `busy` (the union of kernel intervals: time
     the GPU was running anything), `profiled_step` (CUDA events around the profiled steps: the wall time
     the kernels were recorded in, which tracing itself lengthens) and `kernels` (launches per step), over

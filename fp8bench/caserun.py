@@ -1,0 +1,90 @@
+"""One case run on its own, and the record of any case's outcome (ok, skipped, failed, diverged)."""
+
+from __future__ import annotations
+
+import gc
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from fp8bench.backends import get_backend
+from fp8bench.hardware import DeviceInfo
+from fp8bench.plan import Case
+from fp8bench.records import MEASUREMENT_VERSION, CaseRecord
+from fp8bench.types import Status
+from fp8bench.workloads import get_workload
+from fp8bench.workloads.common import CaseInput, Diverged
+
+
+def run_dir_for(case: Case, run_id: str) -> Path:
+    return Path(case.config.results_dir) / "runs" / run_id
+
+
+def measurement_of(case: Case, method: str, **extra) -> dict:
+    """The record's `measurement`: the version, how the case was timed and the timer settings that ran."""
+    if method == "alone" and not get_backend(case.config.backend.name).timed:
+        method = "once"  # the emulator: its time is what emulation costs, run once
+    return {"version": MEASUREMENT_VERSION, "method": method, **vars(case.config.measure), **extra}
+
+
+def case_record(case: Case, run_id: str, status: Status, reason: str = "", out=None, started: float = 0.0,
+                measurement: dict | None = None) -> CaseRecord:
+    c = case.config
+    return CaseRecord(run_id=run_id, case_id=case.case_id, workload=c.workload.name, model=c.model.name,
+                      format=c.format.name, scaling=c.scaling.name, backend=c.backend.name,
+                      shape_name=case.shape_name, shape=case.shape, params=case.params, status=status.value,
+                      reason=reason, metrics=out.metrics if out else [], samples=out.samples if out else {},
+                      started_at=started, duration_s=time.time() - started if started else 0.0,
+                      measurement=measurement or {})
+
+
+def failure_reason(exc: BaseException) -> str:
+    """`Type: message (at file:line)`, short enough for a table cell."""
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
+    return f"{type(exc).__name__}: {str(exc)[:400]}{at}"
+
+
+def check_injected_failure(case: Case) -> None:
+    """The test-only `fail_on` knob: a case whose id contains it raises at run time."""
+    if case.config.fail_on and case.config.fail_on in case.case_id:
+        raise RuntimeError(f"injected failure (fail_on={case.config.fail_on!r})")
+
+
+def case_input(case: Case, run_id: str, device: DeviceInfo, others_bytes: int = 0) -> CaseInput:
+    torch.manual_seed(case.config.seed)
+    return CaseInput(case.config, case.shape_name, case.shape, case.recipe, get_backend(case.config.backend.name),
+                     device.torch_device, work_dir=run_dir_for(case, run_id) / "work" / case.case_id,
+                     others_bytes=others_bytes)
+
+
+def run_case(case: Case, run_id: str, device: DeviceInfo) -> CaseRecord:
+    """Run one case alone (its own timings, no twin beside it)."""
+    if not case.runnable:
+        return case_record(case, run_id, Status.SKIPPED, case.reason)
+    started = time.time()
+    resident = torch.cuda.memory_allocated() if device.is_cuda else 0
+    measurement = measurement_of(case, "alone")
+    try:
+        check_injected_failure(case)
+        out = get_workload(case.config.workload.name).run(case_input(case, run_id, device))
+        return case_record(case, run_id, Status.OK, "", out, started, measurement)
+    except Diverged as exc:  # a finding about the recipe, with the curve up to the bad step
+        return case_record(case, run_id, Status.DIVERGED, str(exc), exc.output, started, measurement)
+    except Exception as exc:  # one case's failure never takes the sweep down
+        return case_record(case, run_id, Status.FAILED, failure_reason(exc), None, started, measurement)
+    finally:
+        release(device, resident)
+
+
+def release(device: DeviceInfo, resident: int = 0) -> None:
+    """The next case starts from an empty caching allocator, ok or not. What only reference cycles still hold
+    (a Lightning Trainer and its module) would count in the next case's peak (seen on the H200: TE FP8 after
+    Lightning and Accelerate cases peaked 0.34 GB higher), so collect them, but only when the case left
+    memory behind: a full collection costs 0.1-0.25 s with these libraries loaded."""
+    if device.is_cuda:
+        if torch.cuda.memory_allocated() > resident:
+            gc.collect()
+        torch.cuda.empty_cache()

@@ -1,0 +1,236 @@
+"""Cases timed side by side with their BF16 twin.
+
+Every FP8 case of a gemm, linear or layer shape is built beside its BF16 twin (the same backend, variant,
+shape and seeded inputs, in BF16) and timed with it, interleaved in rounds (measure.time_interleaved), so its
+`speedup_vs_bf16` is a ratio of times taken under the same clocks, with a 95% interval (fp8bench.speedup).
+Timed minutes apart, as separate cases, the two sides carried the GPU's clock drift into the ratio: a second
+H200 reproduced only about half of such GEMM and linear speedups within 5%.
+
+A group is the cases of one (workload, model, shape, backend and variant, tokens). Its twin is the group's
+BF16 case when the sweep has one (then also recorded as a case), else built from the recipe's own config for
+timing only. The recipes are built in batches as GPU memory allows, and each batch is timed with the twin.
+A case that fails to build or finish is recorded `failed` and the group goes on; a batch whose timing fails
+runs its cases alone (fp8bench.caserun.run_case), as every case ran before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import torch
+
+from fp8bench.backends import get_backend
+from fp8bench.caserun import (
+    case_input,
+    case_record,
+    check_injected_failure,
+    failure_reason,
+    measurement_of,
+    release,
+    run_case,
+)
+from fp8bench.config.schema import FormatConfig, ScalingConfig
+from fp8bench.hardware import DeviceInfo
+from fp8bench.measure import time_interleaved
+from fp8bench.plan import Case
+from fp8bench.records import CaseRecord, Metric
+from fp8bench.speedup import is_host_bound, ratio_interval
+from fp8bench.types import Status
+from fp8bench.workloads import get_workload
+from fp8bench.workloads.common import Prepared
+
+INTERLEAVED = frozenset({"gemm", "linear", "layer"})
+"""The workloads with a BF16 twin to time beside (quantize has no BF16 case; train runs are whole runs)."""
+MAX_BATCH = {"gemm": 8, "linear": 8, "layer": 4}
+"""Recipes built and timed together at most; fewer when GPU memory is short (RESERVE_BYTES)."""
+RESERVE_BYTES = 4 << 30
+"""Another recipe joins a batch only while the GPU keeps this much free beyond twice the largest recipe."""
+
+Emit = Callable[[CaseRecord], None]
+
+
+def group_key(case: Case) -> tuple:
+    """What a speedup pairs on: the same key records.derive_speedups forms speedups on."""
+    c = case.config
+    return (c.workload.name, c.model.name, case.shape_name, c.backend.name, c.backend.variant(), c.workload.tokens)
+
+
+def interleavable(case: Case) -> bool:
+    return (case.runnable and case.config.workload.name in INTERLEAVED
+            and get_backend(case.config.backend.name).timed)
+
+
+def twin_of(case: Case) -> Case:
+    """The BF16 case a recipe's speedup is measured against: same backend, knobs, shape and inputs."""
+    cfg = dataclasses.replace(case.config, format=FormatConfig(name="bf16"), scaling=ScalingConfig(name="none"))
+    return Case(cfg, case.shape_name, case.shape, True, "")
+
+
+def units(cases: list[Case]) -> list[list[Case]]:
+    """The cases in execution order, as units to run: a group (its BF16 case, if any, first) wherever a shape
+    has a recipe to time beside a twin, else one case at a time."""
+    out: list[list[Case]] = []
+    groups: dict[tuple, list[Case]] = {}
+    for case in cases:
+        if not interleavable(case):
+            out.append([case])
+            continue
+        key = group_key(case)
+        if key not in groups:
+            groups[key] = []
+            out.append(groups[key])
+        groups[key].append(case)
+    return [sorted(u, key=lambda c: c.config.format.name != "bf16") if len(u) > 1 else u for u in out]
+
+
+def is_group(unit: list[Case]) -> bool:
+    return any(interleavable(c) and c.config.format.name != "bf16" for c in unit)
+
+
+_PRIMED: set[tuple[str, str]] = set()
+
+
+def _prime(twin: Case, run_id: str, device: DeviceInfo) -> None:
+    """Once per process and (backend, workload): build the twin, step it, drop it. Libraries allocate global
+    state on first use (cuBLAS and TE workspaces) that stays for the process; made before any case is built,
+    it counts for every case alike instead of for the group's first only."""
+    key = (twin.config.backend.name, twin.config.workload.name)
+    if not device.is_cuda or key in _PRIMED:
+        return
+    _PRIMED.add(key)
+    try:
+        prepared = get_workload(twin.config.workload.name).prepare(case_input(twin, run_id, device))
+        for fn in prepared.timed.values():
+            fn()
+    except Exception:  # the twin's own build reports it below
+        pass
+    release(device)
+
+
+def _allocated(device: DeviceInfo) -> int:
+    return int(torch.cuda.memory_allocated()) if device.is_cuda else 0
+
+
+def _room_for_another(device: DeviceInfo, largest: int) -> bool:
+    if not device.is_cuda:
+        return True
+    free, _ = torch.cuda.mem_get_info()
+    return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > 2 * largest + RESERVE_BYTES
+
+
+def run_group(unit: list[Case], run_id: str, device: DeviceInfo, emit: Emit) -> None:
+    """Run a group's cases (see the module docstring), emitting each record as soon as it exists."""
+    recorded_twin = next((c for c in unit if c.config.format.name == "bf16"), None)
+    recipes = [c for c in unit if c is not recorded_twin]
+    not_runnable = [c for c in recipes if not interleavable(c)]
+    for case in not_runnable:
+        emit(run_case(case, run_id, device))
+    recipes = [c for c in recipes if interleavable(c)]
+    twin = recorded_twin or twin_of(recipes[0])
+    _prime(twin, run_id, device)
+    base = _allocated(device)
+    started = time.time()
+    try:
+        check_injected_failure(twin)
+        twin_prepared = _prepare(twin, run_id, device, 0)
+    except Exception as exc:  # without a twin there is nothing to time beside: every recipe runs alone
+        if recorded_twin is not None:
+            emit(case_record(twin, run_id, Status.FAILED, failure_reason(exc), None, started,
+                             measurement_of(twin, "alone")))
+        release(device)
+        for case in recipes:
+            emit(run_case(case, run_id, device))
+        return
+    twin_resident = _allocated(device)
+    pending_twin = recorded_twin
+    while recipes:
+        batch, largest = [], 0
+        while recipes and len(batch) < MAX_BATCH[twin.config.workload.name] and (
+                not batch or _room_for_another(device, largest)):
+            case = recipes.pop(0)
+            before, t0 = _allocated(device), time.time()
+            try:
+                check_injected_failure(case)
+                batch.append((case, _prepare(case, run_id, device, before - base), t0))
+                largest = max(largest, _allocated(device) - before)
+            except Exception as exc:
+                emit(case_record(case, run_id, Status.FAILED, failure_reason(exc), None, t0,
+                                 measurement_of(case, "interleaved", twin=twin.case_id)))
+        if not batch:
+            break
+        _time_batch(twin, twin_prepared, pending_twin, started, batch, run_id, device, emit)
+        pending_twin = None
+        del batch
+        release(device, twin_resident)
+    if pending_twin is not None:  # every recipe failed to build: the BF16 case still gets its own timing
+        del twin_prepared
+        release(device)
+        emit(run_case(pending_twin, run_id, device))
+        return
+    del twin_prepared
+    release(device)
+
+
+def _prepare(case: Case, run_id: str, device: DeviceInfo, others_bytes: int) -> Prepared:
+    return get_workload(case.config.workload.name).prepare(case_input(case, run_id, device, others_bytes))
+
+
+def _time_batch(twin: Case, twin_prepared: Prepared, record_twin: Case | None, twin_started: float,
+                batch: list[tuple[Case, Prepared, float]], run_id: str, device: DeviceInfo, emit: Emit) -> None:
+    ms = twin.config.measure
+    ops = {("twin", name): fn for name, fn in twin_prepared.timed.items()}
+    for i, (_, prepared, _) in enumerate(batch):
+        ops.update({(i, name): fn for name, fn in prepared.timed.items()})
+    try:
+        timings = time_interleaved({f"{k[0]}:{k[1]}": fn for k, fn in ops.items()}, device=device.torch_device,
+                                   warmup=ms.warmup, rounds=ms.rounds, block_ms=ms.block_ms,
+                                   settle_ms=ms.settle_ms, flush_l2=ms.flush_l2,
+                                   cuda_graph=twin_prepared.cuda_graph,
+                                   slowdown=twin.config.slowdown_for(twin.config.backend.name))
+    except Exception:  # one op broke the rounds: run the batch's cases alone, as before side-by-side timing
+        for case, _, _ in batch:
+            emit(run_case(case, run_id, device))
+        if record_twin is not None:
+            emit(run_case(record_twin, run_id, device))
+        return
+    twin_t = {name: timings[f"twin:{name}"] for name in twin_prepared.timed}
+    members = [twin.case_id] + [c.case_id for c, _, _ in batch]
+    method = {"twin": twin.case_id, "rounds": ms.rounds, "timed_with": members}
+    if record_twin is not None:
+        _finish(record_twin, twin_prepared, twin_t, [], twin_started, run_id, emit,
+                measurement_of(record_twin, "interleaved", **method))
+    for i, (case, prepared, t0) in enumerate(batch):
+        own = {name: timings[f"{i}:{name}"] for name in prepared.timed}
+        _finish(case, prepared, own, _speedups(twin_t["time_ms"], own), t0, run_id, emit,
+                measurement_of(case, "interleaved", **method))
+
+
+def _speedups(twin, own: dict) -> list[Metric]:
+    """speedup_vs_bf16 (with quantization) and _kernel (the kernel alone) with their intervals, and whether
+    the figure is host-bound (either side's GPU busy under fp8bench.speedup.HOST_BOUND_BUSY_PCT)."""
+    out = []
+    for name, suffix in (("time_ms", ""), ("time_ms_kernel", "_kernel")):
+        if name not in own:
+            continue
+        est = ratio_interval(twin.rounds, own[name].rounds)
+        if est is not None:
+            out += [Metric.of(f"speedup_vs_bf16{suffix}", est.value), Metric.of(f"speedup_vs_bf16{suffix}_lo", est.lo),
+                    Metric.of(f"speedup_vs_bf16{suffix}_hi", est.hi)]
+    bound = is_host_bound(twin.gpu_busy_pct, own["time_ms"].gpu_busy_pct)
+    if bound is not None:
+        out.append(Metric.of("host_bound", float(bound)))
+    return out
+
+
+def _finish(case: Case, prepared: Prepared, timings: dict, extra: list[Metric], started: float, run_id: str,
+            emit: Emit, measurement: dict) -> None:
+    try:
+        out = prepared.finish(timings)
+        if not extra and timings["time_ms"].gpu_busy_pct is not None:  # the twin: its own host-boundness
+            extra = [Metric.of("host_bound", float(is_host_bound(timings["time_ms"].gpu_busy_pct)))]
+        out.metrics += extra
+        emit(case_record(case, run_id, Status.OK, "", out, started, measurement))
+    except Exception as exc:
+        emit(case_record(case, run_id, Status.FAILED, failure_reason(exc), None, started, measurement))
