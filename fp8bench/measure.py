@@ -336,7 +336,9 @@ _SLEEP_CYCLES_PER_MS: list[float] = []
 
 
 def _sleep_cycles_per_ms() -> float:
-    """GPU clock cycles per millisecond of torch.cuda._sleep, measured once per process (at the load's clock)."""
+    """GPU clock cycles per millisecond of torch.cuda._sleep: a first measurement, then the rate of the latest
+    sleep (_device_only_ms): the clock moves with the load, and a sleep sized at an idle GPU's clock ran four
+    times shorter than meant once the clocks had risen (H200, run hopper-a at 1cd5fc6)."""
     if not _SLEEP_CYCLES_PER_MS:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -359,20 +361,25 @@ def _device_only_ms(fn: Callable[[], object], flush: _L2Flusher | None, wall_ms:
     can be queued ahead of it, or more launches than the queue holds): the share is then unknown."""
     n = max(1, min(20, math.ceil(DEVICE_ONLY_MS / wall_ms)))
     paced = _batch_ms(fn, flush, n)
-    sleep_ms = 1.5 * n * min(host_ms, wall_ms) + 0.2
+    want_ms = 1.5 * n * min(host_ms, wall_ms) + 0.2
+    cycles = want_ms * _sleep_cycles_per_ms()
     for _ in range(3):
         torch.cuda.synchronize()
         s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s0.record()
-        torch.cuda._sleep(int(sleep_ms * _sleep_cycles_per_ms()))
+        torch.cuda._sleep(int(cycles))
         s1.record()
         t0 = time.perf_counter()
         pairs = _enqueue(fn, flush, n)
         enqueue_ms = (time.perf_counter() - t0) * 1e3
         torch.cuda.synchronize()
-        if enqueue_ms < s0.elapsed_time(s1):
+        slept_ms = s0.elapsed_time(s1)
+        _SLEEP_CYCLES_PER_MS[0] = cycles / max(slept_ms, 1e-3)  # the clock now, for the next op's first try
+        if enqueue_ms < slept_ms:
             return paced, statistics.median(s.elapsed_time(e) for s, e in pairs)
-        sleep_ms = min(4.0 * enqueue_ms + 1.0, 1000.0)
+        # The sleep counts clock cycles, and the clock it runs at moves with the load: size the next one from
+        # the milliseconds this one actually lasted, not from the calibration.
+        cycles = min(cycles * (2.0 * enqueue_ms + 1.0) / max(slept_ms, 1e-3), 1000.0 * _sleep_cycles_per_ms())
     return None
 
 
