@@ -241,7 +241,7 @@ def time_interleaved(ops: dict[str, Callable[[], object]], *, device: torch.devi
 
     CUDA: one event pair per iteration, queued without a sync across all rounds and read at the end; untimed
     rounds for `settle_ms` first (sustained clocks, as time_fn); then each op's device-only time (launches
-    queued behind GPU work, so the host's launch cost is hidden), from which `gpu_busy_pct` follows.
+    queued behind a GPU sleep, so the host's launch cost is hidden), from which `gpu_busy_pct` follows.
     `slowdown` (test-only) stretches every op's iterations by that fraction, as in time_fn."""
     if not ops:
         return {}
@@ -269,12 +269,11 @@ def time_interleaved(ops: dict[str, Callable[[], object]], *, device: torch.devi
     torch.cuda.synchronize()
     per_round = {n: [[s.elapsed_time(e) for s, e in rnd[n]] for rnd in timed] for n in runs}
     out = {}
-    head = _HeadStart()
     for name, fn in runs.items():
         samples = [x for rnd in per_round[name] for x in rnd]
         wall = statistics.median(samples)
         host = statistics.median(host_ms[name]) if host_ms[name] else wall
-        probe = _device_only_ms(fn, flush, wall, host, head)
+        probe = _device_only_ms(fn, flush, wall, host)
         # the timed median, scaled by the busy share the probe's two back-to-back batches agree on
         device = wall * probe[1] / probe[0] if probe and probe[0] > 0 else None
         out[name] = Timing(samples, flush is not None, cuda_graph, None if cuda_graph else last.get(name),
@@ -333,56 +332,54 @@ def _round(runs: dict, block: dict, flush, r: int, *, timed: bool, host_ms: dict
     return events
 
 
-HEAD_START_N = 4096
-"""The head start of the host-bound probe is a queue of BF16 GEMMs of this size (about 0.2 ms each on an
-H200): real load, so the clocks stay where the timed rounds ran them. A GPU sleep in its place let the clocks
-rise while it lasted, and the device-only batch after it ran faster for that alone (TE layers read 80-91% busy
-at batch 2 x 4096 after a 25 ms sleep; run probe-7b-te at 14a9934)."""
+_SLEEP_CYCLES_PER_MS: list[float] = []
 
 
-class _HeadStart:
-    """Queues `ms` of GEMM work on the GPU (the operands live only while the probe runs)."""
-
-    def __init__(self) -> None:
-        self.a = torch.randn(HEAD_START_N, HEAD_START_N, device="cuda", dtype=torch.bfloat16)
-        self.out = torch.empty_like(self.a)
-        self.gemm_ms = 0.0
-
-    def queue(self, ms: float) -> None:
-        if not self.gemm_ms:
-            self.gemm_ms = _estimate_ms(lambda: torch.matmul(self.a, self.a, out=self.out), None)
-        for _ in range(max(1, math.ceil(ms / self.gemm_ms))):
-            torch.matmul(self.a, self.a, out=self.out)
+def _sleep_cycles_per_ms() -> float:
+    """GPU clock cycles per millisecond of torch.cuda._sleep: a first measurement, then the rate of the latest
+    sleep (_device_only_ms): the clock moves with the load, and a sleep sized at an idle GPU's clock ran four
+    times shorter than meant once the clocks had risen (H200, run hopper-a at 1cd5fc6)."""
+    if not _SLEEP_CYCLES_PER_MS:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(2_000_000)
+        end.record()
+        end.synchronize()
+        _SLEEP_CYCLES_PER_MS.append(2_000_000 / max(start.elapsed_time(end), 1e-3))
+    return _SLEEP_CYCLES_PER_MS[0]
 
 
 def _device_only_ms(fn: Callable[[], object], flush: _L2Flusher | None, wall_ms: float,
-                    host_ms: float, head: _HeadStart) -> tuple[float, float] | None:
+                    host_ms: float) -> tuple[float, float] | None:
     """(host-paced, device-only) median iteration times of one short batch each, back to back in the same
-    loop as the timed one (flush included), each after the same GPU load (`head`): first as the host
-    launches it (the load finished), then with every launch queued behind the load while it still runs, so
-    no kernel waits for its launch. Their ratio is the GPU's busy share. Both batches run the op back to back
-    after the same load, so neither what interleaving adds to the timed rounds (an op's first iteration
-    after another op) nor the clocks bias it.
+    loop as the timed one (flush included): first as the host launches it, then with every launch queued
+    behind a GPU sleep long enough for the host to enqueue the whole batch, so no kernel waits for its
+    launch. Their ratio is the GPU's busy share. Both batches run the op back to back, so what interleaving
+    adds to the timed rounds (an op's first iteration after another op) biases neither.
 
-    None when the host still fell behind the head start three times (an op that synchronises inside, so
-    nothing can be queued ahead of it): the share is then unknown."""
+    None when the host still fell behind the sleep three times (an op that synchronises inside, so nothing
+    can be queued ahead of it, or more launches than the queue holds): the share is then unknown."""
     n = max(1, min(20, math.ceil(DEVICE_ONLY_MS / wall_ms)))
-    head.queue(2.0)
     paced = _batch_ms(fn, flush, n)
-    want_ms = 1.5 * n * min(host_ms, wall_ms) + 0.5
+    want_ms = 1.5 * n * min(host_ms, wall_ms) + 0.2
+    cycles = want_ms * _sleep_cycles_per_ms()
     for _ in range(3):
         torch.cuda.synchronize()
         s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s0.record()
-        head.queue(want_ms)
+        torch.cuda._sleep(int(cycles))
         s1.record()
         t0 = time.perf_counter()
         pairs = _enqueue(fn, flush, n)
         enqueue_ms = (time.perf_counter() - t0) * 1e3
         torch.cuda.synchronize()
-        if enqueue_ms < s0.elapsed_time(s1):
+        slept_ms = s0.elapsed_time(s1)
+        _SLEEP_CYCLES_PER_MS[0] = cycles / max(slept_ms, 1e-3)  # the clock now, for the next op's first try
+        if enqueue_ms < slept_ms:
             return paced, statistics.median(s.elapsed_time(e) for s, e in pairs)
-        want_ms = min(2.0 * enqueue_ms + 1.0, 1000.0)
+        # The sleep counts clock cycles, and the clock it runs at moves with the load: size the next one from
+        # the milliseconds this one actually lasted, not from the calibration.
+        cycles = min(cycles * (2.0 * enqueue_ms + 1.0) / max(slept_ms, 1e-3), 1000.0 * _sleep_cycles_per_ms())
     return None
 
 
