@@ -29,10 +29,15 @@ class AsvChange:
     head: float
     rel_change: float
     verdict: str
+    versions: str = ""
+    """'fp8bench-measurement-3 → fp8bench-measurement-4' when the commits' results come from different
+    benchmark versions (asv-compare --across-versions)."""
 
 
-def load_result(results_dir: Path, machine: str, commit: str) -> dict[tuple[str, str], float]:
-    """{(benchmark, case_id): value} of the result file of `commit` (a prefix) on `machine`."""
+def load_result(results_dir: Path, machine: str, commit: str,
+                versions: dict[str, str] | None = None) -> dict[tuple[str, str], float]:
+    """{(benchmark, case_id): value} of the result file of `commit` (a prefix) on `machine`; `versions`, when
+    given, receives each benchmark's version (the suite's `version`: fp8bench-measurement-N)."""
     folder = results_dir / machine
     if not folder.is_dir():
         machines = sorted(p.name for p in results_dir.glob("*") if (p / "machine.json").is_file())
@@ -46,9 +51,13 @@ def load_result(results_dir: Path, machine: str, commit: str) -> dict[tuple[str,
     if len(files) > 1:
         raise StoreError(f"commit {commit!r} matches {len(files)} result files on {machine}; give more of the hash "
                          "or one environment")
-    results = json.loads(files[0].read_text())["results"]
+    data = json.loads(files[0].read_text())
+    results = data["results"]
+    column = data.get("result_columns", []).index("version") if "version" in data.get("result_columns", []) else None
     out = {}
     for bench, entry in results.items():
+        if versions is not None and column is not None and len(entry) > column:
+            versions[bench.rsplit(".", 1)[-1]] = entry[column]
         values, params = entry[0], entry[1][0] if entry[1] else []
         for param, value in zip(params, values, strict=False):
             if value is not None and not (isinstance(value, float) and math.isnan(value)):
@@ -56,8 +65,19 @@ def load_result(results_dir: Path, machine: str, commit: str) -> dict[tuple[str,
     return out
 
 
-def compare_commits(results_dir: Path, machine: str, base: str, head: str, threshold: float) -> list[AsvChange]:
-    a, b = load_result(results_dir, machine, base), load_result(results_dir, machine, head)
+def compare_commits(results_dir: Path, machine: str, base: str, head: str, threshold: float,
+                    across_versions: bool = False) -> list[AsvChange]:
+    """Direction-aware changes between two commits. Results of different benchmark versions (a new
+    measurement version starts new asv series) are refused, or with `across_versions` labelled."""
+    va: dict[str, str] = {}
+    vb: dict[str, str] = {}
+    a, b = load_result(results_dir, machine, base, va), load_result(results_dir, machine, head, vb)
+    differ = {k: f"{va[k]} → {vb[k]}" for k in set(va) & set(vb) if va[k] != vb[k]}
+    if differ and not across_versions:
+        name, label = sorted(differ.items())[0]
+        raise StoreError(f"refusing to compare asv results of different measurement versions: {name} is "
+                         f"{label.replace(' → ', f' at {base} and ')} at {head}; pass --across-versions to compare "
+                         "anyway (every row is labelled)")
     changes = []
     for key in sorted(set(a) & set(b)):
         bench, case_id = key
@@ -66,5 +86,6 @@ def compare_commits(results_dir: Path, machine: str, base: str, head: str, thres
         worse = rel > threshold if lower else rel < -threshold
         better = rel < -threshold if lower else rel > threshold
         changes.append(AsvChange(bench, case_id, a[key], b[key], rel,
-                                 "regression" if worse else "improvement" if better else "unchanged"))
+                                 "regression" if worse else "improvement" if better else "unchanged",
+                                 differ.get(bench, "")))
     return changes

@@ -83,7 +83,8 @@ def _ingest_into(db: Path, paths: list[Path]) -> None:
     for p in rep.problems:
         console.print(f"[yellow]warning:[/] skipped {p.path}" + (f" line {p.line}" if p.line else "") + f": {p.error}")
     console.print(f"ingested {len(rep.runs)} run(s), {rep.cases} case record(s)"
-                  + (f", ceilings of {rep.ceilings}" if rep.ceilings else "") + f" into {db}")
+                  + (f", ceilings of {rep.ceilings}" if rep.ceilings else "")
+                  + (f", between-box spreads of {rep.spreads}" if rep.spreads else "") + f" into {db}")
 
 
 def cmd_run(args: list[str]) -> int:
@@ -334,16 +335,20 @@ def cmd_asv_compare(args: list[str]) -> int:
     p.add_argument("--results", type=Path, default=Path("results/asv"))
     p.add_argument("--threshold", type=float, default=0.05, help="relative change that counts (default 0.05)")
     p.add_argument("--all", action="store_true", help="list unchanged series too")
+    p.add_argument("--across-versions", action="store_true",
+                   help="compare results of different measurement versions (every row is labelled)")
     ns = p.parse_args(args)
     if not 0 < ns.threshold < 1:
         raise UsageError(f"--threshold={ns.threshold!r} must be between 0 and 1 (e.g. 0.05 for 5%)")
-    changes = compare_commits(ns.results, ns.machine, ns.base, ns.head, ns.threshold)
+    changes = compare_commits(ns.results, ns.machine, ns.base, ns.head, ns.threshold, ns.across_versions)
+    across = any(c.versions for c in changes)
     table = Table(title=f"asv {ns.base} → {ns.head} on {ns.machine} (threshold {ns.threshold:.0%})")
-    for col in ("series", "case", "base", "head", "change", "verdict"):
+    for col in ("series", "case", "base", "head", "change", "verdict") + (("versions",) if across else ()):
         table.add_column(col, overflow="fold")
     for c in changes:
         if ns.all or c.verdict != "unchanged":
-            table.add_row(c.benchmark, c.case_id, f"{c.base:.4g}", f"{c.head:.4g}", f"{c.rel_change:+.1%}", c.verdict)
+            table.add_row(c.benchmark, c.case_id, f"{c.base:.4g}", f"{c.head:.4g}", f"{c.rel_change:+.1%}", c.verdict,
+                          *((c.versions,) if across else ()))
     out.print(table)
     counts = {v: sum(c.verdict == v for c in changes) for v in ("regression", "improvement", "unchanged")}
     out.print(", ".join(f"{n} {v}" for v, n in counts.items()))
@@ -359,11 +364,14 @@ def cmd_compare(args: list[str]) -> int:
     p.add_argument("--db", default=None)
     p.add_argument("--markdown", type=Path, default=None)
     p.add_argument("--all", action="store_true", help="list unchanged series too")
+    p.add_argument("--across-versions", action="store_true",
+                   help="compare runs timed by different measurement versions (every row is labelled)")
     ns = p.parse_args(args)
     with _reading(ns.db) as con:
-        cmp = compare_runs(con, ns.base, ns.head)
+        cmp = compare_runs(con, ns.base, ns.head, across_versions=ns.across_versions)
+    across = cmp.base_version != cmp.head_version
     table = Table(title=f"{cmp.base_run} → {cmp.head_run} on {cmp.device}")
-    for col in ("case", "metric", "base", "usual", "head", "change", "p", "floor", "verdict"):
+    for col in ("case", "metric", "base", "usual", "head", "change", "p", "floor", "verdict") + (("versions",) if across else ()):
         table.add_column(col)
     style = {"regression": "red", "improvement": "green"}
     for c in cmp.changes:
@@ -372,11 +380,18 @@ def cmd_compare(args: list[str]) -> int:
                           f"{c.head:.4g}", f"{c.rel_change:+.2%}",
                           "" if c.p_value is None else f"{c.p_value:.2g}",
                           "" if c.floor is None else f"{c.floor:.1%}", f"[{style.get(c.verdict, '')}]{c.verdict}"
-                          if c.verdict in style else c.verdict)
+                          if c.verdict in style else c.verdict, *((c.versions,) if across else ()))
     out.print(table)
+    if across:
+        out.print(f"across measurement versions {cmp.base_version} → {cmp.head_version}: a change can be the "
+                  "timing method's", highlight=False)
     if cmp.env_changes:
         out.print("environment changed (likely cause): " + "; ".join(cmp.env_changes))
     out.print(cmp.summary())
+    if any(c.verdict == "insufficient data" for c in cmp.changes):
+        out.print("insufficient data: the samples moved, but with one run per side and under 5 earlier runs of "
+                  "the case on this GPU the spread between processes is unknown; record the base or head commit "
+                  "twice (or keep a history) to judge them", highlight=False)
     if ns.markdown:
         ns.markdown.write_text(to_markdown(cmp))
     return 1 if cmp.regressions else 0
@@ -388,12 +403,15 @@ def cmd_history(args: list[str]) -> int:
     p = _Parser(prog="fp8bench history")
     p.add_argument("--db", default=None)
     p.add_argument("--metric", default="time_ms")
+    p.add_argument("--across-versions", action="store_true",
+                   help="let a series span measurement versions (each step says which it joins)")
     ns = p.parse_args(args)
     with _reading(ns.db) as con:
-        steps = history_steps(con, ns.metric)
+        steps = history_steps(con, ns.metric, across_versions=ns.across_versions)
     for s in steps:
         out.print(f"{s.series}: {s.before:.4g} → {s.after:.4g} ({s.rel_change:+.1%}) at commit {s.commit} "
-                  f"(run {s.run_id})", highlight=False, markup=False)
+                  f"(run {s.run_id})" + (f" [across versions {s.versions}]" if s.versions else ""),
+                  highlight=False, markup=False)
     out.print(f"{len(steps)} change point(s) in {ns.metric}")
     return 0
 

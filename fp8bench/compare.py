@@ -1,11 +1,17 @@
 """Statistical A/B comparison of two runs and change-point detection over a run history.
 
 Direction-aware (a higher `time_ms` is worse, a higher `sqnr_db` better). Timed metrics are compared on their
-per-iteration samples with a Mann-Whitney U test and an effect-size floor derived from that case's own noise,
-so a noisy case needs a bigger change before it is called; where the base commit has several runs on the same
-GPU, the change must also hold against that commit's usual level ("usual"), not only against one base run.
-Numerics are deterministic for a fixed seed and are compared by value. No duckdb import: queries go through the
-store connection.
+per-iteration samples with a Mann-Whitney U test and an effect-size floor: how far the case's median moves
+between processes by itself. That spread comes from the case's history on the same GPU (runs that started
+before the head, never after: a later run must not decide an earlier verdict) or, without enough history,
+from repeated runs of the base or head commit. With neither, a change the samples show is answered
+"insufficient data", not "regression": the spread within one process is far smaller than between processes
+(two identical CPU runs once differed by 12% against a 7.5% in-run floor). Where the base commit has several
+runs on the same GPU, the change must also hold against that commit's usual level ("usual").
+
+Runs timed by different measurement versions (records.MEASUREMENT_VERSION) are not compared unless asked to,
+and then every row says which versions it joins. Numerics are deterministic for a fixed seed and are compared
+by value. No duckdb import: queries go through the store connection.
 """
 
 from __future__ import annotations
@@ -25,8 +31,11 @@ MIN_FLOOR = 0.015
 (results/h200-checks/regression_trials.json): the largest move of a stable case between two runs of the same
 commit on the same GPU was 1.1%, while its samples within a run agree to ~0.1%."""
 NOISE_MULTIPLE = 2.0
-"""Without a history: floor = NOISE_MULTIPLE x the case's robust relative spread (1.4826·MAD/median, the
-larger of both runs')."""
+"""The within-run part of the floor: NOISE_MULTIPLE x the case's robust relative spread (1.4826·MAD/median, the
+larger of both runs'). It alone never calls a change (see the module docstring)."""
+REPEAT_MULTIPLE = 3.0
+"""Without a history but with repeated runs of the base or head commit: floor = REPEAT_MULTIPLE x the largest
+relative range of one commit's run medians (max - min over their median)."""
 MIN_SAMPLES = 3
 BETWEEN_MULTIPLE = 3.0
 """With a history: floor = BETWEEN_MULTIPLE x the case's run-to-run spread. Within-run and run-to-run noise
@@ -65,6 +74,8 @@ class Change:
     """regression | improvement | unchanged | insufficient data"""
     level: float | None = None
     """The base commit's usual value on this GPU (median over its runs), when it has MIN_LEVEL_RUNS runs."""
+    versions: str = ""
+    """'v2 → v4' when the two runs were timed by different measurement versions (compare --across-versions)."""
 
 
 @dataclass
@@ -72,6 +83,8 @@ class Comparison:
     base_run: str
     head_run: str
     device: str
+    base_version: int | None = None
+    head_version: int | None = None
     env_changes: list[str] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
 
@@ -81,8 +94,9 @@ class Comparison:
 
     def summary(self) -> str:
         """e.g. '2 regression, 0 improvement, 78 unchanged, 0 insufficient data'."""
-        return ", ".join(f"{sum(c.verdict == v for c in self.changes)} {v}"
-                         for v in ("regression", "improvement", "unchanged", "insufficient data"))
+        verdicts = ("regression", "improvement", "unchanged", "insufficient data") + (
+            ("host-bound",) if any(c.verdict == "host-bound" for c in self.changes) else ())
+        return ", ".join(f"{sum(c.verdict == v for c in self.changes)} {v}" for v in verdicts)
 
 
 def resolve_run(con, spec: str) -> str:
@@ -97,6 +111,28 @@ def resolve_run(con, spec: str) -> str:
         recent = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 8").fetchall()]
         raise StoreError(f"run {spec!r} is neither a run id, a git commit of a run, nor 'latest'; recent runs: {recent}")
     return row[0]
+
+
+class VersionMismatch(StoreError):
+    """Two runs timed by different measurement versions: a change between them may be the method's."""
+
+
+def run_version(con, run_id: str) -> int | None:
+    row = con.execute("SELECT measurement_version FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    return row[0] if row else None
+
+
+def check_versions(base: str, vb: int | None, head: str, vh: int | None, across: bool) -> str:
+    """'' when both runs share a measurement version; else VersionMismatch, or with `across` the label."""
+    if vb == vh:
+        return ""
+    if not across:
+        raise VersionMismatch(
+            f"refusing to compare runs of different measurement versions: {base} was timed by version {vb}, "
+            f"{head} by version {vh} (records.MEASUREMENT_VERSION says what changed); a change between them can "
+            "be the method's, not the code's. Re-run the base, or pass --across-versions to compare anyway "
+            "(every row is labelled)")
+    return f"v{vb} → v{vh}"
 
 
 def _env(con, run_id: str) -> dict:
@@ -120,22 +156,50 @@ def _values(con, run_id: str, metric: str) -> dict[str, float]:
                             "WHERE m.run_id = ? AND m.metric = ? AND c.status = 'ok'", [run_id, metric]).fetchall())
 
 
-def _history(con, base: str, exclude: str) -> dict[tuple[str, str], list[tuple[str | None, float]]]:
+def _history(con, base: str, head: str) -> dict[tuple[str, str], list[tuple[str | None, float]]]:
     """Per (case, metric): (git commit, median) of the runs on the base run's device and environment (which
-    holds the physical GPU), in start order, leaving out `exclude` and runs with an injected slowdown (the
+    holds the physical GPU) and measurement version, in start order, that started before the head run (so a
+    later run never changes a verdict), leaving out the head and runs with an injected slowdown (the
     test-only knob)."""
     rows = con.execute("""
         SELECT m.case_id, m.metric, r.git_commit, m.value FROM measurements m JOIN runs r USING (run_id)
         JOIN cases c USING (run_id, case_id)
         WHERE c.status = 'ok' AND NOT m.derived AND r.run_id != ?
+          AND r.started_at < (SELECT started_at FROM runs WHERE run_id = ?)
           AND r.device_name = (SELECT device_name FROM runs WHERE run_id = ?)
           AND r.env_id IS NOT DISTINCT FROM (SELECT env_id FROM runs WHERE run_id = ?)
+          AND r.measurement_version IS NOT DISTINCT FROM (SELECT measurement_version FROM runs WHERE run_id = ?)
           AND coalesce(json_extract_string(r.config, '$.base.slowdown'), '') = ''
-        ORDER BY r.started_at""", [exclude, base, base]).fetchall()
+        ORDER BY r.started_at""", [head, head, base, base, base]).fetchall()
     out: dict[tuple[str, str], list[tuple[str | None, float]]] = {}
     for case_id, metric, commit, value in rows:
         out.setdefault((case_id, metric), []).append((commit, value))
     return out
+
+
+def _repeats(con, run_id: str, head: str) -> dict[tuple[str, str], list[float]]:
+    """Per (case, metric): the medians of every run of `run_id`'s commit on its device, environment and
+    measurement version that started no later than the head run (the run itself included): the commit's
+    repeats, which show how far a median moves between processes without a history."""
+    rows = con.execute("""
+        SELECT m.case_id, m.metric, m.value FROM measurements m JOIN runs r USING (run_id)
+        JOIN cases c USING (run_id, case_id), (SELECT * FROM runs WHERE run_id = ?) x
+        WHERE c.status = 'ok' AND NOT m.derived
+          AND r.git_commit = x.git_commit AND r.device_name = x.device_name
+          AND r.env_id IS NOT DISTINCT FROM x.env_id
+          AND r.measurement_version IS NOT DISTINCT FROM x.measurement_version
+          AND r.started_at <= (SELECT started_at FROM runs WHERE run_id = ?)
+          AND coalesce(json_extract_string(r.config, '$.base.slowdown'), '') = ''""", [run_id, head]).fetchall()
+    out: dict[tuple[str, str], list[float]] = {}
+    for case_id, metric, value in rows:
+        out.setdefault((case_id, metric), []).append(value)
+    return out
+
+
+def repeat_noise(*sides: list[float]) -> float | None:
+    """REPEAT_MULTIPLE x the largest relative range of one side's run medians; None when no side has two."""
+    ranges = [(max(xs) - min(xs)) / statistics.median(xs) for xs in sides if len(xs) >= 2 and statistics.median(xs)]
+    return REPEAT_MULTIPLE * max(ranges) if ranges else None
 
 
 def usual_level(history: list[tuple[str | None, float]], commit: str | None) -> float | None:
@@ -166,9 +230,10 @@ def run_to_run_noise(medians: list[float]) -> float | None:
 def judge_samples(base: list[float], head: list[float], direction: str, between: float | None = None,
                   level: float | None = None) -> tuple[float, float | None, float | None, str]:
     """(relative change of medians, p-value, floor, verdict) for one timed metric. `between`: how far the
-    case's median moves between runs by itself, from its history (run_to_run_noise), when known. `level`: the
-    base commit's usual value on this GPU (usual_level), when known: a change is then called only if it also
-    clears the floor against that level, in the same direction."""
+    case's median moves between runs by itself (run_to_run_noise from its history, or repeat_noise from
+    repeated runs); without it a change the samples show is "insufficient data". `level`: the base commit's
+    usual value on this GPU (usual_level), when known: a change is then called only if it also clears the
+    floor against that level, in the same direction."""
     mb, mh = statistics.median(base), statistics.median(head)
     rel = (mh - mb) / mb if mb else float("inf")
     if len(base) < MIN_SAMPLES or len(head) < MIN_SAMPLES:
@@ -181,6 +246,8 @@ def judge_samples(base: list[float], head: list[float], direction: str, between:
     p = float(mannwhitneyu(base, head, alternative="two-sided").pvalue)
     if p >= ALPHA or abs(rel) < floor:
         return rel, p, floor, "unchanged"
+    if not between:  # only the spread within one process is known: it cannot tell a change from a new process
+        return rel, p, floor, "insufficient data"
     # A base run that landed on one of its commit's rare levels makes the next, usual run look changed (an
     # H200 BF16 linear: a base 2% under its usual level, regression_trials_s6.json). The head must also
     # differ from where that commit usually runs.
@@ -190,37 +257,84 @@ def judge_samples(base: list[float], head: list[float], direction: str, between:
     return rel, p, floor, "regression" if worse else "improvement"
 
 
-def compare_runs(con, base_spec: str, head_spec: str) -> Comparison:
+def compare_runs(con, base_spec: str, head_spec: str, across_versions: bool = False) -> Comparison:
     base, head = resolve_run(con, base_spec), resolve_run(con, head_spec)
+    if base == head:
+        raise StoreError(f"BASE {base_spec!r} and HEAD {head_spec!r} are the same run ({base}); compare two runs")
     eb, eh = _env(con, base), _env(con, head)
     if eb["device_name"] != eh["device_name"]:
         raise StoreError(f"refusing to compare runs on different devices: {base} ran on {eb['device_name']!r}, "
                          f"{head} on {eh['device_name']!r}; compare runs of one GPU model")
-    cmp = Comparison(base, head, eb["device_name"] or "unknown device")
+    vb, vh = run_version(con, base), run_version(con, head)
+    label = check_versions(base, vb, head, vh, across_versions)
+    cmp = Comparison(base, head, eb["device_name"] or "unknown device", vb, vh)
     cmp.env_changes = [f"{k} {eb[k]} → {eh[k]}" for k in ENV_KEYS if eb[k] != eh[k]]
     sb, sh = _samples(con, base), _samples(con, head)
-    history = _history(con, base, exclude=head)
+    history = _history(con, base, head)
+    repeats_b, repeats_h = _repeats(con, base, head), _repeats(con, head, head)
     base_commit = con.execute("SELECT git_commit FROM runs WHERE run_id = ?", [base]).fetchone()[0]
     for key in sorted(k for k in set(sb) & set(sh) if k[1] in METRICS):  # timings, not loss curves
         case_id, metric = key
         runs = history.get(key, [])
         level = usual_level(runs, base_commit)
+        between = run_to_run_noise([v for _, v in runs]) or repeat_noise(repeats_b.get(key, []), repeats_h.get(key, []))
         rel, p, floor, verdict = judge_samples(sb[key], sh[key], METRICS.get(metric, ("", "lower"))[1],
-                                               run_to_run_noise([v for _, v in runs]), level)
+                                               between, level)
         cmp.changes.append(Change(case_id, metric, statistics.median(sb[key]), statistics.median(sh[key]), rel, p,
-                                  floor, verdict, level))
-    vb, vh = _values(con, base, "sqnr_db"), _values(con, head, "sqnr_db")
-    for case_id in sorted(set(vb) & set(vh)):
-        delta = vh[case_id] - vb[case_id]
+                                  floor, verdict, level, label))
+    cmp.changes += _speedup_changes(con, base, head, label)
+    qb, qh = _values(con, base, "sqnr_db"), _values(con, head, "sqnr_db")
+    for case_id in sorted(set(qb) & set(qh)):
+        delta = qh[case_id] - qb[case_id]
         verdict = ("unchanged" if abs(delta) <= SQNR_TOLERANCE_DB or delta != delta
                    else "improvement" if delta > 0 else "regression")
-        cmp.changes.append(Change(case_id, "sqnr_db", vb[case_id], vh[case_id],
-                                  delta / abs(vb[case_id]) if vb[case_id] else 0.0, None, None, verdict))
+        cmp.changes.append(Change(case_id, "sqnr_db", qb[case_id], qh[case_id],
+                                  delta / abs(qb[case_id]) if qb[case_id] else 0.0, None, None, verdict, None, label))
     return cmp
+
+
+def _speedup_changes(con, base: str, head: str, label: str) -> list[Change]:
+    """Speedups are judged by their intervals: a change when each run's speedup lies outside the other's 95%
+    interval of what a box of this GPU model measures (speedup_vs_bf16[_kernel]_box_lo/hi). With only the
+    runs' own intervals over rounds (no between-box spread for this device), an apparent change is
+    "insufficient data"; a figure host-bound on either side is "host-bound", not a property of the GPU."""
+    out = []
+    for name in ("speedup_vs_bf16", "speedup_vs_bf16_kernel"):
+        cols = [name, f"{name}_box_lo", f"{name}_box_hi", f"{name}_lo", f"{name}_hi", "host_bound"]
+        b = {c: dict(zip(cols, v, strict=True)) for c, *v in _wide(con, base, cols)}
+        h = {c: dict(zip(cols, v, strict=True)) for c, *v in _wide(con, head, cols)}
+        for case_id in sorted(set(b) & set(h)):
+            mb, mh = b[case_id], h[case_id]
+            sb, sh = mb[name], mh[name]
+            if sb is None or sh is None:
+                continue
+            boxed = all(m[k] is not None for m in (mb, mh) for k in (f"{name}_box_lo", f"{name}_box_hi"))
+            lo, hi = (f"{name}_box_lo", f"{name}_box_hi") if boxed else (f"{name}_lo", f"{name}_hi")
+            apart = None not in (mb[lo], mb[hi], mh[lo], mh[hi]) and not (mb[lo] <= sh <= mb[hi]) and not (
+                mh[lo] <= sb <= mh[hi])
+            if 1.0 in (mb["host_bound"], mh["host_bound"]):
+                verdict = "host-bound"
+            elif not apart:
+                verdict = "unchanged"
+            elif not boxed:
+                verdict = "insufficient data"
+            else:
+                verdict = "improvement" if sh > sb else "regression"
+            out.append(Change(case_id, name, sb, sh, (sh - sb) / sb if sb else 0.0, None, None, verdict, None, label))
+    return out
+
+
+def _wide(con, run_id: str, metrics: list[str]) -> list[tuple]:
+    cols = ", ".join(f"max(m.value) FILTER (WHERE m.metric = '{m}')" for m in metrics)
+    return con.execute(f"SELECT m.case_id, {cols} FROM measurements m JOIN cases c USING (run_id, case_id) "
+                       "WHERE m.run_id = ? AND c.status = 'ok' GROUP BY m.case_id", [run_id]).fetchall()
 
 
 def to_markdown(cmp: Comparison) -> str:
     lines = [f"### fp8bench compare: {cmp.base_run} → {cmp.head_run} ({cmp.device})", ""]
+    if cmp.base_version != cmp.head_version:
+        lines += [f"**Across measurement versions {cmp.base_version} → {cmp.head_version}**: a change below can be "
+                  "the timing method's.", ""]
     if cmp.env_changes:
         lines += ["Environment changed (a likely cause of any change below): " + "; ".join(cmp.env_changes), ""]
     shown = [c for c in cmp.changes if c.verdict in ("regression", "improvement")]
@@ -248,6 +362,8 @@ class StepChange:
     run_id: str
     before: float
     after: float
+    versions: str = ""
+    """'v3 → v4' when the step joins runs of different measurement versions (history --across-versions)."""
 
     @property
     def rel_change(self) -> float:
@@ -288,25 +404,31 @@ def change_points(values: list[float], min_rel: float = 0.02, min_segment: int =
     return sorted(found)
 
 
-def history_steps(con, metric: str = "time_ms", min_runs: int = 5) -> list[StepChange]:
-    """Change points of every (device, case) series of `metric` medians, runs ordered by start time."""
+def history_steps(con, metric: str = "time_ms", min_runs: int = 5, across_versions: bool = False) -> list[StepChange]:
+    """Change points of every (device, case) series of `metric` medians, runs ordered by start time. A series
+    never spans measurement versions (a new version starts a new series, as in asv) unless `across_versions`,
+    in which case each step says which versions it joins."""
     rows = con.execute("""
-        SELECT r.device_name, m.case_id, r.run_id, r.git_commit, r.started_at, m.value
+        SELECT r.device_name, m.case_id, r.run_id, r.git_commit, r.started_at, m.value, r.measurement_version
         FROM measurements m JOIN runs r USING (run_id) JOIN cases c USING (run_id, case_id)
         WHERE m.metric = ? AND c.status = 'ok' ORDER BY r.device_name, m.case_id, r.started_at""",
                        [metric]).fetchall()
-    series: dict[tuple[str, str], list[tuple]] = {}
-    for device, case_id, run_id, commit, _, value in rows:
-        series.setdefault((device, case_id), []).append((run_id, commit, value))
+    series: dict[tuple, list[tuple]] = {}
+    for device, case_id, run_id, commit, _, value, version in rows:
+        key = (device, case_id) if across_versions else (device, case_id, version)
+        series.setdefault(key, []).append((run_id, commit, value, version))
     steps = []
-    for (device, case_id), pts in series.items():
+    for key, pts in series.items():
         if len(pts) < min_runs:
             continue
-        vals = [v for _, _, v in pts]
+        vals = [v for _, _, v, _ in pts]
         cps = change_points(vals)
+        name = f"{key[0]} · {key[1]}" + ("" if across_versions else f" · v{key[2]}")
         for k in cps:
             prev_k = max([j for j in cps if j < k], default=0)
             next_k = min([j for j in cps if j > k], default=len(vals))
-            steps.append(StepChange(f"{device} · {case_id}", k, pts[k][1], pts[k][0],
-                                    statistics.median(vals[prev_k:k]), statistics.median(vals[k:next_k])))
+            joined = sorted({p[3] for p in pts[prev_k:next_k]}, key=lambda v: (v is None, v))
+            steps.append(StepChange(name, k, pts[k][1], pts[k][0], statistics.median(vals[prev_k:k]),
+                                    statistics.median(vals[k:next_k]),
+                                    " → ".join(f"v{v}" for v in joined) if len(joined) > 1 else ""))
     return steps

@@ -66,7 +66,8 @@ def _complete_processes(folder: Path) -> list[str]:
 def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
     """Pairs are consecutive processes (in start order) on one physical GPU, which is one env_id (it holds the
     GPU's UUID): a chain goes on across batches recorded on a GPU and is never compared across GPUs. Counts
-    are per timed case and over whole trials."""
+    are per timed case and over whole trials. Each comparison sees only runs that started before its head
+    (fp8bench.compare), so the first pairs of a chain judge with little history, as they did when recorded."""
     from fp8bench import store
     from fp8bench.compare import compare_runs
 
@@ -88,7 +89,8 @@ def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
 
     def case(c):
         return per_case.setdefault(c.case_id, {"aa_pairs": 0, "aa_false_regressions": 0, "aa_false_improvements": 0,
-                                               "detected_slow3": 0, "detected_slow10": 0, "floors_pct": []})
+                                               "aa_insufficient_data": 0, "detected_slow3": 0, "detected_slow10": 0,
+                                               "insufficient_slow3": 0, "insufficient_slow10": 0, "floors_pct": []})
     for a, b in pairs:
         for c in compare_runs(con, f"{a}-A", f"{b}-A").changes:
             if c.metric != "time_ms":
@@ -97,6 +99,7 @@ def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
             case(c)["aa_pairs"] += 1
             case(c)["aa_false_regressions"] += c.verdict == "regression"
             case(c)["aa_false_improvements"] += c.verdict == "improvement"
+            case(c)["aa_insufficient_data"] += c.verdict == "insufficient data"
             case(c)["floors_pct"].append(100 * c.floor)
     for level in ("slow3", "slow10"):
         whole = 0
@@ -109,6 +112,7 @@ def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
                 if c.case_id in injected:  # what the filler added, measured in the slowed run's own process
                     case(c).setdefault(f"injected_{level}_pct", []).append(round(injected[c.case_id], 2))
                 case(c)[f"detected_{level}"] += c.verdict == "regression"
+                case(c)[f"insufficient_{level}"] += c.verdict == "insufficient data"
                 case(c)[f"compared_{level}"] = case(c).get(f"compared_{level}", 0) + 1
                 case(c)[f"changes_{level}_pct"] = case(c).get(f"changes_{level}_pct", []) + [round(100 * c.rel_change, 2)]
             whole += bool(timed) and all(c.verdict == "regression" for c in timed)

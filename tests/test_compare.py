@@ -20,11 +20,11 @@ N_CASES, N_SAMPLES = 40, 30
 
 
 def _run(root, run_id, commit, started, factor=1.0, seed=0, device="NVIDIA H200", torch_version="2.11.0",
-         sqnr=28.5, noise=0.01):
+         sqnr=28.5, noise=0.01, version=4):
     rng = random.Random(seed)
     run_dir = root / "runs" / run_id
     write_manifest(run_dir, {"run_id": run_id, "started_at": started, "git_commit": commit, "git_dirty": False,
-                             "device_name": device, "config": {},
+                             "device_name": device, "config": {}, "measurement": {"version": version},
                              "env": {"env_id": f"env-{device}-{torch_version}", "device_name": device,
                                      "torch_version": torch_version}})
     with ShardWriter(run_dir) as w:
@@ -55,13 +55,74 @@ def test_a_a_comparisons_give_no_verdicts(tmp_path):
 
 
 @pytest.mark.parametrize("factor,verdict", [(1.05, "regression"), (0.95, "improvement")])
-def test_a_five_percent_shift_is_detected_in_every_case(tmp_path, factor, verdict):
+def test_a_five_percent_shift_is_detected_in_every_case_with_each_side_run_twice(tmp_path, factor, verdict):
     _run(tmp_path, "base", "c0", 1.0e9, seed=1)
-    _run(tmp_path, "head", "c1", 1.1e9, seed=2, factor=factor)
-    cmp = compare_runs(_db(tmp_path), "base", "c1")  # a git commit resolves to its run
+    _run(tmp_path, "base-again", "c0", 1.0e9 + 1, seed=11)
+    _run(tmp_path, "head-first", "c1", 1.1e9, seed=12, factor=factor)
+    _run(tmp_path, "head", "c1", 1.1e9 + 1, seed=2, factor=factor)
+    cmp = compare_runs(_db(tmp_path), "base", "c1")  # a git commit resolves to its latest run
     timed = [c for c in cmp.changes if c.metric == "time_ms"]
     assert all(c.verdict == verdict for c in timed), [c for c in timed if c.verdict != verdict][:2]
     assert all(abs(c.rel_change - (factor - 1)) < 0.01 for c in timed)
+
+
+def test_one_run_per_side_and_no_history_is_insufficient_data_not_a_verdict(tmp_path):
+    """Only the spread within each process is known: a 5% shift shows in the samples, but whether processes
+    differ by that much on their own is unknown, so nothing is called (two identical CPU runs once read +12%
+    against a 7.5% in-run floor)."""
+    _run(tmp_path, "base", "c0", 1.0e9, seed=1)
+    _run(tmp_path, "head", "c1", 1.1e9, seed=2, factor=1.05)
+    timed = [c for c in compare_runs(_db(tmp_path), "base", "head").changes if c.metric == "time_ms"]
+    assert {c.verdict for c in timed} == {"insufficient data"}
+
+
+def test_a_later_run_never_changes_a_verdict(tmp_path):
+    """Five quiet runs of c0, then the head (c1, +3%): a regression. A run of c0 recorded after the head, on a
+    +10% level, would raise the run-to-run floor above 3% if the history could see it; it cannot."""
+    for k in range(5):
+        _run(tmp_path, f"r{k}", "c0", 1.0e9 + k, seed=k, noise=0.001)
+    _run(tmp_path, "head", "c1", 1.1e9, seed=9, factor=1.03, noise=0.001)
+
+    def verdicts():
+        con = _db(tmp_path)
+        try:
+            return [(c.case_id, c.verdict, round(c.floor, 6)) for c in compare_runs(con, "r4", "head").changes
+                    if c.metric == "time_ms"]
+        finally:
+            con.close()
+    before = verdicts()
+    assert {v for _, v, _ in before} == {"regression"}
+    _run(tmp_path, "later", "c0", 1.2e9, seed=20, factor=1.10, noise=0.001)
+    (tmp_path / "db.duckdb").unlink()
+    assert verdicts() == before
+
+
+def test_runs_of_different_measurement_versions_are_not_compared_unless_asked(tmp_path, cli):
+    _run(tmp_path, "old", "c0", 1.0e9, seed=1, version=3)
+    _run(tmp_path, "new", "c1", 1.1e9, seed=2, version=4)
+    con = _db(tmp_path)
+    with pytest.raises(StoreError, match="version 3.*version 4"):
+        compare_runs(con, "old", "new")
+    cmp = compare_runs(con, "old", "new", across_versions=True)
+    assert cmp.changes and {c.versions for c in cmp.changes} == {"v3 → v4"}
+    con.close()
+    db = str(tmp_path / "db.duckdb")
+    refused = cli("compare", "old", "new", "--db", db)
+    assert refused.returncode == 2 and "version 3" in refused.stderr and "version 4" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    labelled = cli("compare", "old", "new", "--db", db, "--across-versions", "--all")
+    assert labelled.returncode in (0, 1) and "v3 → v4" in labelled.stdout
+    same = cli("compare", "latest", "latest", "--db", db)
+    assert same.returncode == 2 and "same run" in same.stderr
+
+
+def test_history_never_joins_measurement_versions_unless_asked(tmp_path):
+    for k in range(12):  # the same code; the timing method changes at run 6 and reads 8% higher
+        _run(tmp_path, f"r{k}", "c0", 1.0e9 + k, seed=k, factor=1.08 if k >= 6 else 1.0, version=4 if k >= 6 else 3)
+    con = _db(tmp_path)
+    assert history_steps(con) == []
+    joined = history_steps(con, across_versions=True)
+    assert len(joined) == N_CASES and {s.versions for s in joined} == {"v3 → v4"}
 
 
 def test_history_sets_the_floor_when_samples_spread_more_than_medians_move():
@@ -145,8 +206,10 @@ def test_different_gpus_and_unknown_runs_are_refused(tmp_path):
 
 def test_cli_exit_codes_and_markdown(tmp_path, cli):
     _run(tmp_path, "base", "c0", 1.0e9, seed=1)
+    _run(tmp_path, "base-again", "c0", 1.0e9 + 1, seed=4)
     _run(tmp_path, "same", "c1", 1.1e9, seed=2)
-    _run(tmp_path, "slow", "c2", 1.2e9, seed=3, factor=1.05)
+    _run(tmp_path, "slow-first", "c2", 1.2e9, seed=5, factor=1.05)
+    _run(tmp_path, "slow", "c2", 1.2e9 + 1, seed=3, factor=1.05)
     _db(tmp_path).close()
     db = str(tmp_path / "db.duckdb")
     assert cli("compare", "base", "same", "--db", db).returncode == 0
@@ -182,9 +245,27 @@ def test_injected_slowdown_is_caught_end_to_end(tmp_path, cli):
     args = ["run", "workload=gemm", "backend=torch", "workload.linears=[gate_up]", "workload.roles=[fprop]",
             "workload.tokens=1024", "measure.iters=40", "measure.min_samples=30", "measure.max_time_s=5",
             f"results_dir={tmp_path}"]
+    # the base commit recorded twice: how far its median moves between processes sets the floor
     assert cli(*args, "run_id=fast").returncode == 0
+    assert cli(*args, "run_id=fast-again").returncode == 0
     slowed = cli(*args, "run_id=slow", "slowdown=torch:3.0")
     assert slowed.returncode == 0, slowed.stderr
     res = cli("compare", "fast", "slow", "--db", str(tmp_path / "fp8bench.duckdb"))
     assert res.returncode == 1, res.stdout
     assert "regression" in res.stdout
+
+
+def test_ten_identical_pairs_of_small_cpu_runs_call_no_change(tmp_path, cli):
+    """The first comparisons a user makes, on a shared two-core machine: ten pairs of identical runs, one
+    after the other, each pair compared as it lands (the earlier pairs become the later ones' history). A run
+    on such a machine differs from the next by more than its samples spread (an FP8 linear once read +12%
+    against a 7.5% in-run floor, exit 1): no pair may call a regression or an improvement."""
+    args = ["run", "workload=gemm", "backend=torch", "model=tiny", "workload.linears=[o]", "measure.rounds=6",
+            f"results_dir={tmp_path}"]
+    db = str(tmp_path / "fp8bench.duckdb")
+    for k in range(10):
+        for side in ("a", "b"):
+            assert cli(*args, f"run_id=pair{k}{side}").returncode == 0
+        res = cli("compare", f"pair{k}a", f"pair{k}b", "--db", db, "--all")
+        assert res.returncode == 0, res.stdout
+        assert "0 regression, 0 improvement" in res.stdout, res.stdout
