@@ -57,11 +57,12 @@ class FP8Cases:
         from fp8bench.hardware import detect_device
         from fp8bench.plan import execution_order, plan
         from fp8bench.records import derived_metrics
-        from fp8bench.runner import run_case
+        from fp8bench.runner import run_cases
 
         device = detect_device()
         points = [p for sweep in TRACKED_SWEEPS for p in expand([f"sweep={sweep}"])[0]]
-        records = [run_case(c, "asv", device) for c in execution_order(plan(points, device))]
+        records = []  # recipes timed beside their BF16 twin, as `fp8bench run` times them
+        run_cases(execution_order(plan(points, device)), "asv", device, records.append)
         out = {r.case_id: {"status": r.status, "reason": r.reason, **{m.name: m.value for m in r.metrics}}
                for r in records}
         for rec, metrics, _ in derived_metrics(records):

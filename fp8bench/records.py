@@ -45,6 +45,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "speedup_vs_bf16_kernel": ("x", "higher"),
     "speedup_vs_bf16_kernel_lo": ("x", "higher"),
     "speedup_vs_bf16_kernel_hi": ("x", "higher"),
+    "speedup_vs_bf16_box_lo": ("x", "higher"),
+    "speedup_vs_bf16_box_hi": ("x", "higher"),
+    "speedup_vs_bf16_kernel_box_lo": ("x", "higher"),
+    "speedup_vs_bf16_kernel_box_hi": ("x", "higher"),
     "gpu_busy_pct": ("%", "higher"),
     "host_bound": ("1", "lower"),
     "pct_of_peak": ("%", "higher"),
@@ -264,8 +268,38 @@ def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Me
     return out
 
 
-def derived_metrics(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
-    """Every metric computed from several cases of one run: speedups, and the training parity verdicts."""
+def derive_box_intervals(records: list[CaseRecord], spread: dict[str, float]) -> list[tuple[CaseRecord, list[Metric], bool]]:
+    """speedup_vs_bf16[_kernel]_box_lo/hi: the 95% interval of what another box of this GPU model measures
+    for a speedup. The run's own interval over its rounds (speedup_vs_bf16_lo/hi) says how well this box
+    pinned its ratio; boxes differ by more (power-capped clocks, memory bandwidth against SM clock), so the
+    half-width on a log scale is sqrt(own² + spread²), with `spread` the 95th percentile of |log ratio| of
+    the same cases measured on two boxes (results/spread/<device>.json, by workload and 'kernel' for
+    kernel-only speedups; fp8bench.store loads it)."""
+    import math
+
+    out = []
+    for r in records:
+        metrics = []
+        for suffix in ("", "_kernel"):
+            name = f"speedup_vs_bf16{suffix}"
+            value, lo, hi = r.metric(name), r.metric(f"{name}_lo"), r.metric(f"{name}_hi")
+            between = spread.get(r.workload + suffix)
+            if (r.status != "ok" or r.metric("host_bound") == 1.0 or None in (value, lo, hi, between)
+                    or min(value, lo, hi) <= 0):
+                continue  # a host-bound figure moves with the host CPU: no GPU model's spread bounds it
+            own = max(math.log(hi / value), math.log(value / lo))
+            half = math.hypot(own, between)
+            metrics += [Metric.of(f"{name}_box_lo", value * math.exp(-half)),
+                        Metric.of(f"{name}_box_hi", value * math.exp(half))]
+        if metrics:
+            out.append((r, metrics, True))
+    return out
+
+
+def derived_metrics(records: list[CaseRecord], spread: dict[str, float] | None = None,
+                    ) -> list[tuple[CaseRecord, list[Metric], bool]]:
+    """Every metric computed from several cases of one run, or from a run and its device's calibration:
+    speedups, their across-box intervals (`spread`: derive_box_intervals), the training parity verdicts."""
     from fp8bench.parity import derive_parity
 
-    return derive_speedups(records) + derive_parity(records)
+    return derive_speedups(records) + derive_box_intervals(records, spread or {}) + derive_parity(records)

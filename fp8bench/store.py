@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 
 from fp8bench.records import (
+    LEGACY_VERSION_SQL,
     MANIFEST,
     SHARD_GLOB,
     CaseRecord,
@@ -48,7 +49,17 @@ CREATE TABLE IF NOT EXISTS ceilings (
 CREATE TABLE IF NOT EXISTS samples (
   run_id VARCHAR, case_id VARCHAR, metric VARCHAR, i INTEGER, value DOUBLE,
   PRIMARY KEY (run_id, case_id, metric, i));
+CREATE TABLE IF NOT EXISTS speedup_spreads (
+  device_name VARCHAR, series VARCHAR, half_width DOUBLE, quantile DOUBLE, cases INTEGER, source VARCHAR,
+  PRIMARY KEY (device_name, series));
 """
+MIGRATIONS = """
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS measurement_version INTEGER;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS measurement JSON;
+ALTER TABLE cases ADD COLUMN IF NOT EXISTS measurement JSON;
+"""
+"""Columns added after the first schema (a database file written before them gains them on open). Runs
+recorded before versions travelled with the data get theirs from records.LEGACY_VERSION_SQL."""
 
 
 def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
@@ -63,7 +74,13 @@ def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnectio
         raise StoreError(f"--db {str(db)!r} cannot be opened: {str(exc).splitlines()[0]}") from None
     if not read_only:
         con.execute(SCHEMA)
+        con.execute(MIGRATIONS)
+        _fill_legacy_versions(con)
     return con
+
+
+def _fill_legacy_versions(con) -> None:
+    con.execute(f"UPDATE runs SET measurement_version = {LEGACY_VERSION_SQL} WHERE measurement_version IS NULL")
 
 
 def storage_version(con: duckdb.DuckDBPyConnection) -> str:
@@ -77,16 +94,53 @@ class IngestReport:
     runs: list[str] = field(default_factory=list)
     ceilings: list[str] = field(default_factory=list)
     """Devices whose calibration (fp8bench calibrate) was loaded."""
+    spreads: list[str] = field(default_factory=list)
+    """Devices whose between-box spread of speedups (results/spread/) was loaded."""
     cases: int = 0
     problems: list[ShardProblem] = field(default_factory=list)
 
 
 CALIBRATION_DIR = "calibration"
+SPREAD_DIR = "spread"
+"""results/spread/<device>.json: how far speedups move between boxes of one GPU model (scripts/speedup_spread.py)."""
 
 
 def _is_calibration(p: Path) -> bool:
     """A `fp8bench calibrate` file: results/calibration/<device>.json."""
     return p.is_file() and p.parent.name == CALIBRATION_DIR and p.suffix == ".json"
+
+
+def _is_spread(p: Path) -> bool:
+    return p.is_file() and p.parent.name == SPREAD_DIR and p.suffix == ".json"
+
+
+def _spread_files(paths: list[Path]) -> list[Path]:
+    files = []
+    for p in paths:
+        if _is_spread(p):
+            files.append(p)
+        elif p.is_dir():
+            files += [f for f in p.rglob("*.json") if _is_spread(f)]
+    return sorted(set(files))
+
+
+def _ingest_spread(con, path: Path) -> str:
+    """One device's between-box spread of speedups, by series (workload, or workload + '_kernel')."""
+    try:
+        s = json.loads(path.read_text())
+        device, q = s["device_name"], float(s["quantile"])
+        rows = [(device, name, float(v["half_width"]), q, int(v["cases"]), str(path)) for name, v in s["series"].items()]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise StoreError(f"spread file {str(path)!r} is unreadable: {exc}") from None
+    con.execute("DELETE FROM speedup_spreads WHERE device_name = ?", [device])
+    con.executemany("INSERT INTO speedup_spreads VALUES (?, ?, ?, ?, ?, ?)", rows)
+    return device
+
+
+def spread_for(con, device_name: str | None) -> dict[str, float]:
+    """{series: half-width} of a device's between-box spread ({} when none was measured)."""
+    return dict(con.execute("SELECT series, half_width FROM speedup_spreads WHERE device_name = ?",
+                            [device_name]).fetchall()) if device_name else {}
 
 
 def find_sources(paths: list[Path]) -> tuple[list[Path], list[Path]]:
@@ -96,8 +150,8 @@ def find_sources(paths: list[Path]) -> tuple[list[Path], list[Path]]:
         if not p.exists():
             raise StoreError(f"path {str(p)!r} does not exist; give a run folder, a shard, or a folder of exports")
         if p.is_file():
-            if _is_calibration(p):
-                continue  # ceilings, loaded by ingest itself
+            if _is_calibration(p) or _is_spread(p):
+                continue  # ceilings and spreads, loaded by ingest itself
             if p.name == EXPORT_MARKER:
                 exports.add(p.parent)
             elif p.suffix == ".jsonl" or p.name == MANIFEST:
@@ -146,6 +200,8 @@ def ingest(con: duckdb.DuckDBPyConnection, paths: list[Path]) -> IngestReport:
     report = IngestReport()
     for path in _calibration_files(paths):
         report.ceilings.append(_ingest_ceilings(con, path))
+    for path in _spread_files(paths):
+        report.spreads.append(_ingest_spread(con, path))
     run_dirs, exports = find_sources(paths)
     for export in exports:
         report.runs += _ingest_export(con, export)
@@ -181,18 +237,27 @@ def _replace_run(con, run_id: str, manifest: dict | None, records: list[CaseReco
                 env.get("triton_version"), env.get("transformer_engine_version"), env.get("torchao_version"),
                 json.dumps(env)])
         m = manifest or {}
-        con.execute("INSERT INTO runs VALUES (?, to_timestamp(?), ?, ?, ?, ?, ?, ?)", [
-            run_id, m.get("started_at") or min((r.started_at for r in records if r.started_at), default=0.0),
-            m.get("git_commit"), m.get("git_dirty"), m.get("device_name"), env.get("env_id"),
-            json.dumps(m.get("config")), source])
-        derived = derived_metrics(records)
-        cases = pa.table({k: [getattr(r, k) if k not in ("shape", "params") else json.dumps(getattr(r, k))
-                              for r in records]
+        measurement = m.get("measurement")
+        con.execute("INSERT INTO runs (run_id, started_at, git_commit, git_dirty, device_name, env_id, config, "
+                    "source, measurement_version, measurement) VALUES (?, to_timestamp(?), ?, ?, ?, ?, ?, ?, ?, ?)", [
+                        run_id, m.get("started_at") or min((r.started_at for r in records if r.started_at), default=0.0),
+                        m.get("git_commit"), m.get("git_dirty"), m.get("device_name"), env.get("env_id"),
+                        json.dumps(m.get("config")), source, (measurement or {}).get("version"),
+                        json.dumps(measurement) if measurement else None])
+        _fill_legacy_versions(con)
+        derived = derived_metrics(records, spread_for(con, m.get("device_name")))
+        def cell(r: CaseRecord, k: str):
+            v = getattr(r, k)
+            if k == "measurement":
+                return json.dumps(v) if v else None
+            return json.dumps(v) if k in ("shape", "params") else v
+
+        cases = pa.table({k: [cell(r, k) for r in records]
                           for k in ("run_id", "case_id", "workload", "model", "format", "scaling", "backend",
                                     "shape_name", "shape", "params", "status", "reason", "started_at",
-                                    "duration_s")})
+                                    "duration_s", "measurement")})
         con.register("cases_in", cases)
-        con.execute("INSERT INTO cases SELECT * FROM cases_in")
+        con.execute("INSERT INTO cases BY NAME SELECT * FROM cases_in")
         rows = [(r.run_id, r.case_id, mt.name, mt.value, mt.unit, mt.direction, d)
                 for r, metrics, d in [(r, r.metrics, False) for r in records] + derived for mt in metrics]
         meas = pa.table(list(zip(*rows, strict=False)) if rows else [[]] * 7,
@@ -231,8 +296,9 @@ def _ingest_export(con, folder: Path) -> list[str]:
             _delete_run(con, rid)
         con.execute("DELETE FROM environments WHERE env_id IN (SELECT env_id FROM read_parquet(?))",
                     [str(folder / "environments.parquet")])
-        for t in TABLES:
-            con.execute(f"INSERT INTO {t} SELECT * FROM read_parquet(?)", [str(folder / f"{t}.parquet")])
+        for t in TABLES:  # by name: an export written before a column existed leaves it NULL
+            con.execute(f"INSERT INTO {t} BY NAME SELECT * FROM read_parquet(?)", [str(folder / f"{t}.parquet")])
+        _fill_legacy_versions(con)
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")

@@ -131,6 +131,9 @@ def test_layer_workload_on_cpu(tmp_path, backend, fmt, sc):
     assert rec.metric("time_ms") > 0
     if fmt != "bf16":  # the block's output under the recipe against the same block in high precision
         assert 20.0 < rec.metric("sqnr_db") < 80.0
+    if backend == "emulated":  # its memory is not a kernel's: the emulator runs once, for its numerics
+        assert rec.metric("mem_weights_bytes") is None and rec.metric("peak_mem_bytes") is None
+        return
     # what the forward saved for backward: at least the block's input and its attention output (64 tokens)
     assert rec.metric("mem_saved_hp_bytes") + rec.metric("mem_saved_fp8_bytes") >= 2 * 64 * 128 * 2
     assert rec.metric("mem_weights_bytes") > 0

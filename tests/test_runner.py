@@ -105,3 +105,18 @@ def test_the_git_commit_can_be_given_where_the_checkout_cannot_say(monkeypatch, 
     assert git_state() == ("0123abcd" * 5, False)
     monkeypatch.setenv("FP8BENCH_GIT_DIRTY", "1")
     assert git_state(str(tmp_path)) == ("0123abcd" * 5, True)
+
+
+def test_without_a_terminal_progress_is_plain_lines_and_the_run_prints_its_wall_time(tmp_path):
+    """A batch job's log (CI, a GPU box): the live bar draws nothing there, so progress comes as lines with
+    done/total, statuses, elapsed time and an ETA, at a steady pace, and the last one when the run ends."""
+    code = ("import sys, fp8bench.runner as r; r.PLAIN_PROGRESS_EVERY_S = 0.0; "  # every case: a short run shows it
+            "from fp8bench.cli import main; sys.exit(main(sys.argv[1:]))")
+    res = subprocess.run([sys.executable, "-c", code, "run", *SWEEP, "workload.linears=[o]", f"results_dir={tmp_path}",
+                          "store.ingest=false"], cwd=ROOT, capture_output=True, text=True, timeout=300)  # no terminal
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [line for line in res.stderr.splitlines() if line.startswith("run ") and " cases (" in line]
+    total = len(plan(expand([*SWEEP, "workload.linears=[o]"])[0]))
+    assert len(lines) == total and f" {total}/{total} cases (ok " in lines[-1]
+    assert "elapsed" in lines[-1] and any("ETA" in line for line in lines)
+    assert f"{total} cases (ok {total})" in res.stdout and "wall time" in res.stdout

@@ -119,3 +119,32 @@ def test_a_later_skip_never_overwrites_a_measured_case(tmp_path):
     by_id = {r.case_id: r for r in records}
     assert by_id[C1].status == "ok" and by_id[C2].status == "ok" and by_id[C2].metric("time_ms") == 2.0
     assert any(f"{C1} recorded twice" in p.error for p in problems)
+
+
+def test_every_run_has_its_measurement_version_older_exports_included(tmp_path):
+    """Runs recorded before the version travelled with the data get the one their manifest implies
+    (records.LEGACY_VERSION_SQL); a run folder's manifest and each record carry it from version 4 on."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    con = store.connect(tmp_path / "db.duckdb")
+    store.ingest(con, [results / "h200-layer", results / "h200-layer-settled", results / "h200-hopper"])
+    versions = dict(con.execute("SELECT run_id, measurement_version FROM runs").fetchall())
+    assert versions["layer-te"] == 2 and versions["s5-layer"] == 3 and versions["hopper-a"] == 4
+    measured = con.execute("SELECT count(*) FROM cases WHERE run_id = 'hopper-a' AND status = 'ok' AND "
+                           "json_extract(measurement, '$.version')::INT = 4").fetchone()[0]
+    assert measured > 1000
+
+
+def test_a_database_written_before_the_version_columns_gains_them(tmp_path):
+    import duckdb
+
+    path = tmp_path / "old.duckdb"
+    old = duckdb.connect(str(path))
+    old.execute("CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, started_at TIMESTAMP, git_commit VARCHAR, "
+                "git_dirty BOOLEAN, device_name VARCHAR, env_id VARCHAR, config JSON, source VARCHAR)")
+    old.execute("INSERT INTO runs VALUES ('r', TIMESTAMP '2026-11-30 09:00:00', NULL, NULL, 'cpu', NULL, "
+                "'{\"base\": {\"measure\": {\"settle_ms\": 200}}}', NULL)")
+    old.close()
+    con = store.connect(path)
+    assert con.execute("SELECT measurement_version FROM runs").fetchone()[0] == 3

@@ -117,8 +117,9 @@ def speed_metrics(case: CaseInput, timing, flops: float, pct_of_peak: bool = Tru
     from fp8bench.hardware import detect_device, spec_sheet
 
     metrics = [Metric.of("time_ms", timing.median_ms)]
-    if timing.gpu_busy_pct is not None:
-        metrics.append(Metric.of("gpu_busy_pct", timing.gpu_busy_pct))
+    busy = getattr(timing, "gpu_busy_pct", None)  # a training run passes its own timing, without one
+    if busy is not None:
+        metrics.append(Metric.of("gpu_busy_pct", busy))
     if timing.injected_slowdown is not None:
         metrics.append(Metric.of("injected_slowdown_pct", 100.0 * timing.injected_slowdown))
     if peak_bytes is not None:
