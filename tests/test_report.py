@@ -89,3 +89,16 @@ def test_skipped_recipes_are_visible_with_reasons(site):
     text = page_text(site, "index.html")
     assert "Not measured, and why" in text
     assert "compute capability 10.0" in text  # MXFP8/NVFP4 on the H200
+
+
+def test_overview_and_gemm_pages_show_intervals_and_the_host_bound_label(site):
+    """The committed H200 runs carry 95% intervals on every speedup and, where the run measured it, whether
+    the GPU waited for the host; both pages show them next to the figure."""
+    index = page_text(site, "index.html")
+    for column in ("speedup_lo", "speedup_hi", "bound"):
+        assert column in index
+    assert "partly host-bound (" in index  # gpt-125m's eager-cast GEMMs: the probe found half of them host-bound
+    gemm = page_text(site, "gemm.html")
+    for column in ("speedup_lo", "kernel_lo", "kernel_hi", "run_id"):
+        assert column in gemm
+    assert "host-bound" in gemm.split("TFLOPS and speedups")[1] and "device-bound" in gemm

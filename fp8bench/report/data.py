@@ -13,9 +13,12 @@ WIDE_METRICS = (
     "loss_gap_vs_bf16", "loss_gap_allowed", "loss_area_gap_pct", "parity_pass", "quality_speedup",
     "mem_weights_bytes", "mem_optimizer_bytes", "mem_persistent_other_bytes", "mem_activations_bytes",
     "mem_saved_fp8_bytes", "mem_saved_hp_bytes", "mem_transient_bytes", "mem_step_peak_bytes", "linears_fp8",
-    "linears_total")
-"""The measurements the report reads, one column each (named after the metric; speedup_vs_bf16 as `speedup`)."""
-_COLUMNS = ",\n".join(f"    max(value) FILTER (WHERE metric = '{m}') AS {'speedup' if m == 'speedup_vs_bf16' else m}"
+    "linears_total", "speedup_vs_bf16_lo", "speedup_vs_bf16_hi", "speedup_vs_bf16_box_lo", "speedup_vs_bf16_box_hi",
+    "speedup_vs_bf16_kernel", "speedup_vs_bf16_kernel_lo", "speedup_vs_bf16_kernel_hi",
+    "speedup_vs_bf16_kernel_box_lo", "speedup_vs_bf16_kernel_box_hi", "gpu_busy_pct", "host_bound")
+"""The measurements the report reads, one column each (named after the metric, speedup_vs_bf16... as
+speedup...: speedup, speedup_lo, speedup_box_hi, speedup_kernel, ...)."""
+_COLUMNS = ",\n".join(f"    max(value) FILTER (WHERE metric = '{m}') AS {m.replace('speedup_vs_bf16', 'speedup')}"
                        for m in WIDE_METRICS)
 
 WIDE = """
@@ -25,7 +28,7 @@ WITH m AS (
   FROM measurements GROUP BY run_id, case_id)
 SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.shape AS shape_json,
        c.status,
-       c.reason, r.device_name, r.started_at, r.git_commit,
+       c.reason, r.device_name, r.started_at, r.git_commit, r.measurement_version,
        CASE WHEN m.tflops IS NOT NULL
             THEN 100 * m.tflops / CASE WHEN c.format = 'bf16' THEN k.bf16_tflops ELSE k.fp8_tflops END
             WHEN m.gbps IS NOT NULL THEN 100 * m.gbps / k.copy_gbps END AS pct_of_ceiling,
@@ -53,6 +56,30 @@ def cases(con) -> pd.DataFrame:
     backend = df["backend"] + df["variant"].map(lambda v: f"+{v}" if v else "")
     df["recipe"] = df["format"] + "/" + df["scaling"] + " · " + backend
     return df
+
+
+def latest(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (device, case): the case from its newest measurement version's latest run. Repeated runs
+    of a case are history, not more evidence to pool: a headline figure names one run."""
+    if df.empty:
+        return df
+    order = df.assign(_v=df["measurement_version"].fillna(0)).sort_values(["_v", "started_at"])
+    return order.drop_duplicates(["device", "case_id"], keep="last").drop(columns="_v")
+
+
+def interval(df: pd.DataFrame, prefix: str = "speedup") -> tuple[pd.Series, pd.Series]:
+    """(lo, hi) of each case's 95% speedup interval: what another box of its GPU model measures where the
+    device's between-box spread is known (`_box_`), else the run's own interval over its rounds."""
+    lo = df.get(f"{prefix}_box_lo", pd.Series(index=df.index, dtype=float))
+    hi = df.get(f"{prefix}_box_hi", pd.Series(index=df.index, dtype=float))
+    return (lo.fillna(df.get(f"{prefix}_lo", pd.Series(index=df.index, dtype=float))),
+            hi.fillna(df.get(f"{prefix}_hi", pd.Series(index=df.index, dtype=float))))
+
+
+def bound_label(host_bound: pd.Series) -> pd.Series:
+    """'host-bound' (the GPU waited for the host: the figure is the host's as much as the GPU's),
+    'device-bound', or '' where the run did not measure it."""
+    return host_bound.map(lambda v: "host-bound" if v == 1 else "device-bound" if v == 0 else "")
 
 
 def train_curves(con) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from fp8bench.report.data import not_measured
+from fp8bench.report.data import bound_label, interval, latest, not_measured
 from fp8bench.report.html import Page, esc
 
 PLOT_H = 420
@@ -31,15 +31,20 @@ def _with_bf16(df: pd.DataFrame, cols: tuple[str, ...] = ("time_ms", "peak_mem_b
 
 def advisor(df: pd.DataFrame) -> pd.DataFrame:
     """Per device × model × workload × recipe: speedup, accuracy verdict, memory change; the best one marked."""
-    real = _with_bf16(_real(df))
+    real = _with_bf16(_real(latest(df)))
     real = real[real["workload"].isin(["linear", "layer", "gemm", "train"]) & (real["format"] != "bf16")]
     if real.empty:
         return pd.DataFrame()
-    real = real.assign(mem_change=(real["peak_mem_bytes"] / real["bf16_peak_mem_bytes"] - 1) * 100)
+    lo, hi = interval(real)
+    real = real.assign(mem_change=(real["peak_mem_bytes"] / real["bf16_peak_mem_bytes"] - 1) * 100,
+                       s_lo=lo, s_hi=hi, hb=real["host_bound"] if "host_bound" in real else None)
     g = real.groupby(["device", "model", "workload", "recipe"], dropna=False).agg(
-        speedup=("speedup", "median"), sqnr_db=("sqnr_db", "median"), parity_pass=("parity_pass", "min"),
-        vs_emulator_db=("sqnr_vs_emulated_db", "min"), mem_change_pct=("mem_change", "median"),
-        shapes=("shape_name", "nunique")).reset_index()
+        speedup=("speedup", "median"), speedup_lo=("s_lo", "median"), speedup_hi=("s_hi", "median"),
+        host_bound_shapes=("hb", "sum"), labelled_shapes=("hb", "count"), sqnr_db=("sqnr_db", "median"),
+        parity_pass=("parity_pass", "min"), vs_emulator_db=("sqnr_vs_emulated_db", "min"),
+        mem_change_pct=("mem_change", "median"), shapes=("shape_name", "nunique")).reset_index()
+    g["bound"] = g.apply(_bound_of_group, axis=1)
+    g = g.drop(columns=["host_bound_shapes", "labelled_shapes"])
     g["accuracy"] = g.apply(_verdict, axis=1)
     g["recommended"] = ""
     for _, idx in g.groupby(["device", "model", "workload"]).groups.items():
@@ -53,8 +58,23 @@ def advisor(df: pd.DataFrame) -> pd.DataFrame:
         best = good["speedup"].idxmax()
         r = g.loc[best]
         mem = "" if pd.isna(r["mem_change_pct"]) else f", peak memory {r['mem_change_pct']:+.0f}%"
-        g.loc[best, "recommended"] = f"use this: fastest with accuracy ok ({r['speedup']:.2f}x{mem})"
+        ci = "" if pd.isna(r["speedup_lo"]) else f" [{r['speedup_lo']:.2f}-{r['speedup_hi']:.2f}]"
+        host = ("; host-bound on this box: the GPU waited for the host, so the figure is the host CPU's as much "
+                "as the GPU's" if r["bound"].startswith(("host", "partly")) else "")
+        g.loc[best, "recommended"] = f"use this: fastest with accuracy ok ({r['speedup']:.2f}x{ci}{mem}){host}"
     return g.sort_values(["device", "model", "workload", "speedup"], ascending=[True, True, True, False])
+
+
+def _bound_of_group(row) -> str:
+    """A recipe's shapes: all host-bound, some (k of n), none (all labelled device-bound), or unmeasured."""
+    hb, labelled = int(row["host_bound_shapes"] or 0), int(row["labelled_shapes"] or 0)
+    if not labelled:
+        return ""
+    if hb == labelled == row["shapes"]:
+        return "host-bound"
+    if hb:
+        return f"partly host-bound ({hb} of {row['shapes']} shapes)"
+    return "device-bound" if labelled == row["shapes"] else ""
 
 
 def _verdict(row) -> str:
@@ -123,15 +143,21 @@ def overview(df: pd.DataFrame, runs: pd.DataFrame, falls: pd.DataFrame | None = 
     if adv.empty:
         p.note("No real-kernel FP8 cases yet: run a sweep on a GPU (or `make run` for the CPU study).")
     else:
-        rec = adv[adv["recommended"] != ""][["device", "model", "workload", "recipe", "speedup", "accuracy",
-                                              "mem_change_pct", "recommended", "why"]]
+        rec = adv[adv["recommended"] != ""][["device", "model", "workload", "recipe", "speedup", "speedup_lo",
+                                              "speedup_hi", "bound", "accuracy", "mem_change_pct", "recommended",
+                                              "why"]]
         p.raw('<p class="note">The recommendation per row group: the fastest recipe whose numerics agree with '
-              'the emulator, if any beats BF16. Details: <a href="gemm.html">GEMMs</a>, '
-              '<a href="modules.html">modules</a>, <a href="numerics.html">numerics</a>.</p>')
-        p.table(rec, {"speedup": 2, "mem_change_pct": 0})
+              'the emulator, if any beats BF16. Each figure is the latest run of each case (median over the '
+              'shapes of a model); speedup_lo-speedup_hi is its 95% interval: timed side by side with its BF16 '
+              'twin in interleaved rounds, widened by how far speedups moved between two boxes of this GPU model '
+              'where that was measured. <b>host-bound</b>: the GPU waited for the host for more than a tenth of '
+              'each step, so the figure belongs to this box\'s CPU as much as to the GPU. Details: '
+              '<a href="gemm.html">GEMMs</a>, <a href="modules.html">modules</a>, '
+              '<a href="numerics.html">numerics</a>.</p>')
+        p.table(rec, {"speedup": 2, "speedup_lo": 2, "speedup_hi": 2, "mem_change_pct": 0})
         p.raw("<details><summary>All recipes</summary>")
-        p.table(adv.drop(columns=["recommended", "why"]), {"speedup": 2, "sqnr_db": 1, "vs_emulator_db": 1,
-                                                    "mem_change_pct": 0})
+        p.table(adv.drop(columns=["recommended", "why"]), {"speedup": 2, "speedup_lo": 2, "speedup_hi": 2,
+                                                           "sqnr_db": 1, "vs_emulator_db": 1, "mem_change_pct": 0})
         p.raw("</details>")
     p.h2("Not measured, and why")
     p.note("Skipped cases are recipes this device or installation cannot run (the reason says what would); "
@@ -148,26 +174,36 @@ ROOFLINE_SHORT = 0.85
 
 def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd.DataFrame | None = None) -> Page:
     p = Page("gemm.html", "GEMMs: speedup per shape and recipe")
-    g = _with_bf16(df[df["workload"] == "gemm"], ("time_ms",))
+    g = _with_bf16(latest(df[df["workload"] == "gemm"]), ("time_ms",))
     g = g[(g["backend"] != "emulated") & (g["format"] != "bf16")]
     if g.empty:
         p.note("No real-kernel GEMM cases recorded.")
     for device, d in g.groupby("device"):
+        measured_kernel = d["speedup_kernel"] if "speedup_kernel" in d else pd.Series(index=d.index, dtype=float)
+        lo, hi = interval(d)
+        klo, khi = interval(d, "speedup_kernel")
         d = d.assign(shape=d["model"] + " " + d["shape_name"],
-                     kernel_speedup=d["bf16_time_ms"] / d["time_ms_kernel"])
+                     kernel_speedup=measured_kernel.fillna(d["bf16_time_ms"] / d["time_ms_kernel"]),
+                     speedup_lo=lo, speedup_hi=hi, kernel_lo=klo, kernel_hi=khi,
+                     bound=bound_label(d["host_bound"]) if "host_bound" in d else "")
+        p.note("The latest run of each case. speedup_lo-speedup_hi (kernel_lo-kernel_hi): the 95% interval of "
+               "each speedup, timed side by side with its BF16 twin in interleaved rounds and widened by how far "
+               "speedups moved between two boxes of this GPU model where that was measured. bound: host-bound "
+               "cases (the GPU waited for the host for more than a tenth of each iteration) measure this box's "
+               "CPU as much as its GPU; their cells in the heatmaps carry an h.")
         p.h2(f"{device}: speedup vs BF16 with quantization (what training pays)")
         p.figure(_heatmap(d, "speedup"))
         if d["kernel_speedup"].notna().any():
             p.h2(f"{device}: speedup of the GEMM kernel alone (operands quantized up front)")
             p.figure(_heatmap(d, "kernel_speedup"))
-        p.h2(f"{device}: TFLOPS, kernel only and with quantization")
-        cols = ["shape", "recipe", "tflops", "tflops_kernel", "pct_of_peak", "pct_of_ceiling", "speedup",
-                "kernel_speedup"]
+        p.h2(f"{device}: TFLOPS and speedups with their 95% intervals, kernel only and with quantization")
+        cols = ["shape", "recipe", "run_id", "tflops", "tflops_kernel", "pct_of_peak", "pct_of_ceiling", "speedup",
+                "speedup_lo", "speedup_hi", "kernel_speedup", "kernel_lo", "kernel_hi", "bound"]
         p.note("pct_of_peak: of the spec sheet's dense peak for the format; pct_of_ceiling: of the best GEMM "
                "`fp8bench calibrate` measured on this machine (empty until it has run there).")
         p.table(d.sort_values(["shape", "tflops_kernel"], ascending=[True, False])[cols],
                 {"tflops": 0, "tflops_kernel": 0, "pct_of_peak": 1, "pct_of_ceiling": 1, "speedup": 2,
-                 "kernel_speedup": 2})
+                 "speedup_lo": 2, "speedup_hi": 2, "kernel_speedup": 2, "kernel_lo": 2, "kernel_hi": 2})
     if roof is not None and not roof.empty:
         for device, r in roof.groupby("device"):
             p.h2(f"{device}: roofline expected vs measured kernel speedup")
@@ -205,9 +241,15 @@ def _expected_vs_measured(r: pd.DataFrame, lo: float, hi: float, color: str | No
 
 
 def _heatmap(d: pd.DataFrame, col: str) -> go.Figure:
+    """Speedup per shape × recipe; a host-bound case's cell text carries an 'h'."""
     pivot = d.pivot_table(index="shape", columns="recipe", values=col, aggfunc="median")
+    marks = (d.assign(h=d["bound"].eq("host-bound")).pivot_table(index="shape", columns="recipe", values="h",
+                                                                  aggfunc="max").reindex_like(pivot)
+             if "bound" in d else pivot.notna() & False)
+    text = [[("" if pd.isna(v) else f"{v:.2f}" + (" h" if not pd.isna(m) and bool(m) else "")) for v, m in zip(row_v, row_m, strict=True)]
+            for row_v, row_m in zip(pivot.values, marks.values, strict=True)]
     fig = go.Figure(go.Heatmap(z=pivot.values, x=list(pivot.columns), y=list(pivot.index), colorscale="RdYlGn",
-                               zmid=1.0, texttemplate="%{z:.2f}", colorbar={"title": "x vs BF16"}))
+                               zmid=1.0, text=text, texttemplate="%{text}", colorbar={"title": "x vs BF16"}))
     fig.update_layout(height=max(PLOT_H, 22 * len(pivot.index) + 160), margin={"l": 200, "b": 160})
     return fig
 
