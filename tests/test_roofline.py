@@ -79,7 +79,7 @@ def test_roofline_command_joins_cases_with_ceilings(cli, tmp_path):
 
 
 def test_roofline_on_the_committed_h200_gemm_sweep(tmp_path):
-    """The model against real data: the hopper GEMM sweep (torch backend) and the H200's calibration file."""
+    """The model against real data: the hopper sweep's GEMMs (torch backend) and the H200's calibration file."""
     from pathlib import Path
 
     from fp8bench.roofline import expected_vs_measured, median_abs_error
@@ -89,7 +89,7 @@ def test_roofline_on_the_committed_h200_gemm_sweep(tmp_path):
     cal.mkdir()
     (cal / "nvidia-h200.json").write_text((root / "calibration" / "nvidia-h200.json").read_text())
     con = store.connect(tmp_path / "db.duckdb")
-    store.ingest(con, [root / "h200-hopper-gemm", tmp_path])
+    store.ingest(con, [root / "h200-hopper", tmp_path])
     df = expected_vs_measured(con)
     assert len(df) > 300 and set(df["device"]) == {"NVIDIA H200"}
     assert median_abs_error(df) < 0.15  # issue acceptance: kernel-only roofline within 15% (median)
