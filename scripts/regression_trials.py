@@ -11,8 +11,11 @@ included.
 - injected: A of process i against the 3% (10%) run of process i+1: per case, is it called a regression?
 Prints the counts per case with its median floor (the smallest change the comparison can call for it).
 
+`table` prints the judged trials as the markdown table docs/regression.md holds (tests/test_docs.py checks it).
+
 Usage: python3 scripts/regression_trials.py record --out DIR [--trials 20] [--batch NAME] [--budget-s S] [-- OVERRIDES...]
        python3 scripts/regression_trials.py judge DIR [DIR...] [--db PATH] [--json FILE]
+       python3 scripts/regression_trials.py table FILE.json [FILE.json...]
 """
 
 from __future__ import annotations
@@ -126,6 +129,31 @@ def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
     return 0
 
 
+def _short(case_id: str) -> str:
+    workload, _, _, fmt = case_id.split(".")[:4]
+    return f"{'FP8' if fmt != 'bf16' else 'BF16'} {workload}"
+
+
+def table(files: list[Path]) -> str:
+    """One row per judged trials file: A/A pairs, false verdicts, 'insufficient data', and per case how many
+    3% and 10% slowdowns were called regressions."""
+    lines = ["| trials | A/A pairs | false regressions | false improvements | insufficient data (A/A) | "
+             "3% caught | 10% caught |", "|---|---|---|---|---|---|---|"]
+    for f in files:
+        d = json.loads(f.read_text())
+        cases = d["per_case"]
+        comparisons = sum(c["aa_pairs"] for c in cases.values())
+
+        def caught(level: str, cases: dict = cases) -> str:
+            return "; ".join(f"{_short(k)} {c[f'detected_{level}']}/{c.get(f'compared_{level}', 0)}"
+                             for k, c in sorted(cases.items()))
+        lines.append(f"| `{f.name}` | {d['pairs']} | {d['aa_false_regressions']} / {comparisons} | "
+                     f"{sum(c['aa_false_improvements'] for c in cases.values())} | "
+                     f"{sum(c.get('aa_insufficient_data', 0) for c in cases.values())} | {caught('slow3')} | "
+                     f"{caught('slow10')} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -139,7 +167,12 @@ def main() -> int:
     j.add_argument("folders", type=Path, nargs="+", help="one folder per batch (machine)")
     j.add_argument("--db", type=Path, default=Path("/tmp/regression-trials.duckdb"))
     j.add_argument("--json", type=Path)
+    t = sub.add_parser("table")
+    t.add_argument("files", type=Path, nargs="+")
     a = ap.parse_args()
+    if a.cmd == "table":
+        print(table(a.files), end="")
+        return 0
     if a.cmd == "record":
         record(a.out, a.trials, a.batch, a.overrides, a.budget_s)
         return 0

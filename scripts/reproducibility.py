@@ -3,7 +3,8 @@ and kernel-only) of cases measured on both lie within each other's 95% intervals
 (speedup_vs_bf16_box_lo/hi) and the run's own interval over its rounds; how many agree within 5%; how many
 cases are host-bound (labelled on either box) or carry no label.
 
-Usage: python3 scripts/reproducibility.py RUN_A RUN_B [--db results/fp8bench.duckdb] [--json FILE]
+Usage: python3 scripts/reproducibility.py RUN_A RUN_B [--db results/fp8bench.duckdb] [--json FILE] [--markdown]
+(--markdown prints the table docs/reproducibility.md holds; tests/test_docs.py checks that it is current).
 """
 
 from __future__ import annotations
@@ -59,17 +60,40 @@ def tally(a: dict[str, dict], b: dict[str, dict]) -> dict:
     return {" / ".join(k): dict(v) for k, v in sorted(rows.items())}
 
 
+COLUMNS = ("cases", "host-bound", "unlabelled", "not host-bound", "within box intervals", "within round intervals",
+           "within 5%")
+
+
+def markdown(rows: dict, runs: tuple[str, str]) -> str:
+    """The tally as a markdown table, with the totals over the Llama-size models and over all."""
+    lines = [f"Runs `{runs[0]}` and `{runs[1]}`; counts of speedups measured in both (emulator excluded).", "",
+             "| workload / model / speedup | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    llama: dict[str, int] = defaultdict(int)
+    total: dict[str, int] = defaultdict(int)
+    for key, r in rows.items():
+        lines.append(f"| {key} | " + " | ".join(str(r.get(c, 0)) for c in COLUMNS) + " |")
+        for c in COLUMNS:
+            total[c] += r.get(c, 0)
+            llama[c] += r.get(c, 0) if "gpt-125m" not in key else 0
+    for name, t in (("Llama-size models", llama), ("all", total)):
+        lines.append(f"| **{name}** | " + " | ".join(str(t[c]) for c in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_a")
     p.add_argument("run_b")
     p.add_argument("--db", default="results/fp8bench.duckdb")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--markdown", action="store_true", help="print the table as markdown (docs/reproducibility.md)")
     ns = p.parse_args(argv)
     con = store.connect(ns.db, read_only=True)
     rows = tally(_metrics(con, ns.run_a), _metrics(con, ns.run_b))
-    cols = ("cases", "host-bound", "unlabelled", "not host-bound", "within box intervals",
-            "within round intervals", "within 5%")
+    if ns.markdown:
+        print(markdown(rows, (ns.run_a, ns.run_b)), end="")
+        return 0
+    cols = COLUMNS
     print("workload / model / speedup".ljust(44) + "".join(c.rjust(24) for c in cols))
     total: dict[str, int] = defaultdict(int)
     for key, r in rows.items():

@@ -14,9 +14,10 @@ if not torch.cuda.is_available():
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fp8bench(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (what users run), capturing output."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+def fp8bench(*args: str, cwd: Path | None = None, timeout: int = 300,
+             env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (what users run), capturing output; `env` adds variables."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", **(env or {}))
     return subprocess.run([sys.executable, "-m", "fp8bench", *args], capture_output=True, text=True,
                           cwd=cwd or ROOT, env=env, timeout=timeout)
 
