@@ -19,8 +19,16 @@ from rich.table import Table
 
 from fp8bench.config.schema import ConfigError
 
-console = Console(stderr=True)
-out = Console()
+
+def _console(stderr: bool = False) -> Console:
+    """A terminal gets rich's own width; a pipe or a file gets lines as long as their content, so a table's
+    cells are never cut to fit 80 columns."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 100_000)
+
+
+console = _console(stderr=True)
+out = _console()
 COMMANDS = ("run", "plan", "ingest", "export", "report", "compare", "asv-compare", "history", "calibrate",
             "roofline", "waterfall", "memory", "doctor")
 USAGE = """usage: fp8bench COMMAND [ARGS]
@@ -44,6 +52,31 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
   memory MODEL [--workload layer|train] [--batch B] [--seq S]
                                what each TE recipe is expected to save for backward (fp8bench.memory_model)
   doctor                       device, versions, backends and the capability matrix
+
+Every command takes --help; fp8bench --version prints the version and the measurement version.
+"""
+RUN_HELP = """usage: fp8bench {cmd} [-m] [KEY=VALUE ...]
+
+{what}
+
+Overrides are Hydra's (KEY=VALUE). Config groups and their presets (conf/):
+{groups}
+Other keys: results_dir= (where runs/, the DuckDB file and the site go), run_id=, resume=<run_id>, seed=,
+device=auto|cpu|cuda, measure.* (warmup, rounds, block_ms, settle_ms, flush_l2, iters, max_time_s),
+workload.* (tokens, linears, roles, shapes, batch, seq, train.*), store.ingest=, store.db=.
+A value a,b,c with -m (or a sweep preset's axes) sweeps that key.
+
+examples:
+  fp8bench {cmd} sweep=quick                      the CPU study (sweep=hopper: the H200 study)
+  fp8bench {cmd} model=llama2-7b workload=gemm format=e4m3 scaling=rowwise backend=torch
+  fp8bench {cmd} -m workload=linear model=llama2-7b backend=te format=bf16,e4m3 scaling=none,delayed
+"""
+RUN_WHAT = {"run": "Run one point or a sweep preset; every case's record is written as soon as it exists.",
+            "plan": "List the cases a run would make, each runnable or skipped with the reason; runs nothing."}
+DOCTOR_HELP = """usage: fp8bench doctor
+
+The device, the installed versions, each backend's availability (and why not) and the capability matrix:
+which format/scaling pairs each backend runs on this device. `fp8bench plan ...` gives the reason per case.
 """
 
 
@@ -87,26 +120,27 @@ def _ingest_into(db: Path, paths: list[Path]) -> None:
                   + (f", between-box spreads of {rep.spreads}" if rep.spreads else "") + f" into {db}")
 
 
+def _help(cmd: str) -> str:
+    if cmd == "doctor":
+        return DOCTOR_HELP
+    from fp8bench.config.compose import GROUPS, group_options
+
+    groups = "".join(f"  {g:<9} {', '.join(group_options(g))}\n" for g in GROUPS)
+    return RUN_HELP.format(cmd=cmd, what=RUN_WHAT[cmd], groups=groups)
+
+
 def cmd_run(args: list[str]) -> int:
     from fp8bench.config.compose import check_combination, expand, multirun
     from fp8bench.plan import execution_order, plan, resolve_device
     from fp8bench.records import read_run, write_manifest
-    from fp8bench.runner import (
-        check_resume,
-        execute,
-        format_duration,
-        manifest_for,
-        new_run_id,
-        run_dir_for,
-        summary_table,
-    )
+    from fp8bench.runner import check_resume, execute, manifest_for, new_run_id, run_dir_for
 
     started = time.monotonic()
     is_multi = any(a in ("-m", "--multirun") for a in args)
     overrides = [a for a in args if a not in ("-m", "--multirun")]
     points, dropped = expand(overrides, multirun=is_multi)
     first = points[0]
-    check_resume(first)
+    check_resume(first, overrides)
     device = resolve_device(first)
     run_id = first.resume or first.run_id or new_run_id()
     run_dir = run_dir_for(first, run_id)
@@ -134,18 +168,21 @@ def cmd_run(args: list[str]) -> int:
                               f"{point.format.name}/{point.scaling.name} {point.backend.name}")
             execute(plan([point], device), run_dir, run_id, device, job=where, resume=bool(first.resume),
                     console=job_console, progress=False)
-        code = multirun(overrides + [f"run_id={run_id}"], job)
-        if code:
-            return code
-    else:
-        execute(execution_order(plan(points, device)), run_dir, run_id, device, resume=bool(first.resume),
-                console=console)
+    try:
+        if is_multi:
+            code = multirun(overrides + [f"run_id={run_id}"], job)
+            if code:
+                return code
+        else:
+            execute(execution_order(plan(points, device)), run_dir, run_id, device, resume=bool(first.resume),
+                    console=console)
+    except KeyboardInterrupt:
+        again = ["-m"] * is_multi + [o for o in overrides if not o.startswith(("resume=", "run_id="))]
+        console.print(f"interrupted: every finished case is recorded in {run_dir}; continue with "
+                      f"`fp8bench run {' '.join(again + [f'resume={run_id}'])}`", highlight=False, soft_wrap=True)
+        return 130
     _, records, _ = read_run(run_dir)
-    out.print(summary_table(records))
-    statuses = ", ".join(f"{s} {n}" for s, n in sorted(Counter(r.status for r in records).items()))
-    out.print(f"run {run_id}: {len(records)} cases ({statuses}) in {format_duration(time.monotonic() - started)} "
-              "wall time", highlight=False)
-    out.print(f"run folder: {run_dir}")
+    _print_summary(records, run_id, run_dir, time.monotonic() - started)
     if first.store.ingest:
         try:
             import duckdb  # noqa: F401
@@ -156,6 +193,25 @@ def cmd_run(args: list[str]) -> int:
         _ingest_into(db, [run_dir])
         out.print(f"DuckDB file: {db.resolve()}")
     return 0
+
+
+def _print_summary(records: list, run_id: str, run_dir: Path, seconds: float) -> None:
+    from fp8bench.runner import format_duration
+    from fp8bench.summary import results_table, skip_reasons, summary_table
+
+    out.print(summary_table(records))
+    per_case = results_table(records)
+    if per_case is not None:
+        out.print(per_case)
+    reasons = skip_reasons(records)
+    if reasons:
+        out.print("skipped, by reason:", highlight=False)
+        for line in reasons:
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
+    statuses = ", ".join(f"{s} {n}" for s, n in sorted(Counter(r.status for r in records).items()))
+    out.print(f"run {run_id}: {len(records)} cases ({statuses}) in {format_duration(seconds)} wall time",
+              highlight=False)
+    out.print(f"run folder: {run_dir}")
 
 
 def cmd_plan(args: list[str]) -> int:
@@ -430,11 +486,11 @@ def cmd_doctor(args: list[str]) -> int:
     from fp8bench.hardware import detect_device
 
     dev = detect_device()
-    table = Table(title="capability matrix on this device")
+    table = Table(title="capability matrix on this device (a backend unavailable here is explained below)")
     table.add_column("format/scaling")
     available = {b.value: _available(b.value) for b in BackendName}
     for b, (ok, _) in available.items():
-        table.add_column(b + ("" if ok else " (missing)"))
+        table.add_column(b + ("" if ok else " (unavailable)"))
     for fmt in Format:
         for sc in sorted(VALID_SCALINGS[fmt], key=lambda s: s.value):
             cells = ["yes" if ok and capability(b, fmt.value, sc.value, dev)[0] else "no"
@@ -443,7 +499,7 @@ def cmd_doctor(args: list[str]) -> int:
     out.print(table)
     for b, (ok, why) in available.items():
         if not ok:
-            out.print(f"{b}: {why}", highlight=False)
+            out.print(f"{b} unavailable here: {why}", highlight=False, markup=False, soft_wrap=True)
     out.print("why a cell is 'no': `fp8bench plan backend=B format=F scaling=S` gives the reason per case")
     return 0
 
@@ -453,7 +509,16 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         out.print(USAGE, highlight=False)
         return 0
+    if "--version" in argv or argv[0] == "-V":
+        from fp8bench import __version__
+        from fp8bench.records import MEASUREMENT_VERSION
+
+        out.print(f"fp8bench {__version__} (measurement version {MEASUREMENT_VERSION})", highlight=False)
+        return 0
     cmd, rest = argv[0], argv[1:]
+    if cmd in ("run", "plan", "doctor") and any(a in ("-h", "--help") for a in rest):
+        out.print(_help(cmd), highlight=False, markup=False)
+        return 0
     handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
                 "compare": cmd_compare, "asv-compare": cmd_asv_compare, "history": cmd_history,
                 "calibrate": cmd_calibrate, "roofline": cmd_roofline, "waterfall": cmd_waterfall, "memory": cmd_memory,
@@ -467,8 +532,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UsageError, StoreError) as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
+    except OSError as exc:  # a path the user gave (results_dir, --db, --out, an input) cannot be used
+        where = exc.filename if exc.filename is not None else ""
+        console.print(f"[red]error:[/] path {str(where)!r} cannot be used: {exc.strerror or exc}; give a "
+                      "folder or file this user can read and write", highlight=False, soft_wrap=True)
+        return 2
     except KeyboardInterrupt:
-        console.print("interrupted: every finished case is recorded; continue with resume=<run_id>")
+        console.print("interrupted: what was finished is recorded")
         return 130
 
 

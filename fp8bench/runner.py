@@ -16,14 +16,13 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from fp8bench.caserun import run_case
 from fp8bench.config.schema import Config, ConfigError
 from fp8bench.groups import is_group, run_group, units
 from fp8bench.hardware import DeviceInfo, environment, git_state
 from fp8bench.plan import Case
-from fp8bench.records import MEASUREMENT_VERSION, CaseRecord, ShardWriter, done_case_ids
+from fp8bench.records import MEASUREMENT_VERSION, CaseRecord, ShardWriter, done_case_ids, read_run
 
 __all__ = ["run_case", "run_cases", "execute"]
 
@@ -39,10 +38,29 @@ def run_dir_for(config: Config, run_id: str) -> Path:
     return Path(config.results_dir) / "runs" / run_id
 
 
-def check_resume(config: Config) -> None:
-    if config.resume and not run_dir_for(config, config.resume).is_dir():
+RESUME_FREE_KEYS = ("run_id", "resume", "results_dir", "store.")
+"""Overrides a resumed run may change: where it lives and how it is stored, not what it measures."""
+
+
+def _measuring(overrides: list[str]) -> list[str]:
+    return sorted(o for o in overrides if o not in ("-m", "--multirun") and not o.startswith(RESUME_FREE_KEYS))
+
+
+def check_resume(config: Config, overrides: list[str] | None = None) -> None:
+    """resume= names a run of this results folder, asked for with the same overrides (a resumed run that
+    measured something else would mix two studies under one id)."""
+    if not config.resume:
+        return
+    run_dir = run_dir_for(config, config.resume)
+    if not run_dir.is_dir():
         runs = sorted(p.name for p in (Path(config.results_dir) / "runs").glob("*") if p.is_dir())
         raise ConfigError(f"resume={config.resume!r} is not a run in {config.results_dir}/runs; choose one of {runs[-10:]}")
+    manifest, _, _ = read_run(run_dir)
+    recorded = ((manifest or {}).get("config") or {}).get("overrides")
+    if overrides is not None and recorded is not None and _measuring(recorded) != _measuring(overrides):
+        raise ConfigError(f"resume={config.resume!r} was a run of {' '.join(_measuring(recorded)) or 'the defaults'}; "
+                          f"this command asks for {' '.join(_measuring(overrides)) or 'the defaults'}; resume it with "
+                          f"the same overrides, or start a new run")
 
 
 def manifest_for(config: Config, run_id: str, overrides: list[str], n_cases: int) -> dict:
@@ -124,15 +142,3 @@ def execute(cases: list[Case], run_dir: Path, run_id: str, device: DeviceInfo, *
 
         run_cases(todo, run_id, device, emit)
     return records
-
-
-def summary_table(records: list[CaseRecord]) -> Table:
-    """Per workload × backend: how many ok/skipped/failed, and the median time of the ok ones."""
-    table = Table(title="fp8bench run summary")
-    statuses = ("ok", "skipped", "failed") + (("diverged",) if any(r.status == "diverged" for r in records) else ())
-    for col in ("workload", "backend", *statuses):
-        table.add_column(col, justify="right" if col in statuses else "left")
-    counts: Counter = Counter((r.workload, r.backend, r.status) for r in records)
-    for wl, be in sorted({(r.workload, r.backend) for r in records}):
-        table.add_row(wl, be, *(str(counts[(wl, be, s)]) for s in statuses))
-    return table

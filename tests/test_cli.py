@@ -70,3 +70,64 @@ def test_doctor_prints_device_and_matrix(cli, tmp_path):
 def test_help(cli):
     res = cli("--help")
     assert res.returncode == 0 and "plan" in res.stdout
+
+
+COMMANDS = ["run", "plan", "ingest", "export", "report", "compare", "asv-compare", "history", "calibrate", "roofline",
+            "waterfall", "memory", "doctor"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_and_version(cli, tmp_path, command):
+    helped = cli(command, "--help", cwd=tmp_path)
+    assert helped.returncode == 0 and "usage" in helped.stdout.lower(), helped.stdout + helped.stderr
+    version = cli(command, "--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.startswith("fp8bench ") and "measurement version" in version.stdout
+
+
+def test_run_prints_each_cases_figures_and_groups_skip_reasons(cli, tmp_path):
+    res = cli("run", "workload=gemm", "backend=torch", "workload.linears=[o]", "format=e4m3", "scaling=blockwise",
+              f"results_dir={tmp_path}", cwd=tmp_path)  # blockwise needs sm_90: skipped on a CPU, with the reason
+    assert res.returncode == 0, res.stderr
+    assert "skipped, by reason:" in res.stdout and "3 × " in res.stdout and "compute capability 9.0" in res.stdout
+    ok = cli("run", "workload=gemm", "backend=torch", "workload.linears=[o]", f"results_dir={tmp_path}", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    rows = [line for line in ok.stdout.splitlines() if "gemm.tiny." in line and ".e4m3.current.torch" in line]
+    assert len(rows) == 3  # fprop, dgrad, wgrad: time, speedup, its interval, SQNR
+    assert all(row.count("x") >= 1 and "28." in row for row in rows)
+
+
+def test_resume_with_other_overrides_is_refused(cli, tmp_path):
+    first = cli("run", "workload=quantize", "format=e4m3", "scaling=current", "run_id=q", f"results_dir={tmp_path}",
+                "store.ingest=false", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    other = cli("run", "sweep=train-tiny", "resume=q", f"results_dir={tmp_path}", cwd=tmp_path)
+    assert other.returncode == 2 and "resume='q' was a run of" in other.stderr and "Traceback" not in other.stderr
+    same = cli("run", "workload=quantize", "format=e4m3", "scaling=current", "resume=q", f"results_dir={tmp_path}",
+               "store.ingest=false", cwd=tmp_path)
+    assert same.returncode == 0 and "already recorded" in same.stderr
+
+
+def test_piped_tables_keep_every_cell_whole(cli, tmp_path):
+    """Piped (no terminal), rich would cut cells to 80 columns ('e4m…'): they stay whole."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    res = subprocess.run([sys.executable, "-m", "fp8bench", "doctor"], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=300)
+    assert res.returncode == 0 and "…" not in res.stdout and "e4m3/blockwise" in res.stdout
+
+
+@pytest.mark.parametrize("args", [["run", "workload=quantize", "results_dir=/proc/fp8bench"],
+                                  ["ingest", ".", "--db", "/proc/fp8bench/x.duckdb"],
+                                  ["report", "--db", "DB", "--out", "/proc/fp8bench-site"]])
+def test_paths_that_cannot_be_used_exit_2_with_one_line(cli, tmp_path, args):
+    if "DB" in args:
+        made = cli("run", "workload=quantize", "format=e4m3", "scaling=current", f"results_dir={tmp_path}",
+                   cwd=tmp_path)
+        assert made.returncode == 0, made.stderr
+        args = [str(tmp_path / "fp8bench.duckdb") if a == "DB" else a for a in args]
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.count("error:") == 1 and "/proc/fp8bench" in res.stderr

@@ -1,0 +1,65 @@
+"""What `fp8bench run` prints when it ends: counts per workload × backend with the median speedup, each ok
+case's figures when there are few, and why the rest were skipped, grouped by reason. No torch, no DuckDB."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+
+from rich.table import Table
+
+from fp8bench.records import CaseRecord
+
+PER_CASE_ROWS = 30
+"""A run with at most this many ok cases lists each; a sweep lists counts and median speedups per group."""
+REASON_ROWS = 8
+"""Skip reasons shown (the most frequent first); the report's Not measured list has all of them."""
+
+
+def summary_table(records: list[CaseRecord]) -> Table:
+    """Per workload × backend: how many ok/skipped/failed, and the median speedup of the ok FP8 cases."""
+    table = Table(title="fp8bench run summary")
+    statuses = ("ok", "skipped", "failed") + (("diverged",) if any(r.status == "diverged" for r in records) else ())
+    for col in ("workload", "backend", *statuses, "median speedup vs BF16"):
+        table.add_column(col, justify="left" if col in ("workload", "backend") else "right")
+    counts: Counter = Counter((r.workload, r.backend, r.status) for r in records)
+    speedups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in records:
+        s = r.metric("speedup_vs_bf16")
+        if r.status == "ok" and s is not None:
+            speedups[(r.workload, r.backend)].append(s)
+    for wl, be in sorted({(r.workload, r.backend) for r in records}):
+        s = speedups.get((wl, be))
+        median = (f"{statistics.median(s):.2f}x ({min(s):.2f}-{max(s):.2f}, {len(s)} cases)" if s else "")
+        table.add_row(wl, be, *(str(counts[(wl, be, st)]) for st in statuses), median)
+    return table
+
+
+def results_table(records: list[CaseRecord]) -> Table | None:
+    """Each ok case's median time, speedup with its 95% interval, SQNR and host-boundness; None for a sweep
+    with more than PER_CASE_ROWS ok cases (the summary and the report carry those)."""
+    ok = [r for r in records if r.status == "ok"]
+    if not ok or len(ok) > PER_CASE_ROWS:
+        return None
+    table = Table(title="results (median time; speedup vs the BF16 twin with its 95% interval over rounds)")
+    for col in ("case", "time_ms", "speedup", "95% interval", "sqnr_db", "bound"):
+        table.add_column(col, justify="left" if col in ("case", "bound") else "right")
+    for r in sorted(ok, key=lambda r: r.case_id):
+        t, s, sqnr = r.metric("time_ms"), r.metric("speedup_vs_bf16"), r.metric("sqnr_db")
+        lo, hi, bound = r.metric("speedup_vs_bf16_lo"), r.metric("speedup_vs_bf16_hi"), r.metric("host_bound")
+        table.add_row(r.case_id, "" if t is None else f"{t:.4g}", "" if s is None else f"{s:.2f}x",
+                      "" if lo is None else f"{lo:.2f}-{hi:.2f}", "" if sqnr is None else f"{sqnr:.1f}",
+                      {1.0: "host-bound", 0.0: "device-bound"}.get(bound, ""))
+    return table
+
+
+def skip_reasons(records: list[CaseRecord]) -> list[str]:
+    """'N × reason' lines for the skipped cases, most frequent first, at most REASON_ROWS and a line for the
+    rest."""
+    reasons = Counter(r.reason for r in records if r.status == "skipped")
+    lines = [f"{n:>5} × {reason}" for reason, n in reasons.most_common(REASON_ROWS)]
+    rest = sum(reasons.values()) - sum(n for _, n in reasons.most_common(REASON_ROWS))
+    if rest:
+        lines.append(f"{rest:>5} × {len(reasons) - REASON_ROWS} other reasons (`fp8bench plan` lists each case's; "
+                     "the report's Not measured list groups them)")
+    return lines
