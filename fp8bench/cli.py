@@ -310,13 +310,13 @@ def cmd_roofline(args: list[str]) -> int:
         return 0
     for device, d in df.groupby("device"):
         table = Table(title=f"roofline vs measured speedup on {device} ({'with quantization' if ns.with_quant else 'kernel only'})")
-        cols = ("case", "casts", "expected", "measured", "error", "with fused casts") if ns.with_quant else \
-            ("case", "expected", "measured", "error")
+        cols = ("case", "run", "casts", "expected", "measured", "error", "with fused casts") if ns.with_quant else \
+            ("case", "run", "expected", "measured", "error")
         for col in cols:
             table.add_column(col, overflow="fold")
         for r in d.sort_values("rel_error").itertuples():
-            row = [r.case_id, f"{r.expected:.2f}x", f"{r.measured:.2f}x", f"{r.rel_error:+.0%}"]
-            table.add_row(*([row[0], r.cast, *row[1:], f"{r.expected_fused:.2f}x"] if ns.with_quant else row))
+            row = [r.case_id, r.run_id, f"{r.expected:.2f}x", f"{r.measured:.2f}x", f"{r.rel_error:+.0%}"]
+            table.add_row(*([*row[:2], r.cast, *row[2:], f"{r.expected_fused:.2f}x"] if ns.with_quant else row))
         out.print(table)
         out.print(f"{device}: median |error| {median_abs_error(d):.1%} over {len(d)} cases")
     return 0
@@ -371,12 +371,14 @@ def cmd_waterfall(args: list[str]) -> int:
                         "FP8 GEMMs, + casts, + non-GEMM kernels, + idle (= measured); kernels% = FP8 kernel time "
                         "/ measured step")
     table.add_column("case", overflow="fold")
-    stage_names = [name for name, _ in rows[0][4].stages()]
+    table.add_column("run")
+    stage_names = [name for name, _ in rows[0].waterfall.stages()]
     for name in stage_names:
         table.add_column(name, justify="right")
     table.add_column("kernels%", justify="right")
-    for case_id, *_, w in rows:
-        table.add_row(case_id, *(f"{v:.2f}x" for _, v in w.stages()), f"{w.explained_pct:.1f}%")
+    for r in rows:
+        w = r.waterfall
+        table.add_row(r.case_id, r.run_id, *(f"{v:.2f}x" for _, v in w.stages()), f"{w.explained_pct:.1f}%")
     out.print(table)
     return 0
 

@@ -100,7 +100,8 @@ def expected_speedup(m: int, n: int, k: int, fmt: str, scaling: str, ceiling: Ce
 
 
 def expected_vs_measured(con, with_quant: bool = False):
-    """GEMM cases with a BF16 twin in the same run and ceilings for their device: expected and measured
+    """GEMM cases (each from the latest run that has it with its BF16 twin) with ceilings for their device:
+    expected and measured
     speedup (kernel-only by default: `time_ms_kernel` against the BF16 time), and the relative error. With
     quantization each case is modelled with its backend's casts (`cast`: eager or fused; none for the kernel
     alone), and `expected_fused` is what fused casts would give the same GEMM."""
@@ -109,6 +110,7 @@ def expected_vs_measured(con, with_quant: bool = False):
     rows = con.execute("""
         WITH g AS (
           SELECT c.run_id, c.case_id, c.model, c.shape_name, c.backend, c.format, c.scaling, c.shape, r.device_name,
+                 r.started_at,
                  max(m.value) FILTER (WHERE m.metric = 'time_ms') AS time_ms,
                  max(m.value) FILTER (WHERE m.metric = 'time_ms_kernel') AS time_ms_kernel
           FROM cases c JOIN runs r USING (run_id) JOIN measurements m USING (run_id, case_id)
@@ -117,7 +119,8 @@ def expected_vs_measured(con, with_quant: bool = False):
         FROM g f JOIN g b ON b.run_id = f.run_id AND b.model = f.model AND b.shape_name = f.shape_name
              AND b.backend = f.backend AND b.format = 'bf16'
         JOIN ceilings k ON k.device_name = f.device_name
-        WHERE f.format != 'bf16'""").fetchdf()
+        WHERE f.format != 'bf16'
+        QUALIFY row_number() OVER (PARTITION BY f.device_name, f.case_id ORDER BY f.started_at DESC) = 1""").fetchdf()
     if rows.empty:
         return rows
     import json

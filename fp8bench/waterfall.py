@@ -22,6 +22,7 @@ Torch-free: it runs on DuckDB rows anywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from fp8bench.records import VARIANT_SQL
 
@@ -76,12 +77,22 @@ def waterfall(bf16: Step, fp8: Step) -> Waterfall:
                      explained_pct=100.0 * fp8.busy / fp8.time_ms)
 
 
-def from_db(con):
-    """(FP8 case, its BF16 twin, Waterfall) for every linear/layer/train case with kernel metrics and a BF16
-    case of the same run, model, shape, backend and variant."""
+class CaseWaterfall(NamedTuple):
+    case_id: str
+    bf16_case: str
+    fp8: Step
+    bf16: Step
+    waterfall: Waterfall
+    run_id: str
+
+
+def from_db(con) -> list[CaseWaterfall]:
+    """The waterfall of every linear/layer/train FP8 case with kernel metrics and a BF16 case of the same run,
+    model, shape, backend and variant: one per case, from the latest run that has it (a case re-run is one
+    case, not several rows)."""
     rows = con.execute("""
         WITH k AS (
-          SELECT c.run_id, c.case_id, c.workload, c.model, c.shape_name, c.backend, c.format,
+          SELECT c.run_id, c.case_id, r.started_at, c.workload, c.model, c.shape_name, c.backend, c.format,
                  """ + VARIANT_SQL + """ AS variant,
                  max(m.value) FILTER (WHERE m.metric = 'time_ms') AS time_ms,
                  max(m.value) FILTER (WHERE m.metric = 'gpu_gemm_ms') AS gemm,
@@ -89,7 +100,7 @@ def from_db(con):
                  max(m.value) FILTER (WHERE m.metric = 'gpu_attention_ms') AS attention,
                  max(m.value) FILTER (WHERE m.metric = 'gpu_other_ms') AS other,
                  max(m.value) FILTER (WHERE m.metric = 'gpu_busy_ms') AS busy
-          FROM cases c JOIN measurements m USING (run_id, case_id)
+          FROM cases c JOIN runs r USING (run_id) JOIN measurements m USING (run_id, case_id)
           WHERE c.workload IN ('linear', 'layer', 'train') AND c.status = 'ok' GROUP BY ALL)
         SELECT f.*, b.case_id AS bf16_case, b.time_ms AS b_time_ms, b.gemm AS b_gemm, b.quantize AS b_quantize,
                b.attention AS b_attention, b.other AS b_other, b.busy AS b_busy
@@ -97,6 +108,7 @@ def from_db(con):
              AND b.shape_name = f.shape_name AND b.backend = f.backend AND b.variant = f.variant
              AND b.format = 'bf16'
         WHERE f.format != 'bf16' AND f.busy IS NOT NULL AND b.busy IS NOT NULL
+        QUALIFY row_number() OVER (PARTITION BY f.case_id ORDER BY f.started_at DESC) = 1
         ORDER BY f.workload, f.model, f.shape_name, f.backend, f.case_id""").fetchall()
     cols = [d[0] for d in con.description]
     out = []
@@ -104,5 +116,5 @@ def from_db(con):
         r = dict(zip(cols, row, strict=True))
         fp8 = Step(r["time_ms"], r["gemm"], r["quantize"], r["attention"], r["other"], r["busy"])
         bf16 = Step(r["b_time_ms"], r["b_gemm"], r["b_quantize"], r["b_attention"], r["b_other"], r["b_busy"])
-        out.append((r["case_id"], r["bf16_case"], fp8, bf16, waterfall(bf16, fp8)))
+        out.append(CaseWaterfall(r["case_id"], r["bf16_case"], fp8, bf16, waterfall(bf16, fp8), r["run_id"]))
     return out

@@ -59,7 +59,7 @@ def test_the_kernel_breakdown_is_cuda_only():
 def test_waterfall_of_the_committed_h200_layer_runs(tmp_path):
     con = store.connect(tmp_path / "db.duckdb")
     store.ingest(con, [ROOT / "results" / "h200-layer"])
-    rows = {case: (fp8, bf16, w) for case, _, fp8, bf16, w in from_db(con)}
+    rows = {case: (fp8, bf16, w) for case, _, fp8, bf16, w, _ in from_db(con)}
     delayed = rows["layer.llama2-7b.b2s4096.e4m3.delayed.te"]
     fp8, bf16, w = delayed
     assert w.measured == pytest.approx(bf16.time_ms / fp8.time_ms)

@@ -25,12 +25,14 @@ def build_site(con, out: Path) -> list[Path]:
     from fp8bench.compare import history_steps
 
     df, runs = data.cases(con), data.runs(con)
+    head = data.latest(df)  # one value per case: its latest run; every run stays in History
     asv = out / "asv" / "index.html"
     falls = data.waterfalls(con)
     roof, roof_quant = data.roofline(con), data.roofline(con, with_quant=True)
-    built = [pages.overview(df, runs, falls), pages.gemm_page(df, roof, roof_quant), pages.modules_page(df, falls),
-             pages.training_page(df, data.train_curves(con)), pages.numerics_page(df),
-             pages.history_page(df, asv if asv.is_file() else None, history_steps(con)), pages.runs_page(runs)]
+    built = [pages.overview(head, runs, falls), pages.gemm_page(head, roof, roof_quant),
+             pages.modules_page(head, falls), pages.training_page(head, data.train_curves(con)),
+             pages.numerics_page(head), pages.history_page(df, asv if asv.is_file() else None, history_steps(con)),
+             pages.runs_page(runs)]
     written = []
     for page in built:
         path = out / page.filename

@@ -123,7 +123,7 @@ def waterfalls(con) -> pd.DataFrame:
     from fp8bench.waterfall import from_db
 
     rows = [{"case_id": case, "stage": name, "speedup": value, "kernels_pct": w.explained_pct, "order": i}
-            for case, _, _, _, w in from_db(con) for i, (name, value) in enumerate(w.stages())]
+            for case, _, _, _, w, _ in from_db(con) for i, (name, value) in enumerate(w.stages())]
     return pd.DataFrame(rows, columns=["case_id", "stage", "speedup", "kernels_pct", "order"])
 
 
