@@ -32,6 +32,7 @@ run: $(STAMP)
 	if [ -n "$(TRAIN_SWEEP)" ]; then $(BIN)/fp8bench run sweep=$(TRAIN_SWEEP); fi
 	$(BIN)/fp8bench ingest results
 	$(BIN)/fp8bench report --out results/site
+	@if command -v chromium >/dev/null 2>&1; then $(BIN)/python scripts/screenshot.py results/site docs/overview.png >/dev/null && echo "README picture: docs/overview.png (this site's overview)"; else echo "no chromium here: docs/overview.png left as it is"; fi
 	@echo "DuckDB file: $(CURDIR)/results/fp8bench.duckdb"
 	@echo "report: $(CURDIR)/results/site/index.html"
 

@@ -73,7 +73,7 @@ def test_planted_markup_renders_as_text(site):
     assert PLANTED in page_text(site, "runs.html")
     assert page_text(site, "runs.html", "typeof window.__pwned") == "undefined"
     assert page_text(site, "index.html", "typeof window.__pwned") == "undefined"
-    assert PLANTED in page_text(site, "index.html")  # the failed case's reason, in "Not measured"
+    assert PLANTED in page_text(site, "index.html", "document.body.textContent")  # a failed case's reason
 
 
 def test_pages_are_small_and_share_one_plotly_asset(site):
@@ -86,7 +86,7 @@ def test_pages_are_small_and_share_one_plotly_asset(site):
 
 
 def test_skipped_recipes_are_visible_with_reasons(site):
-    text = page_text(site, "index.html")
+    text = page_text(site, "index.html", "document.body.textContent")  # the list is collapsed: one click away
     assert "Not measured, and why" in text
     assert "compute capability 10.0" in text  # MXFP8/NVFP4 on the H200
 
@@ -102,3 +102,20 @@ def test_overview_and_gemm_pages_show_intervals_and_the_host_bound_label(site):
     for column in ("speedup_lo", "kernel_lo", "kernel_hi", "run_id"):
         assert column in gemm
     assert "host-bound" in gemm.split("TFLOPS and speedups")[1] and "device-bound" in gemm
+
+
+def test_every_plot_has_a_title_and_pages_stay_readable_at_1400_pixels(checks):
+    for c in checks:
+        assert c.untitled_plots == 0, c.page
+        assert c.scroll_width <= 1400, (c.page, c.scroll_width)  # wide tables scroll inside their box
+        assert c.height <= 8500, (c.page, c.height)
+
+
+def test_the_overview_leads_with_the_headline_and_collapses_what_was_not_measured(site):
+    titles = page_text(site, "index.html", "Array.from(document.querySelectorAll('.plot')).map(d => d.layout.title.text)")
+    assert titles and titles[0].startswith("Speedup over BF16 per recipe and model")
+    closed = page_text(site, "index.html", "Array.from(document.querySelectorAll('details')).filter(d => "
+                                           "d.querySelector('summary').innerText.includes('not measured')).map(d => d.open)")
+    assert closed == [False]
+    runs = page_text(site, "runs.html")  # the table, not the collapsed configs: no machine's own folders
+    assert "/work/" not in runs and "/tmp/" not in runs and "runs/planted" in runs

@@ -24,6 +24,11 @@ class PageCheck:
     drawn_plots: int = 0
     broken_links: list[str] = field(default_factory=list)
     external_requests: list[str] = field(default_factory=list)
+    untitled_plots: int = 0
+    height: int = 0
+    """The page's height in pixels at the 1400-pixel-wide viewport."""
+    scroll_width: int = 0
+    """The page's width: above the viewport's, something (a table) spills past it."""
 
 
 def check_site(site: Path, screenshot: Path | None = None) -> list[PageCheck]:
@@ -53,6 +58,10 @@ def check_site(site: Path, screenshot: Path | None = None) -> list[PageCheck]:
                 ".plot", "els => els.map(e => { const s = e.querySelector('svg.main-svg');"
                          " return s !== null && s.childElementCount > 0; })")
             current[-1].plots, current[-1].drawn_plots = len(drawn), sum(drawn)
+            current[-1].untitled_plots = page.eval_on_selector_all(
+                ".plot", "els => els.filter(e => !(e.layout && e.layout.title && e.layout.title.text)).length")
+            current[-1].height = page.evaluate("document.documentElement.scrollHeight")
+            current[-1].scroll_width = page.evaluate("document.documentElement.scrollWidth")
             for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):
                 url = urlparse(href)
                 if url.scheme == "file" and not Path(unquote(url.path)).is_file():

@@ -117,6 +117,21 @@ def not_measured(df: pd.DataFrame, workloads: tuple[str, ...] | None = None) -> 
             .size().reset_index(name="cases").sort_values(["status", "cases"], ascending=[True, False]))
 
 
+def not_measured_by_reason(df: pd.DataFrame) -> pd.DataFrame:
+    """Skipped and failed cases, one row per (status, reason): how many, and which workloads, backends and
+    devices they span (the Overview's collapsed list)."""
+    sub = df[df["status"] != "ok"]
+    if sub.empty:
+        return pd.DataFrame(columns=["status", "reason", "cases", "workloads", "backends", "devices"])
+
+    def joined(s: pd.Series) -> str:
+        return ", ".join(sorted(set(s.dropna().astype(str))))
+    return (sub.groupby(["status", "reason"], dropna=False)
+            .agg(cases=("case_id", "count"), workloads=("workload", joined), backends=("backend", joined),
+                 devices=("device", joined))
+            .reset_index().sort_values(["status", "cases"], ascending=[True, False]))
+
+
 def waterfalls(con) -> pd.DataFrame:
     """One row per (FP8 linear/layer/train case, waterfall stage): the speedup after that stage
     (fp8bench.waterfall), and how much of the FP8 step its kernels explain."""

@@ -29,6 +29,8 @@ th{background:#eef2f7}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .note{color:#55606e;font-size:13px;max-width:1000px}.bad{color:#b3261e}.good{color:#1b7f3b}
 .plot{width:100%;min-height:360px}pre{white-space:pre-wrap;font-size:12px;max-width:1200px}
 details{margin:6px 0}
+.tbl{max-width:100%;max-height:520px;overflow:auto;margin:8px 0}.tbl table{margin:0}
+.tbl thead th{position:sticky;top:0}
 """
 
 
@@ -83,8 +85,14 @@ class Page:
         """Markup built by this module only (never record text)."""
         self.parts.append(trusted_html)
 
-    def figure(self, fig) -> None:
-        """A plotly figure, drawn by the shared assets/plotly.min.js."""
+    def figure(self, fig, title: str, x_title: str | None = None, y_title: str | None = None) -> None:
+        """A plotly figure, drawn by the shared assets/plotly.min.js, with its title and (cartesian plots) the
+        axes' titles with units: every plot says what it shows."""
+        fig.update_layout(title={"text": title, "x": 0.0, "xanchor": "left"}, margin={"t": 60})
+        if x_title is not None:
+            fig.update_xaxes(title=x_title)
+        if y_title is not None:
+            fig.update_yaxes(title=y_title)
         self._plots += 1
         div = f"plot-{self._plots}"
         spec = fig.to_plotly_json()
@@ -112,7 +120,9 @@ class Page:
                     cells.append(f"<td>{esc(v)}</td>")
             rows.append("<tr>" + "".join(cells) + "</tr>")
         more = f'<p class="note">{len(df) - max_rows} more rows not shown</p>' if len(df) > max_rows else ""
-        self.parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}")
+        # a wide or long table scrolls inside its box instead of stretching the page
+        self.parts.append(f'<div class="tbl"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
+                          f"</table></div>{more}")
 
     def render(self) -> str:
         nav = "".join(f'<a href="{f}"{" class=on" if f == self.filename else ""}>{esc(t)}</a>' for f, t in PAGES)

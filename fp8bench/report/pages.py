@@ -9,10 +9,12 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from fp8bench.report.data import bound_label, interval, latest, not_measured
+from fp8bench.report.data import bound_label, interval, latest, not_measured, not_measured_by_reason
 from fp8bench.report.html import Page, esc
 
 PLOT_H = 420
+CURVE_H = 320
+"""Loss curves are drawn lower: a training page holds two per run."""
 
 
 def _real(df: pd.DataFrame) -> pd.DataFrame:
@@ -132,12 +134,14 @@ def memory_why(adv: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
 
 def overview(df: pd.DataFrame, runs: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
     p = Page("index.html", "Overview: which FP8 recipe pays here?")
-    p.note("Every number on this site is a measurement from a recorded run (see Runs). Speedups compare each "
-           "recipe with the BF16 case of the same shape and backend in the same run; accuracy compares the "
-           "real kernel's output with the exact emulator on the same inputs (and with an FP64 reference).")
-    counts = df.groupby(["device", "status"]).size().unstack(fill_value=0).reset_index() if not df.empty else df
-    p.h2("What was measured")
-    p.table(counts)
+    p.note("Every number on this site is a measurement from a recorded run (see Runs), each case from its latest "
+           "run. Speedups: each recipe timed side by side with its BF16 twin, with a 95% interval; accuracy: the "
+           "real kernel's output against the exact emulator on the same inputs (and an FP64 reference).")
+    head = headline(df)
+    if not head.empty:
+        p.h2("Headline: FP8 speedup over BF16 for a whole layer and a whole training step")
+        p.figure(_headline_figure(head), "Speedup over BF16 per recipe and model (bars: 95% interval where "
+                 "measured; hover: host-bound or not)", "model", "speedup vs BF16 (x)")
     adv = memory_why(why_not_2x(advisor(df), df, falls), df)
     p.h2("Advisor: recipes per device × model × workload")
     if adv.empty:
@@ -159,11 +163,41 @@ def overview(df: pd.DataFrame, runs: pd.DataFrame, falls: pd.DataFrame | None = 
         p.table(adv.drop(columns=["recommended", "why"]), {"speedup": 2, "speedup_lo": 2, "speedup_hi": 2,
                                                            "sqnr_db": 1, "vs_emulator_db": 1, "mem_change_pct": 0})
         p.raw("</details>")
+    p.h2("What was measured")
+    p.table(df.groupby(["device", "status"]).size().unstack(fill_value=0).reset_index() if not df.empty else df)
     p.h2("Not measured, and why")
+    missing = not_measured_by_reason(df)
     p.note("Skipped cases are recipes this device or installation cannot run (the reason says what would); "
-           "failed cases raised or disagreed with the emulator.")
-    p.table(not_measured(df))
+           "failed cases raised or disagreed with the emulator. One row per reason.")
+    p.raw(f"<details><summary>{int(missing['cases'].sum()) if not missing.empty else 0} cases not measured, for "
+          f"{len(missing)} reasons</summary>")
+    p.table(missing)
+    p.raw("</details>")
     return p
+
+
+def headline(df: pd.DataFrame) -> pd.DataFrame:
+    """The FP8 layer and training cases with a speedup, per device, model and recipe, with the interval."""
+    h = _real(df)
+    h = h[h["workload"].isin(["layer", "train"]) & (h["format"] != "bf16") & h["speedup"].notna()]
+    if h.empty:
+        return h
+    lo, hi = interval(h)
+    bound = bound_label(h["host_bound"]) if "host_bound" in h else pd.Series("", index=h.index)
+    return (h.assign(s_lo=lo, s_hi=hi, bound=bound, label=h["device"] + " · " + h["model"])
+            .groupby(["label", "workload", "recipe"], dropna=False)
+            .agg(speedup=("speedup", "median"), lo=("s_lo", "median"), hi=("s_hi", "median"),
+                 bound=("bound", "first"), run_id=("run_id", "first")).reset_index())
+
+
+def _headline_figure(h: pd.DataFrame) -> go.Figure:
+    h = h.assign(plus=(h["hi"] - h["speedup"]).clip(lower=0), minus=(h["speedup"] - h["lo"]).clip(lower=0))
+    fig = px.bar(h.sort_values(["workload", "label", "recipe"]), x="label", y="speedup", color="recipe",
+                 barmode="group", facet_row="workload", error_y="plus", error_y_minus="minus",
+                 hover_data=["bound", "run_id", "lo", "hi"], height=PLOT_H + 260 * h["workload"].nunique())
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
+    fig.for_each_annotation(lambda a: a.update(text=a.text.replace("workload=", "")))
+    return fig
 
 
 # --------------------------------------------------------------------------- GEMMs
@@ -192,10 +226,12 @@ def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd
                "cases (the GPU waited for the host for more than a tenth of each iteration) measure this box's "
                "CPU as much as its GPU; their cells in the heatmaps carry an h.")
         p.h2(f"{device}: speedup vs BF16 with quantization (what training pays)")
-        p.figure(_heatmap(d, "speedup"))
+        p.figure(_heatmap(d, "speedup"), f"{device}: FP8 GEMM speedup vs BF16, casts included (x)", "recipe",
+                 "model and GEMM")
         if d["kernel_speedup"].notna().any():
             p.h2(f"{device}: speedup of the GEMM kernel alone (operands quantized up front)")
-            p.figure(_heatmap(d, "kernel_speedup"))
+            p.figure(_heatmap(d, "kernel_speedup"), f"{device}: FP8 GEMM kernel speedup vs BF16 (x)", "recipe",
+                     "model and GEMM")
         p.h2(f"{device}: TFLOPS and speedups with their 95% intervals, kernel only and with quantization")
         cols = ["shape", "recipe", "run_id", "tflops", "tflops_kernel", "pct_of_peak", "pct_of_ceiling", "speedup",
                 "speedup_lo", "speedup_hi", "kernel_speedup", "kernel_lo", "kernel_hi", "bound"]
@@ -212,7 +248,8 @@ def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd
                    f"{len(r)} cases; cases under {ROOFLINE_SHORT:.0%} of their expected speedup are listed.")
             lo, hi = float(min(r["expected"].min(), r["measured"].min())), float(max(r["expected"].max(),
                                                                                     r["measured"].max()))
-            p.figure(_expected_vs_measured(r, lo, hi))
+            p.figure(_expected_vs_measured(r, lo, hi), f"{device}: kernel speedup, roofline vs measured",
+                     "expected speedup (x)", "measured speedup (x)")
             short = r[r["measured"] < ROOFLINE_SHORT * r["expected"]]
             p.table(short.sort_values("rel_error")[["case_id", "expected", "measured", "rel_error"]],
                     {"expected": 2, "measured": 2, "rel_error": 2})
@@ -224,7 +261,9 @@ def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd
                    f"passes). Median |error| {r['rel_error'].abs().median():.1%} over {len(r)} cases. The table "
                    "lists the cases that lose most to their casts: measured against what fused casts would give.")
             hi = float(max(r["expected"].max(), r["measured"].max(), r["expected_fused"].max()))
-            p.figure(_expected_vs_measured(r, 0.0, hi, color="cast"))
+            p.figure(_expected_vs_measured(r, 0.0, hi, color="cast"),
+                     f"{device}: speedup with quantization, roofline vs measured", "expected speedup (x)",
+                     "measured speedup (x)")
             lost = r.assign(share_of_fused=r["measured"] / r["expected_fused"]).sort_values("share_of_fused")
             p.table(lost.head(15)[["case_id", "cast", "measured", "expected", "expected_fused", "share_of_fused"]],
                     {"measured": 2, "expected": 2, "expected_fused": 2, "share_of_fused": 2})
@@ -256,6 +295,10 @@ def _heatmap(d: pd.DataFrame, col: str) -> go.Figure:
 
 # --------------------------------------------------------------------------- modules and layers
 
+WATERFALL_LINES = 24
+"""A workload's waterfall is drawn as a chart up to this many cases; beyond, its table carries them."""
+
+
 def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
     p = Page("modules.html", "Modules and layers: fwd+bwd time per backend and recipe")
     if falls is not None and not falls.empty:
@@ -268,9 +311,13 @@ def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
                "(MEASUREMENT_VERSION 2) read 109-115% for TE's Current and Block layers on the H200.")
         f = falls.sort_values(["case_id", "order"])
         for workload, fw in f.groupby(f["case_id"].str.split(".").str[0]):
-            p.note(f"{workload} cases")
+            n = fw["case_id"].nunique()
+            if n > WATERFALL_LINES:  # a chart of that many lines reads as noise: the table has each case
+                p.note(f"{workload}: {n} cases, each in the table below")
+                continue
             p.figure(px.line(fw, x="stage", y="speedup", color="case_id", markers=True,
-                             height=max(PLOT_H, 14 * fw["case_id"].nunique() + 200)))
+                             height=min(700, max(PLOT_H, 14 * n + 200))),
+                     f"{workload}: speedup after each stage of the waterfall", "stage", "speedup vs BF16 (x)")
         p.table(f.pivot_table(index="case_id", columns="stage", values="speedup")
                 .reindex(columns=list(f.drop_duplicates("stage").sort_values("order")["stage"]))
                 .join(f.groupby("case_id")["kernels_pct"].first()).reset_index(),
@@ -281,16 +328,19 @@ def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
         d = d.assign(shape=d["model"] + " " + d["shape_name"])
         p.h2(f"{device}: {workload} fwd+bwd time (ms)")
         fig = px.bar(d.sort_values("recipe"), x="shape", y="time_ms", color="recipe", barmode="group", height=PLOT_H)
-        p.figure(fig)
+        p.figure(fig, f"{device}: {workload} forward + backward time, latest run of each case", "model and shape",
+                 "time (ms)")
         if workload == "layer" and d["peak_mem_bytes"].notna().any():
             p.h2(f"{device}: layer peak memory (GiB): FP8 often raises it")
             p.figure(px.bar(d.assign(peak_gib=d["peak_mem_bytes"] / 2**30).sort_values("recipe"), x="shape",
-                            y="peak_gib", color="recipe", barmode="group", height=PLOT_H))
+                            y="peak_gib", color="recipe", barmode="group", height=PLOT_H),
+                     f"{device}: layer peak memory per recipe", "model and shape", "peak memory (GiB)")
             b = d[d["mem_step_peak_bytes"].notna()]
             if not b.empty:
                 p.note("Where one fwd+bwd step's peak goes, measured: resident before the forward, saved by the "
                        "forward for backward (FP8 part from the saved tensors' dtypes), the backward's transient.")
-                p.figure(_memory_bars(b.assign(label=b["shape"] + " · " + b["recipe"])))
+                p.figure(_memory_bars(b.assign(label=b["shape"] + " · " + b["recipe"])),
+                         f"{device}: where a layer step's peak memory goes", "memory (GiB)", "")
         p.table(d.sort_values(["shape", "time_ms"])[["shape", "recipe", "time_ms", "tflops", "speedup",
                                                      "peak_mem_bytes", "sqnr_db"]],
                 {"time_ms": 3, "tflops": 0, "speedup": 2, "peak_mem_bytes": 0, "sqnr_db": 1})
@@ -314,7 +364,8 @@ def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
                       var_name="part", value_name="ms")
         long["label"] = long["device"] + " · " + long["model"] + " · " + long["recipe"]
         p.figure(px.bar(long, x="ms", y="label", color="part", orientation="h",
-                        height=max(PLOT_H, 18 * long["label"].nunique() + 120)))
+                        height=min(900, max(PLOT_H, 18 * long["label"].nunique() + 120))),
+                 "FP8 GEMM time: the kernel and the casts around it, summed over each model's GEMMs", "time (ms)", "")
     p.h2("Not measured, and why")
     p.table(not_measured(df, ("linear", "layer")))
     return p
@@ -364,7 +415,7 @@ def _memory_bars(m: pd.DataFrame) -> go.Figure:
     long["GiB"] = long["bytes"] / 2**30
     long["part"] = long["part"].map(dict(parts))
     return px.bar(long, x="GiB", y="label", color="part", orientation="h",
-                  height=max(PLOT_H, 26 * m["label"].nunique() + 140))
+                  height=min(700, max(PLOT_H, 26 * m["label"].nunique() + 140)))
 
 
 def _parity(row) -> str:
@@ -445,17 +496,18 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame) -> Page:
         if not c.empty:
             c = c.merge(d[["case_id", "label"]], on="case_id")
             val = c[c["kind"] == "validation"]
-            p.figure(px.line(val, x="step", y="loss", color="label", markers=True, height=PLOT_H,
-                             labels={"loss": "validation loss (nats/byte)"}))
+            p.figure(px.line(val, x="step", y="loss", color="label", markers=True, height=CURVE_H),
+                     f"{model}: validation loss per recipe (run {run_id})", "step", "validation loss (nats/byte)")
             tr = c[c["kind"] == "train"].copy()
             tr["loss"] = tr.groupby("label")["loss"].transform(lambda s: s.rolling(20, min_periods=1).mean())
-            p.figure(px.line(tr, x="step", y="loss", color="label", height=PLOT_H,
-                             labels={"loss": "training loss, 20-step mean"}))
+            p.figure(px.line(tr, x="step", y="loss", color="label", height=CURVE_H),
+                     f"{model}: training loss, 20-step mean (run {run_id})", "step", "training loss (nats/byte)")
         m = d[d["mem_step_peak_bytes"].notna()]
         if not m.empty:
             p.note("Memory at the peak of one training step, measured: resident before its forward, saved by the "
                    "forward for backward (FP8 part from the saved tensors' dtypes), then the backward's transient.")
-            p.figure(_memory_bars(m))
+            p.figure(_memory_bars(m), f"{model}: where a training step's peak memory goes (run {run_id})",
+                     "memory (GiB)", "")
     fw = integration_overhead(t)
     if not fw.empty:
         p.h2("Framework integrations: what Lightning and Accelerate add")
@@ -488,8 +540,7 @@ def numerics_page(df: pd.DataFrame) -> Page:
         p.note("No GEMM numerics recorded.")
         return p
     fig = px.box(g, x="fmt_scaling", y="sqnr_db", color="backend", points=False, height=PLOT_H)
-    fig.update_yaxes(title="SQNR (dB)")
-    p.figure(fig)
+    p.figure(fig, "GEMM output SQNR against FP64, per format and scaling", "format / scaling", "SQNR (dB)")
     t = (g.groupby(["fmt_scaling", "backend"]).agg(sqnr_db=("sqnr_db", "median"), rel_err=("rel_err", "median"),
                                                    vs_emulator_db=("sqnr_vs_emulated_db", "min"),
                                                    cases=("case_id", "count")).reset_index())
@@ -527,8 +578,9 @@ def history_page(df: pd.DataFrame, asv_index: Path | None, steps: list | None = 
     sub = ok.set_index(["device", "case_id"]).loc[tracked.index].reset_index()
     sub["series"] = sub["device"] + " · " + sub["case_id"]
     fig = px.line(sub.sort_values("started_at"), x="started_at", y="time_ms", color="series", markers=True,
-                  hover_data=["git_commit", "run_id"], height=PLOT_H + 80)
-    p.figure(fig)
+                  hover_data=["git_commit", "run_id", "measurement_version"], height=PLOT_H + 80, log_y=True)
+    p.figure(fig, "Median time per run of the cases measured in several runs (log scale: series from 0.01 to 100 "
+             "ms share one axis)", "run start", "time (ms, log)")
     return p
 
 
@@ -536,6 +588,8 @@ def runs_page(runs: pd.DataFrame) -> Page:
     p = Page("runs.html", "Runs: every run with its environment and config")
     cols = ["run_id", "started_at", "git_commit", "git_dirty", "device_name", "torch", "cuda", "driver",
             "transformer_engine", "torchao", "triton", "n_cases", "n_ok", "n_failed", "source"]
+    if not runs.empty:  # where the run was ingested from, without the machine's own folders
+        runs = runs.assign(source=runs["source"].map(lambda s: "/".join(Path(s).parts[-2:]) if isinstance(s, str) else s))
     p.table(runs[cols] if not runs.empty else runs)
     for _, r in runs.iterrows():
         cfg = r["config"]
