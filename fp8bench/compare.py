@@ -179,8 +179,8 @@ def _history(con, base: str, head: str) -> dict[tuple[str, str], list[tuple[str 
 
 def _repeats(con, run_id: str, head: str) -> dict[tuple[str, str], list[float]]:
     """Per (case, metric): the medians of every run of `run_id`'s commit on its device, environment and
-    measurement version that started no later than the head run (the run itself included): the commit's
-    repeats, which show how far a median moves between processes without a history."""
+    measurement version that started no later than the head run: the commit's repeats, which show how far a
+    median moves between processes without a history."""
     rows = con.execute("""
         SELECT m.case_id, m.metric, m.value FROM measurements m JOIN runs r USING (run_id)
         JOIN cases c USING (run_id, case_id), (SELECT * FROM runs WHERE run_id = ?) x
@@ -310,10 +310,12 @@ def _speedup_changes(con, base: str, head: str, label: str) -> list[Change]:
                 continue
             boxed = all(m[k] is not None for m in (mb, mh) for k in (f"{name}_box_lo", f"{name}_box_hi"))
             lo, hi = (f"{name}_box_lo", f"{name}_box_hi") if boxed else (f"{name}_lo", f"{name}_hi")
-            apart = None not in (mb[lo], mb[hi], mh[lo], mh[hi]) and not (mb[lo] <= sh <= mb[hi]) and not (
-                mh[lo] <= sb <= mh[hi])
+            known = None not in (mb[lo], mb[hi], mh[lo], mh[hi])
+            apart = known and not (mb[lo] <= sh <= mb[hi]) and not (mh[lo] <= sb <= mh[hi])
             if 1.0 in (mb["host_bound"], mh["host_bound"]):
                 verdict = "host-bound"
+            elif not known:  # a speedup derived from two separately timed cases (before version 4): no interval
+                verdict = "unchanged" if sb == sh else "insufficient data"
             elif not apart:
                 verdict = "unchanged"
             elif not boxed:

@@ -100,12 +100,14 @@ def _prime(twin: Case, run_id: str, device: DeviceInfo) -> None:
     if not device.is_cuda or key in _PRIMED:
         return
     _PRIMED.add(key)
-    try:
-        prepared = get_workload(twin.config.workload.name).prepare(case_input(twin, run_id, device))
+    prepared, _ = _try_prepare(twin, run_id, device, 0)  # a failure: the twin's own build reports it
+    if prepared is not None:
         for fn in prepared.timed.values():
-            fn()
-    except Exception:  # the twin's own build reports it below
-        pass
+            try:
+                fn()
+            except Exception:
+                break
+    del prepared
     release(device)
 
 
@@ -121,56 +123,80 @@ def _room_for_another(device: DeviceInfo, largest: int) -> bool:
 
 
 def run_group(unit: list[Case], run_id: str, device: DeviceInfo, emit: Emit) -> None:
-    """Run a group's cases (see the module docstring), emitting each record as soon as it exists."""
+    """Run a group's cases (see the module docstring), emitting each record as soon as it exists. Every
+    fallback to running cases alone starts after the group's own memory is released: an exception's
+    traceback would otherwise keep the twin or the batch alive, and the cases run alone would count it."""
     recorded_twin = next((c for c in unit if c.config.format.name == "bf16"), None)
     recipes = [c for c in unit if c is not recorded_twin]
-    not_runnable = [c for c in recipes if not interleavable(c)]
-    for case in not_runnable:
+    for case in [c for c in recipes if not interleavable(c)]:
         emit(run_case(case, run_id, device))
     recipes = [c for c in recipes if interleavable(c)]
     twin = recorded_twin or twin_of(recipes[0])
     _prime(twin, run_id, device)
     base = _allocated(device)
     started = time.time()
-    try:
-        check_injected_failure(twin)
-        twin_prepared = _prepare(twin, run_id, device, 0)
-    except Exception as exc:  # without a twin there is nothing to time beside: every recipe runs alone
-        if recorded_twin is not None:
-            emit(case_record(twin, run_id, Status.FAILED, failure_reason(exc), None, started,
-                             measurement_of(twin, "alone")))
+    twin_prepared, twin_error = _try_prepare(twin, run_id, device, 0)
+    if twin_prepared is None:  # without a twin there is nothing to time beside: every recipe runs alone
         release(device)
+        if recorded_twin is not None:
+            emit(case_record(twin, run_id, Status.FAILED, twin_error, None, started, measurement_of(twin, "alone")))
         for case in recipes:
             emit(run_case(case, run_id, device))
         return
     twin_resident = _allocated(device)
     pending_twin = recorded_twin
-    while recipes:
-        batch, largest = [], 0
-        while recipes and len(batch) < MAX_BATCH[twin.config.workload.name] and (
-                not batch or _room_for_another(device, largest)):
-            case = recipes.pop(0)
-            before, t0 = _allocated(device), time.time()
-            try:
-                check_injected_failure(case)
-                batch.append((case, _prepare(case, run_id, device, before - base), t0))
-                largest = max(largest, _allocated(device) - before)
-            except Exception as exc:
-                emit(case_record(case, run_id, Status.FAILED, failure_reason(exc), None, t0,
-                                 measurement_of(case, "interleaved", twin=twin.case_id)))
+    alone: list[Case] = []
+    while recipes and not alone:
+        batch = _build_batch(twin, recipes, base, run_id, device, emit)
         if not batch:
             break
-        _time_batch(twin, twin_prepared, pending_twin, started, batch, run_id, device, emit)
-        pending_twin = None
+        timed = _time_batch(twin, twin_prepared, pending_twin, started, batch, run_id, device, emit)
+        if timed:
+            pending_twin = None
+        else:  # one op broke the rounds: these cases, and the rest, run alone, as before side-by-side timing
+            alone = [case for case, _, _ in batch] + recipes
         del batch
         release(device, twin_resident)
-    if pending_twin is not None:  # every recipe failed to build: the BF16 case still gets its own timing
-        del twin_prepared
-        release(device)
-        emit(run_case(pending_twin, run_id, device))
-        return
     del twin_prepared
     release(device)
+    for case in alone:
+        emit(run_case(case, run_id, device))
+    if pending_twin is not None:  # no recipe was timed beside it: the BF16 case still gets its own timing
+        emit(run_case(pending_twin, run_id, device))
+
+
+def _try_prepare(case: Case, run_id: str, device: DeviceInfo, others_bytes: int) -> tuple[Prepared | None, str]:
+    """(prepared, '') or (None, the failure's reason): the exception, and the half-built case its traceback
+    holds, are gone when this returns."""
+    try:
+        check_injected_failure(case)
+        return _prepare(case, run_id, device, others_bytes), ""
+    except Exception as exc:
+        return None, failure_reason(exc)
+
+
+def _build_batch(twin: Case, recipes: list[Case], base: int, run_id: str, device: DeviceInfo,
+                 emit: Emit) -> list[tuple[Case, Prepared, float]]:
+    """Build recipes (taken from the front of `recipes`) while MAX_BATCH and GPU memory allow. A recipe that
+    fails to build is recorded `failed`, unless it ran out of memory beside others: then it goes back to the
+    front of `recipes` for the next batch, which starts with less resident."""
+    batch: list[tuple[Case, Prepared, float]] = []
+    largest = 0
+    while recipes and len(batch) < MAX_BATCH[twin.config.workload.name] and (
+            not batch or _room_for_another(device, largest)):
+        case = recipes.pop(0)
+        before, t0 = _allocated(device), time.time()
+        prepared, error = _try_prepare(case, run_id, device, before - base)
+        if prepared is not None:
+            batch.append((case, prepared, t0))
+            largest = max(largest, _allocated(device) - before)
+        elif batch and "OutOfMemoryError" in error:
+            recipes.insert(0, case)
+            break
+        else:
+            emit(case_record(case, run_id, Status.FAILED, error, None, t0,
+                             measurement_of(case, "interleaved", twin=twin.case_id)))
+    return batch
 
 
 def _prepare(case: Case, run_id: str, device: DeviceInfo, others_bytes: int) -> Prepared:
@@ -178,33 +204,31 @@ def _prepare(case: Case, run_id: str, device: DeviceInfo, others_bytes: int) -> 
 
 
 def _time_batch(twin: Case, twin_prepared: Prepared, record_twin: Case | None, twin_started: float,
-                batch: list[tuple[Case, Prepared, float]], run_id: str, device: DeviceInfo, emit: Emit) -> None:
+                batch: list[tuple[Case, Prepared, float]], run_id: str, device: DeviceInfo, emit: Emit) -> bool:
+    """Time the twin and the batch interleaved, then finish and emit each; False (nothing emitted) when the
+    rounds themselves failed."""
     ms = twin.config.measure
-    ops = {("twin", name): fn for name, fn in twin_prepared.timed.items()}
+    ops = {f"twin:{name}": fn for name, fn in twin_prepared.timed.items()}
     for i, (_, prepared, _) in enumerate(batch):
-        ops.update({(i, name): fn for name, fn in prepared.timed.items()})
+        ops.update({f"{i}:{name}": fn for name, fn in prepared.timed.items()})
     try:
-        timings = time_interleaved({f"{k[0]}:{k[1]}": fn for k, fn in ops.items()}, device=device.torch_device,
-                                   warmup=ms.warmup, rounds=ms.rounds, block_ms=ms.block_ms,
-                                   settle_ms=ms.settle_ms, flush_l2=ms.flush_l2,
-                                   cuda_graph=twin_prepared.cuda_graph,
+        timings = time_interleaved(ops, device=device.torch_device, warmup=ms.warmup,
+                                   rounds=ms.rounds, block_ms=ms.block_ms, settle_ms=ms.settle_ms,
+                                   flush_l2=ms.flush_l2, cuda_graph=twin_prepared.cuda_graph,
                                    slowdown=twin.config.slowdown_for(twin.config.backend.name))
-    except Exception:  # one op broke the rounds: run the batch's cases alone, as before side-by-side timing
-        for case, _, _ in batch:
-            emit(run_case(case, run_id, device))
-        if record_twin is not None:
-            emit(run_case(record_twin, run_id, device))
-        return
+    except Exception:
+        return False
     twin_t = {name: timings[f"twin:{name}"] for name in twin_prepared.timed}
     members = [twin.case_id] + [c.case_id for c, _, _ in batch]
     method = {"twin": twin.case_id, "rounds": ms.rounds, "timed_with": members}
     if record_twin is not None:
-        _finish(record_twin, twin_prepared, twin_t, [], twin_started, run_id, emit,
+        _finish(record_twin, twin_prepared, twin_t, None, twin_started, run_id, emit,
                 measurement_of(record_twin, "interleaved", **method))
     for i, (case, prepared, t0) in enumerate(batch):
         own = {name: timings[f"{i}:{name}"] for name in prepared.timed}
-        _finish(case, prepared, own, _speedups(twin_t["time_ms"], own), t0, run_id, emit,
+        _finish(case, prepared, own, twin_t["time_ms"], t0, run_id, emit,
                 measurement_of(case, "interleaved", **method))
+    return True
 
 
 def _speedups(twin, own: dict) -> list[Metric]:
@@ -224,13 +248,17 @@ def _speedups(twin, own: dict) -> list[Metric]:
     return out
 
 
-def _finish(case: Case, prepared: Prepared, timings: dict, extra: list[Metric], started: float, run_id: str,
+def _finish(case: Case, prepared: Prepared, timings: dict, twin_timing, started: float, run_id: str,
             emit: Emit, measurement: dict) -> None:
+    """The case's output from its timings (and, for a recipe, its speedups against `twin_timing`); emitted
+    once, ok or failed, outside the try so a failing emit never records the case twice."""
     try:
         out = prepared.finish(timings)
-        if not extra and timings["time_ms"].gpu_busy_pct is not None:  # the twin: its own host-boundness
-            extra = [Metric.of("host_bound", float(is_host_bound(timings["time_ms"].gpu_busy_pct)))]
-        out.metrics += extra
-        emit(case_record(case, run_id, Status.OK, "", out, started, measurement))
+        if twin_timing is not None:
+            out.metrics += _speedups(twin_timing, timings)
+        elif timings["time_ms"].gpu_busy_pct is not None:  # the twin: its own host-boundness
+            out.metrics.append(Metric.of("host_bound", float(is_host_bound(timings["time_ms"].gpu_busy_pct))))
+        record = case_record(case, run_id, Status.OK, "", out, started, measurement)
     except Exception as exc:
-        emit(case_record(case, run_id, Status.FAILED, failure_reason(exc), None, started, measurement))
+        record = case_record(case, run_id, Status.FAILED, failure_reason(exc), None, started, measurement)
+    emit(record)

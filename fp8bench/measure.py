@@ -228,7 +228,7 @@ def _time_cuda(fn: Callable[[], object], warmup: int, iters: int, min_samples: i
 MAX_BLOCK = 64
 """Iterations of one op per round at most (a microsecond-scale op fills `block_ms` with this many)."""
 DEVICE_ONLY_MS = 4.0
-"""Device-only timing (the host-bound probe) queues about this much GPU work per op, at least 2 iterations."""
+"""The host-bound probe's batches hold about this much GPU work per op (1 to 20 iterations)."""
 
 
 def time_interleaved(ops: dict[str, Callable[[], object]], *, device: torch.device, warmup: int, rounds: int,

@@ -27,6 +27,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from fp8bench.records import VARIANT_SQL
+
 LAUNCH_US = 4.0
 """Per-kernel launch and tail floor (µs): a CUDA kernel launch plus a wave's tail on an idle GPU."""
 
@@ -112,12 +114,15 @@ def expected_vs_measured(con, with_quant: bool = False):
           SELECT c.run_id, c.case_id, c.model, c.shape_name, c.backend, c.format, c.scaling, c.shape, r.device_name,
                  r.started_at,
                  max(m.value) FILTER (WHERE m.metric = 'time_ms') AS time_ms,
-                 max(m.value) FILTER (WHERE m.metric = 'time_ms_kernel') AS time_ms_kernel
+                 max(m.value) FILTER (WHERE m.metric = 'time_ms_kernel') AS time_ms_kernel,
+                 max(m.value) FILTER (WHERE m.metric = 'speedup_vs_bf16' AND NOT m.derived) AS side_by_side,
+                 max(m.value) FILTER (WHERE m.metric = 'speedup_vs_bf16_kernel') AS side_by_side_kernel,
+                 """ + VARIANT_SQL + """ AS variant
           FROM cases c JOIN runs r USING (run_id) JOIN measurements m USING (run_id, case_id)
           WHERE c.workload = 'gemm' AND c.status = 'ok' AND c.backend != 'emulated' GROUP BY ALL)
         SELECT f.*, b.time_ms AS bf16_ms, k.bf16_tflops, k.fp8_tflops, k.copy_gbps
         FROM g f JOIN g b ON b.run_id = f.run_id AND b.model = f.model AND b.shape_name = f.shape_name
-             AND b.backend = f.backend AND b.format = 'bf16'
+             AND b.backend = f.backend AND b.variant = f.variant AND b.format = 'bf16'
         JOIN ceilings k ON k.device_name = f.device_name
         WHERE f.format != 'bf16'
         QUALIFY row_number() OVER (PARTITION BY f.device_name, f.case_id ORDER BY f.started_at DESC) = 1""").fetchdf()
@@ -136,7 +141,9 @@ def expected_vs_measured(con, with_quant: bool = False):
         args = (shape["m"], shape["n"], shape["k"], r.format, r.scaling, ceiling, with_quant,
                 shape.get("role") != "wgrad")
         exp = expected_speedup(*args, cast=cast)
-        meas = r.bf16_ms / measured_ms
+        # timed side by side with its twin (measurement version 4) where it was; else the two cases' medians
+        side = r.side_by_side if with_quant else r.side_by_side_kernel
+        meas = side if side is not None and not pd.isna(side) else r.bf16_ms / measured_ms
         out.append({"run_id": r.run_id, "device": r.device_name, "case_id": r.case_id, "cast": cast,
                     "expected": exp, "expected_fused": expected_speedup(*args), "measured": meas,
                     "rel_error": meas / exp - 1})

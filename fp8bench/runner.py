@@ -17,12 +17,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fp8bench.caserun import run_case
+from fp8bench.caserun import case_record, failure_reason, run_case
 from fp8bench.config.schema import Config, ConfigError
 from fp8bench.groups import is_group, run_group, units
 from fp8bench.hardware import DeviceInfo, environment, git_state
 from fp8bench.plan import Case
 from fp8bench.records import MEASUREMENT_VERSION, CaseRecord, ShardWriter, done_case_ids, read_run
+from fp8bench.types import Status
 
 __all__ = ["run_case", "run_cases", "execute"]
 
@@ -74,13 +75,26 @@ def manifest_for(config: Config, run_id: str, overrides: list[str], n_cases: int
 
 
 def run_cases(cases: list[Case], run_id: str, device: DeviceInfo, emit: Callable[[CaseRecord], None]) -> None:
-    """Run `cases` in order, groups side by side with their twin, calling `emit` with each record."""
+    """Run `cases` in order, groups side by side with their twin, calling `emit` with each record. A group
+    that breaks outside any one case's work (the GPU itself failing, say) records its unrecorded cases as
+    failed with that error, and the sweep goes on."""
     for unit in units(cases):
-        if is_group(unit):
-            run_group(unit, run_id, device, emit)
-        else:
+        if not is_group(unit):
             for case in unit:
                 emit(run_case(case, run_id, device))
+            continue
+        recorded: set[str] = set()
+
+        def emit_once(rec: CaseRecord, recorded: set[str] = recorded) -> None:
+            recorded.add(rec.case_id)
+            emit(rec)
+        try:
+            run_group(unit, run_id, device, emit_once)
+        except Exception as exc:
+            reason = failure_reason(exc)
+            for case in unit:
+                if case.case_id not in recorded:
+                    emit(case_record(case, run_id, Status.FAILED, f"the group failed: {reason}"))
 
 
 class _PlainProgress:

@@ -6,6 +6,7 @@ it twice changes nothing. The file is created with storage version v1.4.0 so Duc
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,11 +73,24 @@ def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnectio
                              config={} if read_only else {"storage_compatibility_version": STORAGE_VERSION})
     except duckdb.Error as exc:
         raise StoreError(f"--db {str(db)!r} cannot be opened: {str(exc).splitlines()[0]}") from None
+    with contextlib.suppress(duckdb.Error):  # timestamps in UTC whatever the machine's zone (needs ICU)
+        con.execute("SET TimeZone = 'UTC'")
     if not read_only:
         con.execute(SCHEMA)
         con.execute(MIGRATIONS)
         _fill_legacy_versions(con)
+    elif _needs_migration(con):  # a file from before the version columns: upgrade it once, then read
+        con.close()
+        connect(db).close()
+        return connect(db, read_only=True)
     return con
+
+
+def _needs_migration(con) -> bool:
+    has_runs = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchone()[0]
+    has_version = con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'runs' "
+                              "AND column_name = 'measurement_version'").fetchone()[0]
+    return bool(has_runs) and not has_version
 
 
 def _fill_legacy_versions(con) -> None:
@@ -135,6 +149,34 @@ def _ingest_spread(con, path: Path) -> str:
     con.execute("DELETE FROM speedup_spreads WHERE device_name = ?", [device])
     con.executemany("INSERT INTO speedup_spreads VALUES (?, ?, ?, ?, ?, ?)", rows)
     return device
+
+
+BOX_INPUTS = ("speedup_vs_bf16", "speedup_vs_bf16_lo", "speedup_vs_bf16_hi", "speedup_vs_bf16_kernel",
+              "speedup_vs_bf16_kernel_lo", "speedup_vs_bf16_kernel_hi", "host_bound")
+
+
+def _rederive_box_intervals(con, device: str) -> None:
+    """A spread loaded after a device's runs: derive their across-box intervals now (records.derive_box_intervals),
+    replacing any derived from an earlier spread."""
+    from fp8bench.records import Metric, derive_box_intervals
+
+    rows = con.execute(f"""
+        SELECT c.run_id, c.case_id, c.workload, c.status, m.metric, m.value
+        FROM cases c JOIN runs r USING (run_id) JOIN measurements m USING (run_id, case_id)
+        WHERE r.device_name = ? AND m.metric IN ({", ".join("'" + m + "'" for m in BOX_INPUTS)})""",
+                       [device]).fetchall()
+    by_case: dict[tuple[str, str], CaseRecord] = {}
+    for run_id, case_id, workload, status, metric, value in rows:
+        rec = by_case.setdefault((run_id, case_id), CaseRecord(
+            run_id=run_id, case_id=case_id, workload=workload, model="", format="", scaling="", backend="",
+            shape_name="", shape={}, status=status))
+        rec.metrics.append(Metric.of(metric, value))
+    con.execute("DELETE FROM measurements WHERE derived AND metric LIKE 'speedup_vs_bf16%_box_%' AND run_id IN "
+                "(SELECT run_id FROM runs WHERE device_name = ?)", [device])
+    derived = derive_box_intervals(list(by_case.values()), spread_for(con, device))
+    rows = [(r.run_id, r.case_id, m.name, m.value, m.unit, m.direction) for r, ms, _ in derived for m in ms]
+    if rows:
+        con.executemany("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, true)", rows)
 
 
 def spread_for(con, device_name: str | None) -> dict[str, float]:
@@ -202,6 +244,7 @@ def ingest(con: duckdb.DuckDBPyConnection, paths: list[Path]) -> IngestReport:
         report.ceilings.append(_ingest_ceilings(con, path))
     for path in _spread_files(paths):
         report.spreads.append(_ingest_spread(con, path))
+        _rederive_box_intervals(con, report.spreads[-1])
     run_dirs, exports = find_sources(paths)
     for export in exports:
         report.runs += _ingest_export(con, export)

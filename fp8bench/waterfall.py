@@ -92,7 +92,7 @@ def from_db(con) -> list[CaseWaterfall]:
     case, not several rows)."""
     rows = con.execute("""
         WITH k AS (
-          SELECT c.run_id, c.case_id, r.started_at, c.workload, c.model, c.shape_name, c.backend, c.format,
+          SELECT c.run_id, c.case_id, r.started_at, r.device_name, c.workload, c.model, c.shape_name, c.backend, c.format,
                  """ + VARIANT_SQL + """ AS variant,
                  max(m.value) FILTER (WHERE m.metric = 'time_ms') AS time_ms,
                  max(m.value) FILTER (WHERE m.metric = 'gpu_gemm_ms') AS gemm,
@@ -108,7 +108,7 @@ def from_db(con) -> list[CaseWaterfall]:
              AND b.shape_name = f.shape_name AND b.backend = f.backend AND b.variant = f.variant
              AND b.format = 'bf16'
         WHERE f.format != 'bf16' AND f.busy IS NOT NULL AND b.busy IS NOT NULL
-        QUALIFY row_number() OVER (PARTITION BY f.case_id ORDER BY f.started_at DESC) = 1
+        QUALIFY row_number() OVER (PARTITION BY f.device_name, f.case_id ORDER BY f.started_at DESC) = 1
         ORDER BY f.workload, f.model, f.shape_name, f.backend, f.case_id""").fetchall()
     cols = [d[0] for d in con.description]
     out = []

@@ -107,3 +107,23 @@ def test_a_group_times_its_recipes_beside_one_bf16_twin(tmp_path):
     assert s.metric("speedup_vs_bf16_lo") <= s.metric("speedup_vs_bf16") <= s.metric("speedup_vs_bf16_hi")
     assert s.metric("speedup_vs_bf16_kernel") is not None
     assert by["bf16"].metric("speedup_vs_bf16") is None
+
+
+def test_when_the_twin_cannot_be_built_every_recipe_runs_alone_and_each_case_is_recorded_once(tmp_path):
+    from fp8bench.config.compose import expand
+    from fp8bench.hardware import detect_device
+    from fp8bench.plan import plan
+    from fp8bench.runner import execute
+
+    common = ["workload=gemm", "backend=torch", "model=tiny", "workload.linears=[o]", "measure.rounds=6",
+              "fail_on=bf16.none", f"results_dir={tmp_path}"]
+    points = expand([*common, "format=bf16", "scaling=none"])[0] + expand([*common, "format=e4m3",
+                                                                          "scaling=current"])[0]
+    records = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
+    assert len(records) == len({r.case_id for r in records}) == 6
+    for r in records:
+        if r.format == "bf16":
+            assert r.status == "failed" and "injected failure" in r.reason
+        else:
+            assert r.status == "ok" and r.measurement["method"] == "alone"
+            assert r.metric("speedup_vs_bf16") is None  # nothing was timed beside it
