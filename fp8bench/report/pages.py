@@ -218,6 +218,7 @@ def _headline_figure(h: pd.DataFrame) -> go.Figure:
                  barmode="group", facet_row="workload", error_y="plus", error_y_minus="minus",
                  hover_data=["bound", "run_id", "lo", "hi"], height=PLOT_H + 260 * h["workload"].nunique())
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
+    fig.update_xaxes(showticklabels=True)  # every panel names its models, not only the bottom one
     fig.for_each_annotation(lambda a: a.update(text=a.text.replace("workload=", "")))
     return fig
 
