@@ -128,13 +128,14 @@ def _is_spread(p: Path) -> bool:
     return p.is_file() and p.parent.name == SPREAD_DIR and p.suffix == ".json"
 
 
-def _spread_files(paths: list[Path]) -> list[Path]:
+def _json_files(paths: list[Path], kind) -> list[Path]:
+    """The JSON files of one kind (`kind(path)`: calibration, spread) given or found under `paths`."""
     files = []
     for p in paths:
-        if _is_spread(p):
+        if kind(p):
             files.append(p)
         elif p.is_dir():
-            files += [f for f in p.rglob("*.json") if _is_spread(f)]
+            files += [f for f in p.rglob("*.json") if kind(f)]
     return sorted(set(files))
 
 
@@ -212,16 +213,6 @@ def find_sources(paths: list[Path]) -> tuple[list[Path], list[Path]]:
     return sorted(runs), sorted(exports)
 
 
-def _calibration_files(paths: list[Path]) -> list[Path]:
-    files = []
-    for p in paths:
-        if _is_calibration(p):
-            files.append(p)
-        elif p.is_dir():
-            files += [f for f in p.rglob("*.json") if _is_calibration(f)]
-    return sorted(set(files))
-
-
 def _ingest_ceilings(con: duckdb.DuckDBPyConnection, path: Path) -> str:
     """One device's ceilings (the newest measurement of a device wins)."""
     try:
@@ -240,9 +231,9 @@ def _ingest_ceilings(con: duckdb.DuckDBPyConnection, path: Path) -> str:
 
 def ingest(con: duckdb.DuckDBPyConnection, paths: list[Path]) -> IngestReport:
     report = IngestReport()
-    for path in _calibration_files(paths):
+    for path in _json_files(paths, _is_calibration):
         report.ceilings.append(_ingest_ceilings(con, path))
-    for path in _spread_files(paths):
+    for path in _json_files(paths, _is_spread):
         report.spreads.append(_ingest_spread(con, path))
         _rederive_box_intervals(con, report.spreads[-1])
     run_dirs, exports = find_sources(paths)
