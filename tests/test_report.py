@@ -42,7 +42,10 @@ def site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("site")
     _planted_run(tmp)
     con = store.connect(tmp / "db.duckdb")
-    store.ingest(con, [ROOT / "results", tmp / "runs"])  # the committed H200 exports and the planted run
+    # the committed results (not this checkout's own runs: `make run` leaves them in results/runs) and the
+    # planted run
+    committed = [p for p in (ROOT / "results").iterdir() if p.is_dir() and p.name not in ("runs", "hydra", "site")]
+    store.ingest(con, [*committed, tmp / "runs"])
     out = tmp / "site"
     build_site(con, out)
     con.close()
