@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from fp8bench.backends import get_backend
+from fp8bench.config.schema import Config
 from fp8bench.hardware import DeviceInfo
 from fp8bench.plan import Case
 from fp8bench.records import MEASUREMENT_VERSION, CaseRecord
@@ -18,8 +19,8 @@ from fp8bench.workloads import get_workload
 from fp8bench.workloads.common import CaseInput, Diverged
 
 
-def run_dir_for(case: Case, run_id: str) -> Path:
-    return Path(case.config.results_dir) / "runs" / run_id
+def run_dir_for(config: Config, run_id: str) -> Path:
+    return Path(config.results_dir) / "runs" / run_id
 
 
 def measurement_of(case: Case, method: str, **extra) -> dict:
@@ -56,7 +57,7 @@ def check_injected_failure(case: Case) -> None:
 def case_input(case: Case, run_id: str, device: DeviceInfo, others_bytes: int = 0) -> CaseInput:
     torch.manual_seed(case.config.seed)
     return CaseInput(case.config, case.shape_name, case.shape, case.recipe, get_backend(case.config.backend.name),
-                     device.torch_device, work_dir=run_dir_for(case, run_id) / "work" / case.case_id,
+                     device.torch_device, work_dir=run_dir_for(case.config, run_id) / "work" / case.case_id,
                      others_bytes=others_bytes)
 
 

@@ -151,9 +151,14 @@ def _samples(con, run_id: str) -> dict[tuple[str, str], list[float]]:
     return out
 
 
-def _values(con, run_id: str, metric: str) -> dict[str, float]:
-    return dict(con.execute("SELECT m.case_id, m.value FROM measurements m JOIN cases c USING (run_id, case_id) "
-                            "WHERE m.run_id = ? AND m.metric = ? AND c.status = 'ok'", [run_id, metric]).fetchall())
+def _values(con, run_id: str, metrics: list[str]) -> dict[str, dict[str, float | None]]:
+    """{case: {metric: value, None where the case lacks it}} of the run's ok cases that have any of `metrics`."""
+    out: dict[str, dict[str, float | None]] = {}
+    for case_id, metric, value in con.execute(
+            "SELECT m.case_id, m.metric, m.value FROM measurements m JOIN cases c USING (run_id, case_id) "
+            "WHERE m.run_id = ? AND list_contains(?, m.metric) AND c.status = 'ok'", [run_id, metrics]).fetchall():
+        out.setdefault(case_id, dict.fromkeys(metrics))[metric] = value
+    return out
 
 
 def _history(con, base: str, head: str) -> dict[tuple[str, str], list[tuple[str | None, float]]]:
@@ -283,13 +288,14 @@ def compare_runs(con, base_spec: str, head_spec: str, across_versions: bool = Fa
         cmp.changes.append(Change(case_id, metric, statistics.median(sb[key]), statistics.median(sh[key]), rel, p,
                                   floor, verdict, level, label))
     cmp.changes += _speedup_changes(con, base, head, label)
-    qb, qh = _values(con, base, "sqnr_db"), _values(con, head, "sqnr_db")
+    qb, qh = _values(con, base, ["sqnr_db"]), _values(con, head, ["sqnr_db"])
     for case_id in sorted(set(qb) & set(qh)):
-        delta = qh[case_id] - qb[case_id]
+        b, h = qb[case_id]["sqnr_db"], qh[case_id]["sqnr_db"]
+        delta = h - b
         verdict = ("unchanged" if abs(delta) <= SQNR_TOLERANCE_DB or delta != delta
                    else "improvement" if delta > 0 else "regression")
-        cmp.changes.append(Change(case_id, "sqnr_db", qb[case_id], qh[case_id],
-                                  delta / abs(qb[case_id]) if qb[case_id] else 0.0, None, None, verdict, None, label))
+        cmp.changes.append(Change(case_id, "sqnr_db", b, h, delta / abs(b) if b else 0.0, None, None, verdict, None,
+                                  label))
     return cmp
 
 
@@ -301,8 +307,7 @@ def _speedup_changes(con, base: str, head: str, label: str) -> list[Change]:
     out = []
     for name in ("speedup_vs_bf16", "speedup_vs_bf16_kernel"):
         cols = [name, f"{name}_box_lo", f"{name}_box_hi", f"{name}_lo", f"{name}_hi", "host_bound"]
-        b = {c: dict(zip(cols, v, strict=True)) for c, *v in _wide(con, base, cols)}
-        h = {c: dict(zip(cols, v, strict=True)) for c, *v in _wide(con, head, cols)}
+        b, h = _values(con, base, cols), _values(con, head, cols)
         for case_id in sorted(set(b) & set(h)):
             mb, mh = b[case_id], h[case_id]
             sb, sh = mb[name], mh[name]
@@ -324,12 +329,6 @@ def _speedup_changes(con, base: str, head: str, label: str) -> list[Change]:
                 verdict = "improvement" if sh > sb else "regression"
             out.append(Change(case_id, name, sb, sh, (sh - sb) / sb if sb else 0.0, None, None, verdict, None, label))
     return out
-
-
-def _wide(con, run_id: str, metrics: list[str]) -> list[tuple]:
-    cols = ", ".join(f"max(m.value) FILTER (WHERE m.metric = '{m}')" for m in metrics)
-    return con.execute(f"SELECT m.case_id, {cols} FROM measurements m JOIN cases c USING (run_id, case_id) "
-                       "WHERE m.run_id = ? AND c.status = 'ok' GROUP BY m.case_id", [run_id]).fetchall()
 
 
 def to_markdown(cmp: Comparison) -> str:

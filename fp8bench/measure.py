@@ -29,22 +29,14 @@ class Timing:
     """CUDA, test-only `slowdown`: the fraction the filler added, measured against fn alone before sampling."""
     rounds: list[list[float]] | None = None
     """Interleaved timing (time_interleaved): the samples of each round, in round order; None otherwise."""
-    device_ms: float | None = None
-    """CUDA, interleaved: what the timed median would be with the host's launch cost hidden, i.e. the median
-    scaled by the GPU's busy share (device-only over host-paced time of two back-to-back batches,
-    measure._device_only_ms). None where it was not or could not be measured."""
+    gpu_busy_pct: float | None = None
+    """CUDA, interleaved: how much of an iteration the GPU spent working, device-only over host-paced time of
+    two back-to-back batches (measure._device_only_ms). Well under 100% means the GPU waited for the host to
+    launch work (a host-bound case). None where it was not or could not be measured."""
 
     @property
     def median_ms(self) -> float:
         return statistics.median(self.samples_ms)
-
-    @property
-    def gpu_busy_pct(self) -> float | None:
-        """How much of an iteration as timed the GPU spent working: device-only time over the timed median.
-        Well under 100% means the GPU waited for the host to launch work (a host-bound case)."""
-        if self.device_ms is None or not self.median_ms:
-            return None
-        return 100.0 * self.device_ms / self.median_ms
 
     @property
     def iqr_ms(self) -> float:
@@ -274,10 +266,9 @@ def time_interleaved(ops: dict[str, Callable[[], object]], *, device: torch.devi
         wall = statistics.median(samples)
         host = statistics.median(host_ms[name]) if host_ms[name] else wall
         probe = _device_only_ms(fn, flush, wall, host)
-        # the timed median, scaled by the busy share the probe's two back-to-back batches agree on
-        device = wall * probe[1] / probe[0] if probe and probe[0] > 0 else None
+        busy = 100.0 * probe[1] / probe[0] if probe and probe[0] > 0 else None
         out[name] = Timing(samples, flush is not None, cuda_graph, None if cuda_graph else last.get(name),
-                           injected.get(name), per_round[name], device)
+                           injected.get(name), per_round[name], busy)
     return out
 
 
@@ -312,23 +303,15 @@ def _round(runs: dict, block: dict, flush, r: int, *, timed: bool, host_ms: dict
     k = r % len(names)
     events: dict = {}
     for name in names[k:] + names[:k]:
-        fn, pairs = runs[name], []
+        if not timed:
+            for _ in range(block[name]):
+                if flush:
+                    flush()
+                runs[name]()
+            continue
         t0 = time.perf_counter()
-        for _ in range(block[name]):
-            if flush:
-                flush()
-            if timed:
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                out = fn()
-                e.record()
-                pairs.append((s, e))
-            else:
-                out = fn()
-        if timed:
-            host_ms[name].append((time.perf_counter() - t0) * 1e3 / block[name])
-            last[name] = out
-            events[name] = pairs
+        events[name] = _enqueue(runs[name], flush, block[name], last, name)
+        host_ms[name].append((time.perf_counter() - t0) * 1e3 / block[name])
     return events
 
 
@@ -383,16 +366,21 @@ def _device_only_ms(fn: Callable[[], object], flush: _L2Flusher | None, wall_ms:
     return None
 
 
-def _enqueue(fn: Callable[[], object], flush: _L2Flusher | None, n: int) -> list:
+def _enqueue(fn: Callable[[], object], flush: _L2Flusher | None, n: int, last: dict | None = None,
+             name: str = "") -> list:
+    """n iterations of fn, each between two recorded events (the L2 flushed before each, outside them), queued
+    without a sync; the last result goes to last[name] when given. Returns the (start, end) event pairs."""
     pairs = []
     for _ in range(n):
         if flush:
             flush()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        fn()
+        out = fn()
         e.record()
         pairs.append((s, e))
+    if last is not None:
+        last[name] = out
     return pairs
 
 

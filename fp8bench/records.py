@@ -8,6 +8,7 @@ fsync'ed as soon as its case ends, so a crash or SIGKILL loses at most the case 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -199,15 +200,23 @@ def read_shard(path: Path) -> tuple[list[CaseRecord], list[ShardProblem]]:
     return records, problems
 
 
+def read_manifest(run_dir: Path, problems: list[ShardProblem] | None = None) -> dict | None:
+    """The run folder's manifest, None when it has none or it is corrupt (then reported to `problems`)."""
+    mpath = run_dir / MANIFEST
+    if not mpath.is_file():
+        return None
+    try:
+        return json.loads(mpath.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        if problems is not None:
+            problems.append(ShardProblem(str(mpath), 0, f"corrupt manifest: {exc}"))
+        return None
+
+
 def read_run(run_dir: Path) -> tuple[dict | None, list[CaseRecord], list[ShardProblem]]:
     """(manifest, records, problems) of one run folder; a later record of the same case wins."""
-    manifest, problems = None, []
-    mpath = run_dir / MANIFEST
-    if mpath.is_file():
-        try:
-            manifest = json.loads(mpath.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            problems.append(ShardProblem(str(mpath), 0, f"corrupt manifest: {exc}"))
+    problems: list[ShardProblem] = []
+    manifest = read_manifest(run_dir, problems)
     by_case: dict[str, CaseRecord] = {}
     for shard in sorted(run_dir.glob(SHARD_GLOB)):
         recs, probs = read_shard(shard)
@@ -275,8 +284,6 @@ def derive_box_intervals(records: list[CaseRecord], spread: dict[str, float]) ->
     half-width on a log scale is sqrt(own² + spread²), with `spread` the 95th percentile of |log ratio| of
     the same cases measured on two boxes (results/spread/<device>.json, by workload and 'kernel' for
     kernel-only speedups; fp8bench.store loads it)."""
-    import math
-
     out = []
     for r in records:
         metrics = []

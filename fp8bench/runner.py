@@ -17,15 +17,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fp8bench.caserun import case_record, failure_reason, run_case
+from fp8bench.caserun import case_record, failure_reason, run_case, run_dir_for
 from fp8bench.config.schema import Config, ConfigError
 from fp8bench.groups import is_group, run_group, units
 from fp8bench.hardware import DeviceInfo, environment, git_state
 from fp8bench.plan import Case
-from fp8bench.records import MEASUREMENT_VERSION, CaseRecord, ShardWriter, done_case_ids, read_run
+from fp8bench.records import MEASUREMENT_VERSION, CaseRecord, ShardWriter, done_case_ids, read_manifest
 from fp8bench.types import Status
 
-__all__ = ["run_case", "run_cases", "execute"]
+__all__ = ["run_case", "run_cases", "run_dir_for", "execute"]
 
 PLAIN_PROGRESS_EVERY_S = 15.0
 """Without a terminal (a batch job, CI, a GPU box's log), a progress line at most this often."""
@@ -33,10 +33,6 @@ PLAIN_PROGRESS_EVERY_S = 15.0
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(2)
-
-
-def run_dir_for(config: Config, run_id: str) -> Path:
-    return Path(config.results_dir) / "runs" / run_id
 
 
 RESUME_FREE_KEYS = ("run_id", "resume", "results_dir", "store.")
@@ -56,8 +52,7 @@ def check_resume(config: Config, overrides: list[str] | None = None) -> None:
     if not run_dir.is_dir():
         runs = sorted(p.name for p in (Path(config.results_dir) / "runs").glob("*") if p.is_dir())
         raise ConfigError(f"resume={config.resume!r} is not a run in {config.results_dir}/runs; choose one of {runs[-10:]}")
-    manifest, _, _ = read_run(run_dir)
-    recorded = ((manifest or {}).get("config") or {}).get("overrides")
+    recorded = ((read_manifest(run_dir) or {}).get("config") or {}).get("overrides")
     if overrides is not None and recorded is not None and _measuring(recorded) != _measuring(overrides):
         raise ConfigError(f"resume={config.resume!r} was a run of {' '.join(_measuring(recorded)) or 'the defaults'}; "
                           f"this command asks for {' '.join(_measuring(overrides)) or 'the defaults'}; resume it with "

@@ -79,6 +79,12 @@ host-bound: at least a tenth of what was timed is the GPU waiting for Python and
 (and any speedup formed from it) says as much about the host CPU as about the GPU."""
 
 
+def bound_label(host_bound: float | None) -> str:
+    """A case's `host_bound` metric in words: 'host-bound' (the figure is the host CPU's as much as the
+    GPU's), 'device-bound', or '' where the run did not measure it."""
+    return {1.0: "host-bound", 0.0: "device-bound"}.get(host_bound, "")
+
+
 def is_host_bound(*busy_pcts: float | None) -> bool | None:
     """True if any of the timings behind a figure is host-bound; None when any share is unknown."""
     if any(b is None for b in busy_pcts):

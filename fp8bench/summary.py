@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from rich.table import Table
 
 from fp8bench.records import CaseRecord
+from fp8bench.speedup import bound_label
 
 PER_CASE_ROWS = 30
 """A run with at most this many ok cases lists each; a sweep lists counts and median speedups per group."""
@@ -49,7 +50,7 @@ def results_table(records: list[CaseRecord]) -> Table | None:
         lo, hi, bound = r.metric("speedup_vs_bf16_lo"), r.metric("speedup_vs_bf16_hi"), r.metric("host_bound")
         table.add_row(r.case_id, "" if t is None else f"{t:.4g}", "" if s is None else f"{s:.2f}x",
                       "" if lo is None else f"{lo:.2f}-{hi:.2f}", "" if sqnr is None else f"{sqnr:.1f}",
-                      {1.0: "host-bound", 0.0: "device-bound"}.get(bound, ""))
+                      bound_label(bound))
     return table
 
 

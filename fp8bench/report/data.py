@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fp8bench.records import VARIANT_SQL
+from fp8bench.speedup import bound_label
 
 WIDE_METRICS = (
     "time_ms", "time_ms_kernel", "tflops", "tflops_kernel", "speedup_vs_bf16", "pct_of_peak", "gbps",
@@ -70,16 +71,12 @@ def latest(df: pd.DataFrame) -> pd.DataFrame:
 def interval(df: pd.DataFrame, prefix: str = "speedup") -> tuple[pd.Series, pd.Series]:
     """(lo, hi) of each case's 95% speedup interval: what another box of its GPU model measures where the
     device's between-box spread is known (`_box_`), else the run's own interval over its rounds."""
-    lo = df.get(f"{prefix}_box_lo", pd.Series(index=df.index, dtype=float))
-    hi = df.get(f"{prefix}_box_hi", pd.Series(index=df.index, dtype=float))
-    return (lo.fillna(df.get(f"{prefix}_lo", pd.Series(index=df.index, dtype=float))),
-            hi.fillna(df.get(f"{prefix}_hi", pd.Series(index=df.index, dtype=float))))
+    return df[f"{prefix}_box_lo"].fillna(df[f"{prefix}_lo"]), df[f"{prefix}_box_hi"].fillna(df[f"{prefix}_hi"])
 
 
-def bound_label(host_bound: pd.Series) -> pd.Series:
-    """'host-bound' (the GPU waited for the host: the figure is the host's as much as the GPU's),
-    'device-bound', or '' where the run did not measure it."""
-    return host_bound.map(lambda v: "host-bound" if v == 1 else "device-bound" if v == 0 else "")
+def bound_labels(host_bound: pd.Series) -> pd.Series:
+    """speedup.bound_label of each case's `host_bound`."""
+    return host_bound.map(lambda v: bound_label(None if pd.isna(v) else float(v)))
 
 
 def train_curves(con) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from fp8bench.report.data import bound_label, interval, latest, not_measured, not_measured_by_reason
+from fp8bench.report.data import bound_labels, interval, not_measured, not_measured_by_reason
 from fp8bench.report.html import Page, esc
 
 PLOT_H = 420
@@ -34,13 +34,13 @@ def _with_bf16(df: pd.DataFrame, cols: tuple[str, ...] = ("time_ms", "peak_mem_b
 def advisor(df: pd.DataFrame) -> pd.DataFrame:
     """Per device × model × workload × recipe: speedup with its interval, whether host-bound, the kernels' agreement
     with the emulator and (training) loss parity, memory change; the recommended one marked."""
-    real = _with_bf16(_real(latest(df)))
+    real = _with_bf16(_real(df))
     real = real[real["workload"].isin(["linear", "layer", "gemm", "train"]) & (real["format"] != "bf16")]
     if real.empty:
         return pd.DataFrame()
     lo, hi = interval(real)
     real = real.assign(mem_change=(real["peak_mem_bytes"] / real["bf16_peak_mem_bytes"] - 1) * 100,
-                       s_lo=lo, s_hi=hi, hb=real["host_bound"] if "host_bound" in real else None)
+                       s_lo=lo, s_hi=hi, hb=real["host_bound"])
     g = real.groupby(["device", "model", "workload", "recipe"], dropna=False).agg(
         speedup=("speedup", "median"), speedup_lo=("s_lo", "median"), speedup_hi=("s_hi", "median"),
         host_bound_shapes=("hb", "sum"), labelled_shapes=("hb", "count"), sqnr_db=("sqnr_db", "median"),
@@ -205,8 +205,7 @@ def headline(df: pd.DataFrame) -> pd.DataFrame:
     if h.empty:
         return h
     lo, hi = interval(h)
-    bound = bound_label(h["host_bound"]) if "host_bound" in h else pd.Series("", index=h.index)
-    return (h.assign(s_lo=lo, s_hi=hi, bound=bound, label=h["device"] + " · " + h["model"])
+    return (h.assign(s_lo=lo, s_hi=hi, bound=bound_labels(h["host_bound"]), label=h["device"] + " · " + h["model"])
             .groupby(["label", "workload", "recipe"], dropna=False)
             .agg(speedup=("speedup", "median"), lo=("s_lo", "median"), hi=("s_hi", "median"),
                  bound=("bound", "first"), run_id=("run_id", "first")).reset_index())
@@ -231,18 +230,17 @@ ROOFLINE_SHORT = 0.85
 
 def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd.DataFrame | None = None) -> Page:
     p = Page("gemm.html", "GEMMs: speedup per shape and recipe")
-    g = _with_bf16(latest(df[df["workload"] == "gemm"]), ("time_ms",))
+    g = _with_bf16(df[df["workload"] == "gemm"], ("time_ms",))
     g = g[(g["backend"] != "emulated") & (g["format"] != "bf16")]
     if g.empty:
         p.note("No real-kernel GEMM cases recorded.")
     for device, d in g.groupby("device"):
-        measured_kernel = d["speedup_kernel"] if "speedup_kernel" in d else pd.Series(index=d.index, dtype=float)
         lo, hi = interval(d)
         klo, khi = interval(d, "speedup_kernel")
         d = d.assign(shape=d["model"] + " " + d["shape_name"],
-                     kernel_speedup=measured_kernel.fillna(d["bf16_time_ms"] / d["time_ms_kernel"]),
+                     kernel_speedup=d["speedup_kernel"].fillna(d["bf16_time_ms"] / d["time_ms_kernel"]),
                      speedup_lo=lo, speedup_hi=hi, kernel_lo=klo, kernel_hi=khi,
-                     bound=bound_label(d["host_bound"]) if "host_bound" in d else "")
+                     bound=bound_labels(d["host_bound"]))
         p.note("The latest run of each case. speedup_lo-speedup_hi (kernel_lo-kernel_hi): the 95% interval of "
                "each speedup, timed side by side with its BF16 twin in interleaved rounds and widened by how far "
                "speedups moved between two boxes of this GPU model where that was measured. bound: host-bound "
@@ -305,9 +303,8 @@ def _expected_vs_measured(r: pd.DataFrame, lo: float, hi: float, color: str | No
 def _heatmap(d: pd.DataFrame, col: str) -> go.Figure:
     """Speedup per shape × recipe; a host-bound case's cell text carries an 'h'."""
     pivot = d.pivot_table(index="shape", columns="recipe", values=col, aggfunc="median")
-    marks = (d.assign(h=d["bound"].eq("host-bound")).pivot_table(index="shape", columns="recipe", values="h",
-                                                                  aggfunc="max").reindex_like(pivot)
-             if "bound" in d else pivot.notna() & False)
+    marks = d.assign(h=d["bound"].eq("host-bound")).pivot_table(index="shape", columns="recipe", values="h",
+                                                                 aggfunc="max").reindex_like(pivot)
     text = [[("" if pd.isna(v) else f"{v:.2f}" + (" h" if not pd.isna(m) and bool(m) else "")) for v, m in zip(row_v, row_m, strict=True)]
             for row_v, row_m in zip(pivot.values, marks.values, strict=True)]
     fig = go.Figure(go.Heatmap(z=pivot.values, x=list(pivot.columns), y=list(pivot.index), colorscale="RdYlGn",

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from fp8bench.backends.base import Backend, Recipe
 from fp8bench.config.schema import Config, MeasureConfig
+from fp8bench.measure import time_fn
 from fp8bench.numerics import TOLERANCE
 from fp8bench.records import Metric
 from fp8bench.types import Format
@@ -66,14 +67,11 @@ class Prepared:
     finish: Callable[[dict], CaseOutput]
     cuda_graph: bool = False
     """Time replays of a captured graph (measure.cuda_graph; GEMMs only)."""
-    extra: dict = field(default_factory=dict)
 
 
 def run_alone(case: CaseInput, prepare: Callable[[CaseInput], Prepared]) -> CaseOutput:
     """Build, time each callable on its own (fp8bench.measure.time_fn), finish: how a case runs without a
     twin to be timed beside (the emulator, BF16 cases, or a group that could not be timed together)."""
-    from fp8bench.measure import time_fn
-
     prepared = prepare(case)
     timer = timer_kwargs(case, cuda_graph=prepared.cuda_graph)
     return prepared.finish({name: time_fn(fn, **timer) for name, fn in prepared.timed.items()})
@@ -117,9 +115,8 @@ def speed_metrics(case: CaseInput, timing, flops: float, pct_of_peak: bool = Tru
     from fp8bench.hardware import detect_device, spec_sheet
 
     metrics = [Metric.of("time_ms", timing.median_ms)]
-    busy = getattr(timing, "gpu_busy_pct", None)  # a training run passes its own timing, without one
-    if busy is not None:
-        metrics.append(Metric.of("gpu_busy_pct", busy))
+    if timing.gpu_busy_pct is not None:
+        metrics.append(Metric.of("gpu_busy_pct", timing.gpu_busy_pct))
     if timing.injected_slowdown is not None:
         metrics.append(Metric.of("injected_slowdown_pct", 100.0 * timing.injected_slowdown))
     if peak_bytes is not None:

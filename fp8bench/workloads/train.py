@@ -14,15 +14,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
-from fp8bench.measure import peak_memory_bytes, reset_peak_memory
+from fp8bench.measure import Timing, peak_memory_bytes, reset_peak_memory
 from fp8bench.records import Metric
 from fp8bench.workloads import corpus as corpus_mod
 from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged, speed_metrics
@@ -355,7 +353,7 @@ def _output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None
         samples["diverged_at_step"] = [float(diverged_at)]
     if timed:
         samples["time_ms"] = timed
-        timing = SimpleNamespace(median_ms=statistics.median(timed), injected_slowdown=None)
+        timing = Timing(timed, flushed_l2=False, cuda_graph=False)
         flops = model_flops(case.config.model, s["vocab"], s["batch"], s["seq"])
         run_peak = peak_memory_bytes(case.device)  # reset at the census step: the run's peak is the larger
         metrics += speed_metrics(case, timing, flops, peak_bytes=None if run_peak is None
