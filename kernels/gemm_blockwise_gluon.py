@@ -21,7 +21,7 @@ softmax and GEMM warpgroups): each issues its next wgmmas only after the other h
 products queue behind the other's and it scales while those run. Run free, our reading (not shown directly) is
 that the two fall into step, since each SM sub-partition's tensor core takes both warpgroups' wgmmas as they
 come: both products finish together and both warpgroups scale while the tensor cores idle. On the H200
-(session 12, results/h200-kernels) promote ran 1083-1164 TFLOPS in the sweep kernels-gemm-s12, against cuBLAS
+(e8337d4, results/h200-kernels) promote ran 1083-1164 TFLOPS in the sweep kernels-gemm-s12, against cuBLAS
 blockwise's 1044-1136 (free-running, kernels-gemm-s11: 1039-1123), and sustained at 8192³ 758-761 TFLOPS per
 GHz of SM clock against 719-722 free-running (gemm_power_turns.json). The result is bit-identical either way.
 
@@ -36,8 +36,8 @@ group. Scaling, as in `gemm_blockwise` (`PROMOTE`):
   reports ~14 bits): the numerics of cuBLAS's fast-accumulation mode rather than DeepSeek-V3's promotion
   (scripts/gemm_variant_probe.py --gluon measures both against FP64).
 
-Before the turns (scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json, session
-11) promote reached 1139 / 1089 / 1084 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale
+Before the turns (scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json at
+459d225) promote reached 1139 / 1089 / 1084 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale
 1139 / 1026 / 1119, against cuBLAS blockwise's 1208 / 1089 / 1120; both on 128x256 tiles. Staging A's scales
 with the tiles, instead of each math warpgroup loading its rows' scales from global memory a group ahead, had
 taken promote at 8192³ from 683-691 to 702-716 TFLOPS per GHz of SM clock (sustained runs; cuBLAS blockwise:
@@ -336,7 +336,7 @@ class Config(NamedTuple):
     """setmaxnreg of the second math warpgroup (the first gets what the producer warp leaves)"""
     pingpong: bool = True
     """the math warpgroups take turns issuing wgmmas (named barriers), so one scales while the other's run;
-    False: they run free, tied only by the ring's mbarriers (the kernel before session 12, for the probes)"""
+    False: they run free, tied only by the ring's mbarriers (the kernel before e8337d4, for the probes)"""
 
     @property
     def block_n(self) -> int:
@@ -361,7 +361,7 @@ CANDIDATES: tuple[Config, ...] = ()
 """Configs that compile cleanly for sm_90 (CI checks them as it checks CONFIGS) but have not been timed on the
 H200 yet, so the tuner leaves them out: `scripts/gemm_variant_probe.py --gluon` and `scripts/kernel_bench.py`
 time them next to CONFIGS. None now. The last were CONFIGS with the math warpgroups taking turns (`pingpong`),
-now the default: in a session-12 A/B on the H200 (best of three do_bench, five shapes) the turns took promote
+now the default: in an A/B on the H200 at e8337d4 (best of three do_bench, five shapes) the turns took promote
 on 128x256 tiles up 5-11% and rescale 2-5%, and moved the 128x128 configs by -1 to +6%."""
 
 

@@ -14,12 +14,12 @@ each K group waited for; with a per-row multiply of both accumulators each group
 per group on other registers, which ptxas places amid the warpgroup's own wgmmas; the first, second and last
 also with the math warpgroups taking turns), and the Gluon kernel's
 promote and rescale on 128x256 tiles with a persistent grid, with the math warpgroups taking turns at the tensor
-cores (the kernel's default since session 12) and running free (before).
+cores (the kernel's default since e8337d4) and running free (before).
 
 Usage: python3 scripts/gemm_power_probe.py OUT.json [--shape M N K] [--seconds 2] [--rounds 2]
                                              [--data random zeros]
-Results (results/h200-kernels/): gemm_power.json (session 11), gemm_power_side.json (SIDE), gemm_power_turns.json
-(session 12, with the turns): a row per data, round and kernel.
+Results (results/h200-kernels/): gemm_power.json (at 459d225), gemm_power_side.json (SIDE), gemm_power_turns.json
+(at e8337d4, with the turns): a row per data, round and kernel.
 """
 
 from __future__ import annotations

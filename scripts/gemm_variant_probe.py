@@ -10,7 +10,7 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
   ceiling of Triton's code generation before any blockwise work;
 - ws (`WS`, with --ws): Triton's warp specialization on the K loop, over the tiles of WS_TILES;
 - gluon (with --gluon): kernels/gemm_blockwise_gluon.py, each config and each CANDIDATE (not yet tuned on),
-  and the 128x256 configs with free-running math warpgroups (`pingpong=False`, the kernel before session 12),
+  and the 128x256 configs with free-running math warpgroups (`pingpong=False`, the kernel before e8337d4),
   with a persistent grid and one program per tile, A's scales M-major as the triton backend quantizes them,
   next to the unscaled ceilings of Triton's kernel and of the Gluon kernel's own structure
   (scripts/gluon_unscaled.py: each K group waited for, or one in flight, or waited for and its accumulators
@@ -19,10 +19,10 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
   dequantized operands. --gluon-ceilings: only the 128x256 configs and those ceilings, no accuracy.
 Stage 1 runs every variant at 8192³ (time-boxed); stage 2 the best few at the Llama shapes. With --ws, every
 WS variant and two plain baselines run at each shape. A config that fails to compile or returns a wrong
-result is recorded as such. Results (results/h200-kernels/): gemm_variant_probe.json (session 7, which timed a
-copy of the kernel with these switches, since folded in) and gemm_ws_probe.json (session 6, recorded by this
+result is recorded as such. Results (results/h200-kernels/): gemm_variant_probe.json (committed in 21f59d1, which timed a
+copy of the kernel with these switches, since folded in) and gemm_ws_probe.json (committed in cdeaac9, recorded by this
 probe's WS part when it was scripts/gemm_ws_probe.py; re-run it after a Triton upgrade) and
-gemm_gluon_probe.json (--gluon, session 12).
+gemm_gluon_probe.json (--gluon, at e8337d4).
 
 Usage: python3 scripts/gemm_variant_probe.py OUT.json [--budget-s 200] [--ws | --gluon | --gluon-ceilings]
 """
@@ -53,7 +53,7 @@ try:  # Gluon's Hopper kernel (needs a Triton with triton.experimental.gluon)
     from fp8bench_kernels.gemm_blockwise_gluon import CONFIGS as GLUON_CONFIGS
 
     GLUON_CONFIGS += CANDIDATES  # the configs the tuner may pick, and those that wait for this probe
-    # and the 128x256 ones with the math warpgroups running free, as before session 12
+    # and the 128x256 ones with the math warpgroups running free, as before e8337d4
     GLUON_CONFIGS += tuple(c._replace(pingpong=False) for c in GLUON_CONFIGS if c.block_n == 256 and c.pingpong)
     from gluon_unscaled import unscaled_gluon_gemm
 except ImportError:

@@ -16,7 +16,7 @@ only accumulate, in one of these ways:
   they do not wait for (Triton 3.6, sm_90 SASS): whether FP32 work costs the tensor cores as such, or only
   where it stands between wgmmas.
 - PINGPONG (with IN_FLIGHT = 0): the math warpgroups take turns issuing their wgmmas, as the scaled kernel's
-  have since session 12 (without it they run free): whether the turns lift these ceilings as they lift promote.
+  have since e8337d4 (without it they run free): whether the turns lift these ceilings as they lift promote.
 """
 
 from __future__ import annotations
