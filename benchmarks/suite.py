@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from fp8bench.records import MEASUREMENT_VERSION
+from fp8bench.core.records import MEASUREMENT_VERSION
 
 TRACKED_SWEEPS = ("asv-cpu", "asv-hopper-gemm", "asv-hopper-te", "asv-hopper-torchao", "asv-hopper-train")
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -22,7 +22,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 def _tracked_case_ids() -> list[str]:
     """Expand the tracked sweeps (Hydra compose, ~1 s). asv imports this module in a fresh process for every
     benchmark and parameter, so the list is cached on disk under a hash of conf/ and of fp8bench's shapes."""
-    from fp8bench.workloads import shapes as shapes_module
+    from fp8bench.models import shapes as shapes_module
 
     digest = hashlib.sha256(repr(TRACKED_SWEEPS).encode())
     for f in sorted(CONF.rglob("*.yaml")) + [Path(shapes_module.__file__)]:
@@ -53,11 +53,11 @@ class FP8Cases:
 
     def setup_cache(self):
         """Run every tracked case once on this machine; returns {case_id: {status, reason, metric: value}}."""
+        from fp8bench.analysis.derive import derived_metrics
         from fp8bench.config.compose import expand
-        from fp8bench.hardware import detect_device
-        from fp8bench.plan import execution_order, plan
-        from fp8bench.records import derived_metrics
-        from fp8bench.runner import run_cases
+        from fp8bench.core.hardware import detect_device
+        from fp8bench.run.plan import execution_order, plan
+        from fp8bench.run.runner import run_cases
 
         device = detect_device()
         points = [p for sweep in TRACKED_SWEEPS for p in expand([f"sweep={sweep}"])[0]]

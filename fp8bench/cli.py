@@ -50,7 +50,7 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
                                expected (roofline, measured ceilings) vs measured GEMM speedups
   waterfall [--db DB]          why FP8 is not 2x: linear/layer speedup stage by stage from measured kernel times
   memory MODEL [--workload layer|train] [--batch B] [--seq S]
-                               what each TE recipe is expected to save for backward (fp8bench.memory_model)
+                               what each TE recipe is expected to save for backward (fp8bench.analysis.memory_model)
   doctor                       device, versions, backends and the capability matrix
 
 Every command takes --help; fp8bench --version prints the version and the measurement version.
@@ -96,7 +96,7 @@ def _db_path(arg: str | None, results_dir: str = "results") -> Path:
 @contextlib.contextmanager
 def _reading(db_arg: str | None):
     """A read-only connection to the DuckDB file, closed afterwards."""
-    from fp8bench import store
+    from fp8bench.data import store
 
     con = store.connect(_db_path(db_arg), read_only=True)
     try:
@@ -106,7 +106,7 @@ def _reading(db_arg: str | None):
 
 
 def _ingest_into(db: Path, paths: list[Path]) -> None:
-    from fp8bench import store
+    from fp8bench.data import store
 
     con = store.connect(db)
     try:
@@ -131,9 +131,9 @@ def _help(cmd: str) -> str:
 
 def cmd_run(args: list[str]) -> int:
     from fp8bench.config.compose import check_combination, expand, multirun
-    from fp8bench.plan import execution_order, plan, resolve_device
-    from fp8bench.records import read_run, write_manifest
-    from fp8bench.runner import check_resume, execute, manifest_for, new_run_id, run_dir_for
+    from fp8bench.core.records import read_run, write_manifest
+    from fp8bench.run.plan import execution_order, plan, resolve_device
+    from fp8bench.run.runner import check_resume, execute, manifest_for, new_run_id, run_dir_for
 
     started = time.monotonic()
     is_multi = any(a in ("-m", "--multirun") for a in args)
@@ -155,7 +155,7 @@ def cmd_run(args: list[str]) -> int:
             # Runs in the launcher's process: this one (basic launcher) or a worker (local-gpus, slurm, ...).
             from rich.console import Console
 
-            from fp8bench.launch import prepare_worker
+            from fp8bench.run.launch import prepare_worker
 
             try:
                 check_combination(point)
@@ -196,8 +196,8 @@ def cmd_run(args: list[str]) -> int:
 
 
 def _print_summary(records: list, run_id: str, run_dir: Path, seconds: float) -> None:
-    from fp8bench.runner import format_duration
-    from fp8bench.summary import results_table, skip_reasons, summary_table
+    from fp8bench.run.runner import format_duration
+    from fp8bench.run.summary import results_table, skip_reasons, summary_table
 
     out.print(summary_table(records))
     per_case = results_table(records)
@@ -216,8 +216,8 @@ def _print_summary(records: list, run_id: str, run_dir: Path, seconds: float) ->
 
 def cmd_plan(args: list[str]) -> int:
     from fp8bench.config.compose import expand
-    from fp8bench.hardware import detect_device
-    from fp8bench.plan import plan
+    from fp8bench.core.hardware import detect_device
+    from fp8bench.run.plan import plan
 
     points, dropped = expand(args)
     cases = plan(points, detect_device())  # a device=cuda point on a CPU is listed as skipped, with why
@@ -245,7 +245,7 @@ def cmd_ingest(args: list[str]) -> int:
 
 
 def cmd_export(args: list[str]) -> int:
-    from fp8bench import store
+    from fp8bench.data import store
 
     p = _Parser(prog="fp8bench export")
     p.add_argument("run_ids", nargs="+")
@@ -275,8 +275,8 @@ def cmd_report(args: list[str]) -> int:
 
 
 def cmd_calibrate(args: list[str]) -> int:
-    from fp8bench.calibrate import calibrate, write
-    from fp8bench.hardware import detect_device
+    from fp8bench.analysis.calibrate import calibrate, write
+    from fp8bench.core.hardware import detect_device
 
     p = _Parser(prog="fp8bench calibrate")
     p.add_argument("--out", type=Path, default=Path("results/calibration"))
@@ -296,7 +296,7 @@ def cmd_calibrate(args: list[str]) -> int:
 
 
 def cmd_roofline(args: list[str]) -> int:
-    from fp8bench.roofline import expected_vs_measured, median_abs_error
+    from fp8bench.analysis.roofline import expected_vs_measured, median_abs_error
 
     p = _Parser(prog="fp8bench roofline")
     p.add_argument("--db", default=None)
@@ -323,8 +323,8 @@ def cmd_roofline(args: list[str]) -> int:
 
 
 def cmd_memory(args: list[str]) -> int:
+    from fp8bench.analysis.memory_model import model_preset, recipe_change, te_layer_bf16_saved
     from fp8bench.config.compose import group_options
-    from fp8bench.memory_model import model_preset, recipe_change, te_layer_bf16_saved
 
     p = _Parser(prog="fp8bench memory")
     p.add_argument("model")
@@ -356,7 +356,7 @@ def cmd_memory(args: list[str]) -> int:
 
 
 def cmd_waterfall(args: list[str]) -> int:
-    from fp8bench.waterfall import from_db
+    from fp8bench.analysis.waterfall import from_db
 
     p = _Parser(prog="fp8bench waterfall")
     p.add_argument("--db", default=None)
@@ -384,7 +384,7 @@ def cmd_waterfall(args: list[str]) -> int:
 
 
 def cmd_asv_compare(args: list[str]) -> int:
-    from fp8bench.asv_results import compare_commits
+    from fp8bench.data.asv_results import compare_commits
 
     p = _Parser(prog="fp8bench asv-compare")
     p.add_argument("base")
@@ -414,7 +414,7 @@ def cmd_asv_compare(args: list[str]) -> int:
 
 
 def cmd_compare(args: list[str]) -> int:
-    from fp8bench.compare import compare_runs, to_markdown
+    from fp8bench.analysis.compare import compare_runs, to_markdown
 
     p = _Parser(prog="fp8bench compare")
     p.add_argument("base")
@@ -456,7 +456,7 @@ def cmd_compare(args: list[str]) -> int:
 
 
 def cmd_history(args: list[str]) -> int:
-    from fp8bench.compare import history_steps
+    from fp8bench.analysis.compare import history_steps
 
     p = _Parser(prog="fp8bench history")
     p.add_argument("--db", default=None)
@@ -475,9 +475,9 @@ def cmd_history(args: list[str]) -> int:
 
 
 def cmd_doctor(args: list[str]) -> int:
-    from fp8bench.hardware import capability, describe, environment
-    from fp8bench.plan import _available
-    from fp8bench.types import VALID_SCALINGS, BackendName, Format
+    from fp8bench.core.hardware import capability, describe, environment
+    from fp8bench.core.types import VALID_SCALINGS, BackendName, Format
+    from fp8bench.run.plan import _available
 
     if args:
         raise UsageError(f"fp8bench doctor takes no arguments (got {args})")
@@ -485,7 +485,7 @@ def cmd_doctor(args: list[str]) -> int:
     out.print(f"device: {info['device']['name']} ({info['device']['kind']}, {env['capability']}, CUDA {env['cuda']})")
     out.print(f"spec sheet: {info['spec_sheet']}")
     out.print("versions: " + ", ".join(f"{k[:-8]} {v}" for k, v in env.items() if k.endswith("_version")))
-    from fp8bench.hardware import detect_device
+    from fp8bench.core.hardware import detect_device
 
     dev = detect_device()
     table = Table(title="capability matrix on this device (a backend unavailable here is explained below)")
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if "--version" in argv or argv[0] == "-V":
         from fp8bench import __version__
-        from fp8bench.records import MEASUREMENT_VERSION
+        from fp8bench.core.records import MEASUREMENT_VERSION
 
         out.print(f"fp8bench {__version__} (measurement version {MEASUREMENT_VERSION})", highlight=False)
         return 0
@@ -525,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
                 "compare": cmd_compare, "asv-compare": cmd_asv_compare, "history": cmd_history,
                 "calibrate": cmd_calibrate, "roofline": cmd_roofline, "waterfall": cmd_waterfall, "memory": cmd_memory,
                 "doctor": cmd_doctor}
-    from fp8bench.records import StoreError
+    from fp8bench.core.records import StoreError
 
     try:
         if cmd not in handlers:

@@ -10,7 +10,7 @@ from ._tune import INTERPRETING
 
 E4M3_MAX = 448.0
 AMAX_EPS = 1e-12
-"""Floor for amax before dividing (torchao's EPS; fp8bench.numerics.AMAX_EPS)."""
+"""Floor for amax before dividing (torchao's EPS; fp8bench.core.numerics.AMAX_EPS)."""
 # The same numbers for @triton.jit code: compiled Triton reads only constexpr globals (its interpreter reads
 # any, which is why tests/test_kernels.py checks)
 E4M3_MAX_C = tl.constexpr(E4M3_MAX)

@@ -1,10 +1,10 @@
 """Tensor-core work of a chosen length that touches no memory in its loop: the filler behind fp8bench's
-test-only `slowdown` knob (fp8bench.measure).
+test-only `slowdown` knob (fp8bench.core.measure).
 
 Why not an idle wait (`torch.cuda._sleep`): under a board power limit the clocks rise while the GPU idles, so
 the work around the wait runs faster and part of the injected delay disappears. On the H200, a 10% wait after
 each BF16 linear step (power-capped) moved the median by ~5%. A filler that keeps every SM's tensor cores
-busy draws power more like the GEMMs it extends; not exactly, so fp8bench.measure sizes it by feedback.
+busy draws power more like the GEMMs it extends; not exactly, so fp8bench.core.measure sizes it by feedback.
 
 Each program loads one BLOCK x BLOCK FP16 tile once and accumulates `iters` products of it with itself in
 FP32; the accumulator is loop-carried and stored, so the compiler cannot drop the loop. Its duration grows

@@ -82,7 +82,7 @@ def kernels(a: torch.Tensor, b: torch.Tensor, zeros: bool) -> dict:
     from kernel_bench import recipe
 
     from fp8bench.backends import get_backend
-    from fp8bench.types import GemmRole
+    from fp8bench.core.types import GemmRole
 
     qa, sa = quantize_blockwise(a, (1, 128), True, m_major_scales=True)
     qb, sb = quantize_blockwise(b, (128, 128), True)

@@ -181,7 +181,7 @@ def probe_shape(name: str, mnk: tuple[int, int, int], todo: list[dict], deadline
     from kernel_bench import recipe
 
     from fp8bench.backends import get_backend
-    from fp8bench.types import GemmRole
+    from fp8bench.core.types import GemmRole
 
     m, n, k = mnk
     a = torch.randn(m, k, device="cuda").bfloat16()

@@ -19,8 +19,8 @@ import torch
 
 from fp8bench.backends import Recipe, get_backend
 from fp8bench.config.schema import BackendConfig, ScalingConfig
-from fp8bench.measure import time_fn
-from fp8bench.types import Format, GemmRole, Scaling
+from fp8bench.core.measure import time_fn
+from fp8bench.core.types import Format, GemmRole, Scaling
 
 SHAPES = [(8192, 8192, 8192), (8192, 12288, 4096), (8192, 4096, 4096), (8192, 22016, 4096), (8192, 4096, 11008)]
 

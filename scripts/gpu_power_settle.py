@@ -22,7 +22,7 @@ import time
 import torch
 from fp8bench_kernels.tensor_core_load import make_operand, tensor_core_load
 
-from fp8bench.measure import event_samples
+from fp8bench.core.measure import event_samples
 
 
 def operations(dev):

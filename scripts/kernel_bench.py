@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
+from fp8bench.analysis.calibrate import copy_gbps
 from fp8bench.backends import Recipe, get_backend
-from fp8bench.calibrate import copy_gbps
 from fp8bench.config.schema import BackendConfig, ScalingConfig
-from fp8bench.types import Format, GemmRole, Scaling
+from fp8bench.core.types import Format, GemmRole, Scaling
 
 GEMMS = {  # name: (M, N, K), tokens 8192
     "8192^3": (8192, 8192, 8192),

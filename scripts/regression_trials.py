@@ -70,9 +70,9 @@ def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
     """Pairs are consecutive processes (in start order) on one physical GPU, which is one env_id (it holds the
     GPU's UUID): a chain goes on across batches recorded on a GPU and is never compared across GPUs. Counts
     are per timed case and over whole trials. Each comparison sees only runs that started before its head
-    (fp8bench.compare), so the first pairs of a chain judge with little history, as they did when recorded."""
-    from fp8bench import store
-    from fp8bench.compare import compare_runs
+    (fp8bench.analysis.compare), so the first pairs of a chain judge with little history, as they did when recorded."""
+    from fp8bench.analysis.compare import compare_runs
+    from fp8bench.data import store
 
     con = store.connect(db)
     store.ingest(con, folders)

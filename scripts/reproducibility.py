@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fp8bench import store  # noqa: E402
+from fp8bench.data import store  # noqa: E402
 
 SERIES = {"with quantization": "speedup_vs_bf16", "kernel only": "speedup_vs_bf16_kernel"}
 

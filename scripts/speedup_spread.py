@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fp8bench.records import CaseRecord, read_run  # noqa: E402
+from fp8bench.core.records import CaseRecord, read_run  # noqa: E402
 
 
 def speedups(run_dirs: list[Path]) -> tuple[dict[tuple[str, str], tuple[CaseRecord, float]], list[dict]]:

@@ -1,8 +1,8 @@
 """The advisor says which kind of accuracy backs a recommendation: a training step's loss parity against the
 BF16 seed band, or (one-step workloads) the kernels' agreement with the emulator; never the one for the other."""
 
-from fp8bench import store
-from fp8bench.records import CaseRecord, Metric, ShardWriter, write_manifest
+from fp8bench.core.records import CaseRecord, Metric, ShardWriter, write_manifest
+from fp8bench.data import store
 from fp8bench.report import data
 from fp8bench.report.pages import advisor
 

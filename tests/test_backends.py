@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from fp8bench.backends import Recipe, get_backend
-from fp8bench.backends.emulated import emulated_gemm
+from fp8bench.backends.emulator import emulated_gemm
 from fp8bench.config.schema import BackendConfig, ScalingConfig
-from fp8bench.numerics import fake_quant, sqnr_db
-from fp8bench.types import Format, GemmRole, Scaling
+from fp8bench.core.numerics import fake_quant, sqnr_db
+from fp8bench.core.types import Format, GemmRole, Scaling
 
 
 def recipe(fmt, sc, **backend):
@@ -101,8 +101,8 @@ def test_torchao_has_no_e4m3_tensorwise_label():
 
 def test_unavailable_backends_say_why():
     from fp8bench.config.compose import expand
-    from fp8bench.hardware import detect_device
-    from fp8bench.plan import verdict
+    from fp8bench.core.hardware import detect_device
+    from fp8bench.run.plan import verdict
 
     if not torch.cuda.is_available():
         ok, why = get_backend("te").available()
@@ -118,9 +118,9 @@ def test_unavailable_backends_say_why():
                                             ("emulated", "nvfp4", "nvfp4"), ("torch", "bf16", "none")])
 def test_layer_workload_on_cpu(tmp_path, backend, fmt, sc):
     from fp8bench.config.compose import expand
-    from fp8bench.hardware import detect_device
-    from fp8bench.plan import plan
-    from fp8bench.runner import execute
+    from fp8bench.core.hardware import detect_device
+    from fp8bench.run.plan import plan
+    from fp8bench.run.runner import execute
 
     if backend == "torchao":
         pytest.importorskip("torchao")

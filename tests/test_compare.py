@@ -4,8 +4,7 @@ import random
 
 import pytest
 
-from fp8bench import store
-from fp8bench.compare import (
+from fp8bench.analysis.compare import (
     MIN_FLOOR,
     change_points,
     compare_runs,
@@ -14,7 +13,8 @@ from fp8bench.compare import (
     run_to_run_noise,
     usual_level,
 )
-from fp8bench.records import CaseRecord, Metric, ShardWriter, StoreError, write_manifest
+from fp8bench.core.records import CaseRecord, Metric, ShardWriter, StoreError, write_manifest
+from fp8bench.data import store
 
 N_CASES, N_SAMPLES = 40, 30
 

@@ -6,8 +6,8 @@ import pytest
 
 from fp8bench.config.compose import expand, group_options, load
 from fp8bench.config.schema import ConfigError, ModelConfig
-from fp8bench.hardware import DeviceInfo
-from fp8bench.plan import plan
+from fp8bench.core.hardware import DeviceInfo
+from fp8bench.run.plan import plan
 
 
 def test_default_point_composes_into_frozen_dataclasses():

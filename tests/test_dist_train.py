@@ -7,9 +7,9 @@ import json
 import pytest
 
 from fp8bench.config.compose import expand
-from fp8bench.hardware import detect_device
-from fp8bench.plan import plan
-from fp8bench.runner import execute
+from fp8bench.core.hardware import detect_device
+from fp8bench.run.plan import plan
+from fp8bench.run.runner import execute
 
 BASE = ["workload=train", "model=tiny", "device=cpu", "format=bf16", "scaling=none", "backend=torch",
         "workload.train.steps=30", "workload.train.eval_every=15", "workload.train.bf16_seeds=1"]

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fp8bench import store
+from fp8bench.data import store
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = ["regression_trials.json", "regression_trials_feedback.json", "regression_trials_settled.json",

@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from fp8bench.backends import Recipe, get_backend
-from fp8bench.backends.emulated import emulated_gemm
+from fp8bench.backends.emulator import emulated_gemm
 from fp8bench.config.compose import expand
 from fp8bench.config.schema import BackendConfig, ScalingConfig
-from fp8bench.hardware import detect_device
-from fp8bench.numerics import sqnr_db
-from fp8bench.plan import plan
-from fp8bench.runner import execute
-from fp8bench.types import Format, GemmRole, Scaling
+from fp8bench.core.hardware import detect_device
+from fp8bench.core.numerics import sqnr_db
+from fp8bench.core.types import Format, GemmRole, Scaling
+from fp8bench.run.plan import plan
+from fp8bench.run.runner import execute
 
 pytestmark = pytest.mark.gpu
 
@@ -60,7 +60,7 @@ def test_timer_matches_triton_do_bench_within_2_percent():
 def test_settled_timer_and_slowdown_knob_add_the_set_fraction():
     """The test-only knob must stretch a power-capped BF16 GEMM by what it says, measured against unslowed
     runs on either side (an idle-wait filler added half of it on the H200)."""
-    from fp8bench.measure import time_fn
+    from fp8bench.core.measure import time_fn
 
     a, b = operands(8192, 22016, 4096)
     kw = dict(device=torch.device("cuda"), warmup=3, iters=40, min_samples=20, max_time_s=0.2, settle_ms=200.0)
@@ -94,8 +94,8 @@ def test_te_delayed_scaling_scales_are_the_emulators():
     from transformer_engine.common.recipe import Format as TEFormat
     from transformer_engine.pytorch.constants import FP8BwdTensorIdx, FP8FwdTensorIdx
 
-    from fp8bench.numerics import DelayedScale
-    from fp8bench.types import Element
+    from fp8bench.core.numerics import DelayedScale
+    from fp8bench.core.types import Element
 
     lin = te.Linear(256, 128, bias=False, params_dtype=torch.bfloat16, device="cuda")
     te_recipe = DelayedScaling(fp8_format=TEFormat.HYBRID, amax_history_len=3, amax_compute_algo="max")

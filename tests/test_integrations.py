@@ -14,9 +14,9 @@ import torch
 from fp8bench.backends import get_backend
 from fp8bench.config.compose import expand
 from fp8bench.config.schema import BackendConfig
-from fp8bench.hardware import detect_device
-from fp8bench.plan import plan
-from fp8bench.runner import execute
+from fp8bench.core.hardware import detect_device
+from fp8bench.run.plan import plan
+from fp8bench.run.runner import execute
 
 TINY = ["workload=train", "model=tiny", "workload.train.steps=20", "workload.train.eval_every=10",
         "workload.train.bf16_seeds=1"]
@@ -119,7 +119,7 @@ def test_lightning_and_accelerate_run_te_fp8_on_every_suitable_linear(tmp_path):
 
 
 def _train_record(run_id, backend_id, fmt, tokens_per_s, linears_fp8, parity=None):
-    from fp8bench.records import CaseRecord, Metric
+    from fp8bench.core.records import CaseRecord, Metric
 
     backend = backend_id.split("+")[0]
     metrics = [Metric.of("time_ms", 4096 / tokens_per_s * 1e3), Metric.of("tokens_per_s", tokens_per_s),
@@ -135,10 +135,10 @@ def _train_record(run_id, backend_id, fmt, tokens_per_s, linears_fp8, parity=Non
 
 
 def test_report_pairs_each_integration_with_its_direct_run_over_repeats(tmp_path):
-    from fp8bench.records import ShardWriter, write_manifest
+    from fp8bench.core.records import ShardWriter, write_manifest
+    from fp8bench.data.store import connect, ingest
     from fp8bench.report import data
     from fp8bench.report.pages import integration_overhead, integration_summary
-    from fp8bench.store import connect, ingest
 
     for run_id, direct_tps, acc_tps in (("r1", 140e3, 120e3), ("r2", 120e3, 130e3), ("r3", 150e3, 125e3)):
         run_dir = tmp_path / "runs" / run_id

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from fp8bench.numerics import fake_quant, sqnr_db
+from fp8bench.core.numerics import fake_quant, sqnr_db
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -60,7 +60,7 @@ def test_blockwise_quantization_is_bit_exact(k, m, n, block, pow2):
     y, s = k.quantize_blockwise.quantize_blockwise(x, block, pow2)
     ry, rs = k.quantize_blockwise.quantize_blockwise_reference(x, block, pow2)
     assert torch.equal(bits(y), bits(ry)) and torch.equal(s, rs)
-    from fp8bench.numerics import QuantOptions
+    from fp8bench.core.numerics import QuantOptions
 
     emu = fake_quant(x, "e4m3", "blockwise", QuantOptions(is_weight=block == (128, 128), pow2_scale=pow2))
     deq = y.float() * s.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:m, :n]
@@ -278,9 +278,9 @@ def test_gemm_rejects_mismatched_scales(k):
 def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k):
     from fp8bench.backends import get_backend
     from fp8bench.backends.base import Recipe
-    from fp8bench.backends.emulated import emulated_gemm
+    from fp8bench.backends.emulator import emulated_gemm
     from fp8bench.config.schema import BackendConfig, ScalingConfig
-    from fp8bench.types import Format, GemmRole, Scaling
+    from fp8bench.core.types import Format, GemmRole, Scaling
 
     def recipe(fmt, sc):
         return Recipe(format=Format(fmt), scaling=Scaling(sc), scaling_cfg=ScalingConfig(name=sc),

@@ -32,7 +32,7 @@ def test_local_processes_launcher_runs_each_job_in_its_own_process_and_ingests_e
 _PIN = """
 import sys, time
 from pathlib import Path
-from fp8bench.launch import pin_worker_gpu
+from fp8bench.run.launch import pin_worker_gpu
 try:
     print(pin_worker_gpu(), flush=True)
 except RuntimeError as exc:
@@ -65,7 +65,8 @@ def test_each_worker_process_claims_its_own_gpu(tmp_path):
 
 
 def test_one_gpu_or_none_needs_no_pinning(monkeypatch):
-    from fp8bench.launch import gpu_count, pin_worker_gpu
+    from fp8bench.core.hardware import gpu_count
+    from fp8bench.run.launch import pin_worker_gpu
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert pin_worker_gpu() is None and gpu_count() == 1
@@ -87,14 +88,14 @@ def test_slurm_launcher_config_composes_with_one_gpu_per_task():
 
 
 def test_longest_first_orders_by_history_and_keeps_declaration_order_without_it():
-    from fp8bench.launch import longest_first
+    from fp8bench.run.launch import longest_first
 
     assert longest_first([None, None, None]) == [0, 1, 2]
     assert longest_first([2.0, None, 9.0, 1.0]) == [2, 1, 0, 3]  # the unknown job counts as the mean, 4.0
 
 
 def _history_record(case_id, fmt, scaling, seconds, started):
-    from fp8bench.records import CaseRecord
+    from fp8bench.core.records import CaseRecord
 
     return CaseRecord(run_id="before", case_id=case_id, workload="gemm", model="tiny", format=fmt, scaling=scaling,
                       backend="torch", shape_name="fprop_o", shape={}, status="ok", started_at=started,
@@ -126,8 +127,8 @@ def test_local_gpus_launcher_hands_out_the_longest_job_first(cli, tmp_path):
 def test_job_seconds_come_from_each_cases_latest_run_and_skip_a_torn_line(tmp_path):
     from omegaconf import OmegaConf
 
-    from fp8bench.launch import job_seconds_from_history
-    from fp8bench.records import CaseRecord, ShardWriter
+    from fp8bench.core.records import CaseRecord, ShardWriter
+    from fp8bench.run.launch import job_seconds_from_history
 
     def job(fmt, sc):
         names = dict(workload="gemm", model="tiny", format=fmt, scaling=sc, backend="torch")

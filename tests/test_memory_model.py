@@ -7,7 +7,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from fp8bench.memory_model import expected_saved, fp8_change, model_preset, te_layer_linears
+from fp8bench.analysis.memory_model import expected_saved, fp8_change, model_preset, te_layer_linears
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

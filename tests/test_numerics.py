@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from fp8bench.numerics import (
+from fp8bench.core.numerics import (
     DelayedScale,
     QuantOptions,
     amax_to_scale,
@@ -16,7 +16,7 @@ from fp8bench.numerics import (
     round_to_element,
     sqnr_db,
 )
-from fp8bench.types import Element
+from fp8bench.core.types import Element
 
 N = 1_100_000  # more than 10**6 values per format and per test
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fp8bench import store
-from fp8bench.records import CaseRecord, Metric, ShardWriter, write_manifest
+from fp8bench.core.records import CaseRecord, Metric, ShardWriter, write_manifest
+from fp8bench.data import store
 from fp8bench.report import build_site
 from fp8bench.report.browser import check_site, chromium_path, page_text
 

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from fp8bench import store
-from fp8bench.calibrate import calibrate, read, write
-from fp8bench.hardware import detect_device
-from fp8bench.records import StoreError
-from fp8bench.roofline import LAUNCH_US, Ceiling, expected_speedup, gemm_time_ms
+from fp8bench.analysis.calibrate import calibrate, read, write
+from fp8bench.analysis.roofline import LAUNCH_US, Ceiling, expected_speedup, gemm_time_ms
+from fp8bench.core.hardware import detect_device
+from fp8bench.core.records import StoreError
+from fp8bench.data import store
 
 H200_LIKE = Ceiling(bf16_tflops=700.0, fp8_tflops=1400.0, copy_gbps=4000.0)
 
@@ -82,7 +82,7 @@ def test_roofline_on_the_committed_h200_gemm_sweep(tmp_path):
     """The model against real data: the hopper sweep's GEMMs (torch backend) and the H200's calibration file."""
     from pathlib import Path
 
-    from fp8bench.roofline import expected_vs_measured, median_abs_error
+    from fp8bench.analysis.roofline import expected_vs_measured, median_abs_error
 
     root = Path(__file__).resolve().parents[1] / "results"
     cal = tmp_path / "calibration"
@@ -111,11 +111,11 @@ def test_eager_cast_table_matches_the_torch_backends_casts(scaling, is_weight):
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
+    from fp8bench.analysis.roofline import EAGER_CAST
     from fp8bench.backends.base import Recipe
     from fp8bench.backends.scaled_mm import quantize_operand
     from fp8bench.config.schema import BackendConfig, ScalingConfig
-    from fp8bench.roofline import EAGER_CAST
-    from fp8bench.types import Format, Scaling
+    from fp8bench.core.types import Format, Scaling
 
     views = {"view", "_unsafe_view", "t", "transpose", "reshape", "expand", "as_strided", "slice", "alias",
              "detach", "permute", "unsqueeze", "squeeze", "lift_fresh"}

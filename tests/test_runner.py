@@ -11,10 +11,10 @@ from pathlib import Path
 import duckdb
 
 from fp8bench.config.compose import expand
-from fp8bench.hardware import detect_device
-from fp8bench.plan import plan
-from fp8bench.records import read_run
-from fp8bench.runner import execute
+from fp8bench.core.hardware import detect_device
+from fp8bench.core.records import read_run
+from fp8bench.run.plan import plan
+from fp8bench.run.runner import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ def test_hydra_multirun_jobs_share_one_run_and_ingest_together(tmp_path):
 
 
 def test_the_git_commit_can_be_given_where_the_checkout_cannot_say(monkeypatch, tmp_path):
-    from fp8bench.hardware import git_state
+    from fp8bench.core.hardware import git_state
 
     commit, _ = git_state()
     assert commit and len(commit) == 40  # this checkout's own HEAD
@@ -110,7 +110,7 @@ def test_the_git_commit_can_be_given_where_the_checkout_cannot_say(monkeypatch, 
 def test_without_a_terminal_progress_is_plain_lines_and_the_run_prints_its_wall_time(tmp_path):
     """A batch job's log (CI, a GPU box): the live bar draws nothing there, so progress comes as lines with
     done/total, statuses, elapsed time and an ETA, at a steady pace, and the last one when the run ends."""
-    code = ("import sys, fp8bench.runner as r; r.PLAIN_PROGRESS_EVERY_S = 0.0; "  # every case: a short run shows it
+    code = ("import sys, fp8bench.run.runner as r; r.PLAIN_PROGRESS_EVERY_S = 0.0; "  # every case: a short run shows it
             "from fp8bench.cli import main; sys.exit(main(sys.argv[1:]))")
     res = subprocess.run([sys.executable, "-c", code, "run", *SWEEP, "workload.linears=[o]", f"results_dir={tmp_path}",
                           "store.ingest=false"], cwd=ROOT, capture_output=True, text=True, timeout=300)  # no terminal

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from fp8bench.records import CaseRecord, Metric, derive_box_intervals
-from fp8bench.speedup import (
+from fp8bench.core.records import CaseRecord, Metric, derive_box_intervals
+from fp8bench.core.speedup import (
     HOST_BOUND_BUSY_PCT,
     MIN_ROUNDS,
     is_host_bound,
@@ -87,9 +87,9 @@ def test_the_box_interval_adds_the_between_box_spread_on_a_log_scale():
 
 def test_a_group_times_its_recipes_beside_one_bf16_twin(tmp_path):
     from fp8bench.config.compose import expand
-    from fp8bench.hardware import detect_device
-    from fp8bench.plan import plan
-    from fp8bench.runner import execute
+    from fp8bench.core.hardware import detect_device
+    from fp8bench.run.plan import plan
+    from fp8bench.run.runner import execute
 
     points, _ = expand(["workload=gemm", "backend=torch", "model=tiny", "workload.linears=[o]",
                         "workload.roles=[fprop]", "format=bf16", "scaling=none", "measure.rounds=6",
@@ -111,9 +111,9 @@ def test_a_group_times_its_recipes_beside_one_bf16_twin(tmp_path):
 
 def test_when_the_twin_cannot_be_built_every_recipe_runs_alone_and_each_case_is_recorded_once(tmp_path):
     from fp8bench.config.compose import expand
-    from fp8bench.hardware import detect_device
-    from fp8bench.plan import plan
-    from fp8bench.runner import execute
+    from fp8bench.core.hardware import detect_device
+    from fp8bench.run.plan import plan
+    from fp8bench.run.runner import execute
 
     common = ["workload=gemm", "backend=torch", "model=tiny", "workload.linears=[o]", "measure.rounds=6",
               "fail_on=bf16.none", f"results_dir={tmp_path}"]

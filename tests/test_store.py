@@ -5,8 +5,8 @@ import json
 import duckdb
 import pytest
 
-from fp8bench import store
-from fp8bench.records import CaseRecord, Metric, ShardWriter, write_manifest
+from fp8bench.core.records import CaseRecord, Metric, ShardWriter, write_manifest
+from fp8bench.data import store
 
 
 def _record(run_id, case_id, fmt="e4m3", t=1.0, backend="torch", status="ok"):
@@ -45,7 +45,7 @@ def test_ingest_is_idempotent_and_derives_speedup(tmp_path):
 
 
 def test_fp8_all_gather_speedup_is_against_bf16_fsdp2_on_as_many_gpus():
-    from fp8bench.records import derive_speedups
+    from fp8bench.core.records import derive_speedups
 
     def train(fmt, shape_name, t):
         scaling = "none" if fmt == "bf16" else "current"
@@ -103,7 +103,7 @@ def test_storage_version_is_pinned_for_duckdb_1_4(tmp_path):
 def test_a_later_skip_never_overwrites_a_measured_case(tmp_path):
     """Two sweep points mapping to one case id (jobs of a multirun): the measurement stays, the clash is
     reported; a later *measured* record still replaces an earlier one (a failed case re-run)."""
-    from fp8bench.records import read_run
+    from fp8bench.core.records import read_run
 
     C1, C2 = "gemm.tiny.a.e4m3.current.torch", "gemm.tiny.b.e4m3.current.torch"
 

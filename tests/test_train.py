@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from fp8bench.analysis.parity import derive_parity, prediction_allowance, steps_to_reach
 from fp8bench.config.compose import expand
-from fp8bench.hardware import detect_device
-from fp8bench.parity import derive_parity, prediction_allowance, steps_to_reach
-from fp8bench.plan import plan
-from fp8bench.records import CaseRecord, Metric, read_run
-from fp8bench.runner import execute
-from fp8bench.workloads import corpus
+from fp8bench.core.hardware import detect_device
+from fp8bench.core.records import CaseRecord, Metric, read_run
+from fp8bench.models import corpus
+from fp8bench.run.plan import plan
+from fp8bench.run.runner import execute
 from fp8bench.workloads.train import lr_at
 
 ROOT = Path(__file__).resolve().parents[1]

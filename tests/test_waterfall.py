@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fp8bench import store
-from fp8bench.waterfall import Step, from_db, waterfall
+from fp8bench.analysis.waterfall import Step, from_db, waterfall
+from fp8bench.data import store
 from fp8bench.workloads.profile import category, kernel_metrics
 
 ROOT = Path(__file__).resolve().parents[1]

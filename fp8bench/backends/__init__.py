@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe, TrainSetup
-from fp8bench.types import BackendName, choices
+from fp8bench.core.types import BackendName, choices
 
 
 def get_backend(name: str) -> Backend:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 
 from fp8bench.backends.base import Backend, Recipe, cpu_scaled_mm_path, import_probe, load_te_first
-from fp8bench.types import Format, Scaling
+from fp8bench.core.types import Format, Scaling
 
 
 def reset_accelerate_state() -> None:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from fp8bench.config.schema import BackendConfig, ScalingConfig
-from fp8bench.numerics import DelayedScale, QuantOptions
-from fp8bench.types import Format, GemmRole, Scaling
+from fp8bench.core.numerics import DelayedScale, QuantOptions
+from fp8bench.core.types import Format, GemmRole, Scaling
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +229,7 @@ def one_step_delayed(backend: str, workload: str, recipe: Recipe) -> tuple[bool,
 
 def swap_block_linears(model: torch.nn.Module, make: Callable[[torch.nn.Linear], torch.nn.Module]) -> None:
     """Replace every nn.Linear inside model.blocks by make(linear) (same weights, another implementation)."""
-    from fp8bench.workloads.block import swap_linears
+    from fp8bench.models.block import swap_linears
 
     for block in model.blocks:
         swap_linears(block, make)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from fp8bench.backends.base import Backend, TrainSetup, package_probe, swap_block_linears
-from fp8bench.types import Format, Scaling
+from fp8bench.core.types import Format, Scaling
 
 
 class CoatBackend(Backend):

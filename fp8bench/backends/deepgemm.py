@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from fp8bench.backends.base import Backend, GemmOp, package_probe
-from fp8bench.types import Format, GemmRole, Scaling
+from fp8bench.core.types import Format, GemmRole, Scaling
 
 
 class DeepGemmBackend(Backend):

@@ -1,4 +1,5 @@
-"""`emulated`: exact quantize→dequantize in plain torch, then a float32 matmul. Any format, any device.
+"""`emulated`: the exact emulator (fp8bench.backends.emulator) run as a backend: quantize→dequantize in plain
+torch, then a float32 matmul. Any format, any device.
 
 It is the numerics reference the real backends are checked against, not a speed measurement: its cases
 record time_ms (what emulation costs) but no TFLOPS or speedup.
@@ -13,42 +14,15 @@ from fp8bench.backends.base import (
     DelayedScalingLinear,
     GemmOp,
     QuantizeOp,
-    Recipe,
     RecipeLinear,
     TrainSetup,
     module_op,
     one_step_delayed,
     swap_block_linears,
 )
-from fp8bench.numerics import fake_quant
-from fp8bench.types import Format, GemmRole, Scaling
-
-
-def emulated_gemm(a: torch.Tensor, b: torch.Tensor, role: GemmRole, recipe: Recipe,
-                  rows: int | None = None) -> torch.Tensor:
-    """fake_quant(A) · fake_quant(B)ᵀ in float32 (TN layout: both operands have K last).
-
-    `rows` keeps only the first rows of the result (A is still quantized whole: its scales see every row)."""
-    opt_a, opt_b = recipe.role_options(role)
-    aq = fake_quant(a, recipe.format, recipe.scaling, opt_a)
-    return (aq if rows is None else aq[:rows]) @ fake_quant(b, recipe.format, recipe.scaling, opt_b).t()
-
-
-class _EmulatedLinearFn(torch.autograd.Function):
-    """Y = X Wᵀ with every GEMM operand fake-quantized in the layout of its own GEMM (K last)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, recipe: Recipe) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x, w)
-        ctx.recipe = recipe
-        return emulated_gemm(x, w, GemmRole.FPROP, recipe)
-
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
-        x, w = ctx.saved_tensors
-        dx = emulated_gemm(dy, w.t(), GemmRole.DGRAD, ctx.recipe)
-        dw = emulated_gemm(dy.t(), x.t(), GemmRole.WGRAD, ctx.recipe)
-        return dx, dw, None
+from fp8bench.backends.emulator import EmulatedLinearFn, emulated_gemm
+from fp8bench.core.numerics import fake_quant
+from fp8bench.core.types import Format, Scaling
 
 
 class _DelayedScalingLinearFn(torch.autograd.Function):
@@ -95,17 +69,17 @@ class EmulatedBackend(Backend):
 
     def linear(self, x, w, dy, recipe):
         w = w.float().detach().requires_grad_(True)
-        return module_op([w], lambda inp: _EmulatedLinearFn.apply(inp, w, recipe), x.float(), dy.float(), weight=w)
+        return module_op([w], lambda inp: EmulatedLinearFn.apply(inp, w, recipe), x.float(), dy.float(), weight=w)
 
     def layer(self, model, x, dy, recipe):
-        from fp8bench.workloads.block import LlamaBlock, swap_linears
+        from fp8bench.models.block import LlamaBlock, swap_linears
 
         ref = LlamaBlock(model, device=x.device, dtype=torch.float32)
         if recipe.format.value == "bf16":
             return module_op(list(ref.parameters()), ref, x.float(), dy.float())
         import copy
 
-        block = swap_linears(copy.deepcopy(ref), lambda lin: RecipeLinear(lin, _EmulatedLinearFn, recipe))
+        block = swap_linears(copy.deepcopy(ref), lambda lin: RecipeLinear(lin, EmulatedLinearFn, recipe))
         return module_op(list(block.parameters()), block, x.float(), dy.float(), reference_forward=ref)
 
 
@@ -113,5 +87,5 @@ class EmulatedBackend(Backend):
         if recipe.scaling is Scaling.DELAYED:
             swap_block_linears(model, lambda lin: DelayedScalingLinear(lin, _DelayedScalingLinearFn, recipe))
         elif recipe.format is not Format.BF16:
-            swap_block_linears(model, lambda lin: RecipeLinear(lin, _EmulatedLinearFn, recipe))
+            swap_block_linears(model, lambda lin: RecipeLinear(lin, EmulatedLinearFn, recipe))
         return TrainSetup(model)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from fp8bench.backends.base import Backend, Recipe, import_probe, load_te_first
-from fp8bench.types import Format
+from fp8bench.core.types import Format
 
 
 class LightningTEBackend(Backend):

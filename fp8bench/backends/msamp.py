@@ -10,7 +10,7 @@ import contextlib
 
 from fp8bench.backends.accelerate import AccelerateBackend, reset_accelerate_state
 from fp8bench.backends.base import Backend, package_probe
-from fp8bench.types import Format, Scaling
+from fp8bench.core.types import Format, Scaling
 
 
 class MsampBackend(AccelerateBackend):

@@ -23,8 +23,8 @@ from fp8bench.backends.base import (
     one_step_delayed,
     swap_block_linears,
 )
-from fp8bench.numerics import ACT_BLOCK, WEIGHT_BLOCK, QuantOptions, amax_to_scale
-from fp8bench.types import Format, GemmRole, Scaling
+from fp8bench.core.numerics import ACT_BLOCK, WEIGHT_BLOCK, QuantOptions, amax_to_scale
+from fp8bench.core.types import Format, GemmRole, Scaling
 
 # Operand layouts F.scaled_mm accepts for blockwise scales on sm_90 (torch's own OpInfo samples in
 # torch/testing/_internal/common_methods_invocations.py): 1x128 scales are (M, K/128) stored K-block-major
@@ -65,7 +65,7 @@ class Quantized:
 
 def quantize_operand(x: torch.Tensor, recipe: Recipe, opt: QuantOptions,
                      scale: torch.Tensor | None = None) -> Quantized:
-    """Eager-torch cast of one GEMM operand (K last), with the same scale math as fp8bench.numerics. `scale`:
+    """Eager-torch cast of one GEMM operand (K last), with the same scale math as fp8bench.core.numerics. `scale`:
     a tensorwise scale from earlier steps (delayed scaling in training, `DelayedScale.take`); without it the
     scale comes from this tensor's amax."""
     element = recipe.format.element(opt.is_grad)
@@ -168,7 +168,7 @@ class ScaledMMBackend(Backend):
     def layer(self, model, x, dy, recipe):
         import copy
 
-        from fp8bench.workloads.block import LlamaBlock, swap_linears
+        from fp8bench.models.block import LlamaBlock, swap_linears
 
         ref = LlamaBlock(model, device=x.device)
         if recipe.format is Format.BF16:

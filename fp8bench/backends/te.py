@@ -20,7 +20,7 @@ from fp8bench.backends.base import (
     module_op,
     swap_block_linears,
 )
-from fp8bench.types import Format, Scaling
+from fp8bench.core.types import Format, Scaling
 
 
 def te_recipe(recipe: Recipe):

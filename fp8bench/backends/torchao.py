@@ -23,7 +23,7 @@ from fp8bench.backends.base import (
     import_probe,
     module_op,
 )
-from fp8bench.types import Format, Scaling
+from fp8bench.core.types import Format, Scaling
 
 
 def recipe_name(recipe: Recipe) -> str | None:
@@ -78,7 +78,7 @@ class TorchaoBackend(Backend):
 
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        from fp8bench.workloads.block import LlamaBlock
+        from fp8bench.models.block import LlamaBlock
 
         ref = LlamaBlock(model, device=x.device)
         compile_ = torch.compile if recipe.backend_cfg.compile else (lambda m: m)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from fp8bench.backends.base import Backend, GemmOp, QuantizeOp, import_probe
-from fp8bench.types import Format, GemmRole, Scaling
+from fp8bench.core.types import Format, GemmRole, Scaling
 
 KERNELS = {
     ("quantize", Format.E4M3, Scaling.CURRENT), ("quantize", Format.E4M3, Scaling.BLOCKWISE),

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from fp8bench.config.schema import Config, ConfigError
-from fp8bench.types import VALID_SCALINGS, Format, Scaling
+from fp8bench.core.types import VALID_SCALINGS, Format, Scaling
 
 
 def _expose_launcher_plugins() -> None:
@@ -62,7 +62,7 @@ def register_schema() -> None:
     _writable(node)
     ConfigStore.instance().store(name=SCHEMA_NAME, node=node)
     if not OmegaConf.has_resolver("fp8bench_gpus"):  # conf/hydra/launcher/local-gpus.yaml: one job per GPU
-        from fp8bench.launch import gpu_count
+        from fp8bench.core.hardware import gpu_count
 
         OmegaConf.register_new_resolver("fp8bench_gpus", gpu_count)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fp8bench.types import BackendName, Format, GemmRole, Scaling, WorkloadName, choices
+from fp8bench.core.types import BackendName, Format, GemmRole, Scaling, WorkloadName, choices
 
 
 class ConfigError(ValueError):
@@ -245,7 +245,7 @@ class BackendConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class MeasureConfig:
-    """How every case is timed (fp8bench.measure). gemm, linear and layer cases are timed beside their BF16
+    """How every case is timed (fp8bench.core.measure). gemm, linear and layer cases are timed beside their BF16
     twin in `rounds` rounds (measure.time_interleaved); the others (and a BF16 case with no recipe beside it)
     sample alone, up to `iters` samples or `max_time_s`."""
 
@@ -258,7 +258,7 @@ class MeasureConfig:
     """A case timed alone stops sampling after this much time, once min_samples exist."""
     rounds: int = 10
     """Side-by-side timing: rounds of every op of a group; each round gives one ratio per recipe, and the
-    speedup's 95% interval needs at least 6 (fp8bench.speedup)."""
+    speedup's 95% interval needs at least 6 (fp8bench.core.speedup)."""
     block_ms: float = 1.0
     """Side-by-side timing: each op runs enough back-to-back iterations per round to last this long (at least
     one; a microsecond-scale op's round median then rests on many samples)."""
@@ -268,7 +268,7 @@ class MeasureConfig:
     """CUDA: time replays of a captured graph (for launch-bound shapes)."""
     settle_ms: float = 200.0
     """CUDA: untimed back-to-back iterations for this long before sampling, so a power-limited GPU's clocks
-    have stepped down to their sustained level (fp8bench.measure._time_cuda; 0 times from a cold start)."""
+    have stepped down to their sustained level (fp8bench.core.measure._time_cuda; 0 times from a cold start)."""
 
     def __post_init__(self) -> None:
         _positive("measure.warmup", self.warmup, allow_zero=True)

@@ -22,7 +22,7 @@ def build_site(con, out: Path) -> list[Path]:
     src = plotly_asset()
     if not asset.is_file() or asset.stat().st_size != src.stat().st_size:
         shutil.copyfile(src, asset)
-    from fp8bench.compare import history_steps
+    from fp8bench.analysis.compare import history_steps
 
     df, runs = data.cases(con), data.runs(con)
     head = data.latest(df)  # one value per case: its latest run; every run stays in History

@@ -1,12 +1,12 @@
-"""The report's queries. Each takes an open store connection (fp8bench.store.connect) and returns a pandas
+"""The report's queries. Each takes an open store connection (fp8bench.data.store.connect) and returns a pandas
 DataFrame; the report never imports duckdb itself."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from fp8bench.records import VARIANT_SQL
-from fp8bench.speedup import bound_label
+from fp8bench.core.records import VARIANT_SQL
+from fp8bench.core.speedup import bound_label
 
 WIDE_METRICS = (
     "time_ms", "time_ms_kernel", "tflops", "tflops_kernel", "speedup_vs_bf16", "pct_of_peak", "gbps",
@@ -131,8 +131,8 @@ def not_measured_by_reason(df: pd.DataFrame) -> pd.DataFrame:
 
 def waterfalls(con) -> pd.DataFrame:
     """One row per (FP8 linear/layer/train case, waterfall stage): the speedup after that stage
-    (fp8bench.waterfall), and how much of the FP8 step its kernels explain."""
-    from fp8bench.waterfall import from_db
+    (fp8bench.analysis.waterfall), and how much of the FP8 step its kernels explain."""
+    from fp8bench.analysis.waterfall import from_db
 
     rows = [{"case_id": case, "stage": name, "speedup": value, "kernels_pct": w.explained_pct, "order": i}
             for case, _, _, _, w, _ in from_db(con) for i, (name, value) in enumerate(w.stages())]
@@ -142,7 +142,7 @@ def waterfalls(con) -> pd.DataFrame:
 def roofline(con, with_quant: bool = False) -> pd.DataFrame:
     """Expected (roofline on the measured ceilings) vs measured speedup of each FP8 GEMM case: the kernel
     alone, or with quantization (each backend's own casts, and `expected_fused`)."""
-    from fp8bench.roofline import expected_vs_measured
+    from fp8bench.analysis.roofline import expected_vs_measured
 
     df = expected_vs_measured(con, with_quant) if _has_ceilings(con) else pd.DataFrame()
     return df if not df.empty else pd.DataFrame(columns=["run_id", "device", "case_id", "cast", "expected",

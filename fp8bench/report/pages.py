@@ -132,8 +132,8 @@ def why_not_2x(adv: pd.DataFrame, df: pd.DataFrame, falls: pd.DataFrame | None) 
 
 def memory_why(adv: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
     """For TE layer and training rows of the advisor: what the recipe saves for backward instead of BF16
-    (fp8bench.memory_model), the reason its peak memory moves."""
-    from fp8bench.memory_model import recipe_change
+    (fp8bench.analysis.memory_model), the reason its peak memory moves."""
+    from fp8bench.analysis.memory_model import recipe_change
 
     if adv.empty:
         return adv
@@ -265,7 +265,7 @@ def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd
         for device, r in roof.groupby("device"):
             p.h2(f"{device}: roofline expected vs measured kernel speedup")
             p.note("Expected: max(compute, memory) + launch floor per GEMM on the ceilings `fp8bench calibrate` "
-                   f"measured (fp8bench.roofline). Median |error| {r['rel_error'].abs().median():.1%} over "
+                   f"measured (fp8bench.analysis.roofline). Median |error| {r['rel_error'].abs().median():.1%} over "
                    f"{len(r)} cases; cases under {ROOFLINE_SHORT:.0%} of their expected speedup are listed.")
             lo, hi = float(min(r["expected"].min(), r["measured"].min())), float(max(r["expected"].max(),
                                                                                     r["measured"].max()))
@@ -323,7 +323,7 @@ def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
     p = Page("modules.html", "Modules and layers: fwd+bwd time per backend and recipe")
     if falls is not None and not falls.empty:
         p.h2("Why not 2x: the speedup waterfall, from measured kernel times")
-        p.note("Each stage swaps one more measured BF16 component for its FP8 one (fp8bench.waterfall): the 2x "
+        p.note("Each stage swaps one more measured BF16 component for its FP8 one (fp8bench.analysis.waterfall): the 2x "
                "promise; GEMMs 2x with everything else as BF16 (Amdahl); the FP8 GEMM kernels as measured; plus "
                "the casts/transposes; plus the other kernels; plus idle time, which lands on the measured "
                "speedup. kernels% is the FP8 step's kernel time over its separately timed step. Above 100% means the "
@@ -367,7 +367,7 @@ def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
     expect = memory_vs_model(df)
     if not expect.empty:
         p.h2("Saved for backward: measured vs the analytic expectation (TE)")
-        p.note("fp8bench.memory_model counts what each TE recipe saves from the shapes alone: FP8 weights in both "
+        p.note("fp8bench.analysis.memory_model counts what each TE recipe saves from the shapes alone: FP8 weights in both "
                "layouts, each linear's input in the layouts its module keeps, the BF16 copies that drop out, block "
                "scales. Layer cases are predicted outright; training cases add the recipe's change to the BF16 run's "
                "census. error: expected over measured total, in percent.")
@@ -401,8 +401,8 @@ MEM_PARTS = [("mem_weights_bytes", "weights (master copy)"), ("mem_optimizer_byt
 
 def memory_vs_model(df: pd.DataFrame) -> pd.DataFrame:
     """TE layer and training cases: what the census measured as saved for backward next to what
-    fp8bench.memory_model expects from the shapes (training cases from their BF16 twin's census)."""
-    from fp8bench.memory_model import expected_saved
+    fp8bench.analysis.memory_model expects from the shapes (training cases from their BF16 twin's census)."""
+    from fp8bench.analysis.memory_model import expected_saved
 
     te = df[(df["backend"] == "te") & (df["status"] == "ok") & df["mem_saved_hp_bytes"].notna()
             & df["workload"].isin(["layer", "train"])]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from fp8bench.types import WorkloadName, choices
+from fp8bench.core.types import WorkloadName, choices
 
 
 def get_workload(name: str) -> ModuleType:

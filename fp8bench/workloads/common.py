@@ -11,10 +11,10 @@ import torch
 
 from fp8bench.backends.base import Backend, Recipe
 from fp8bench.config.schema import Config, MeasureConfig
-from fp8bench.measure import time_fn
-from fp8bench.numerics import TOLERANCE
-from fp8bench.records import Metric
-from fp8bench.types import Format
+from fp8bench.core.measure import time_fn
+from fp8bench.core.numerics import TOLERANCE
+from fp8bench.core.records import Metric
+from fp8bench.core.types import Format
 
 
 class Diverged(RuntimeError):
@@ -43,7 +43,7 @@ class CaseInput:
     """A folder of this case inside its run (checkpoints); None when the case has nowhere to keep state."""
     others_bytes: int = 0
     """CUDA bytes held, when this case is built, by other cases built before it and still alive (cases timed
-    side by side: fp8bench.groups). Subtracted from allocator readings, so a case's memory is its own."""
+    side by side: fp8bench.run.groups). Subtracted from allocator readings, so a case's memory is its own."""
 
     @property
     def measure(self) -> MeasureConfig:
@@ -70,7 +70,7 @@ class Prepared:
 
 
 def run_alone(case: CaseInput, prepare: Callable[[CaseInput], Prepared]) -> CaseOutput:
-    """Build, time each callable on its own (fp8bench.measure.time_fn), finish: how a case runs without a
+    """Build, time each callable on its own (fp8bench.core.measure.time_fn), finish: how a case runs without a
     twin to be timed beside (the emulator, BF16 cases, or a group that could not be timed together)."""
     prepared = prepare(case)
     timer = timer_kwargs(case, cuda_graph=prepared.cuda_graph)
@@ -112,7 +112,7 @@ def speed_metrics(case: CaseInput, timing, flops: float, pct_of_peak: bool = Tru
                   peak_bytes: int | None = None) -> list[Metric]:
     """time_ms, peak_mem_bytes (when given: CUDA), and for real kernels TFLOPS and % of the spec-sheet peak
     of the case's format (BF16 or FP8). The emulator's time is not a kernel's, so it gets neither."""
-    from fp8bench.hardware import detect_device, spec_sheet
+    from fp8bench.core.hardware import detect_device, spec_sheet
 
     metrics = [Metric.of("time_ms", timing.median_ms)]
     if timing.gpu_busy_pct is not None:

@@ -10,7 +10,7 @@ fp8bench.workloads.train, on `nproc` processes launched with torchrun (NCCL, one
 
 Each step's global batch is the one-GPU run's own (the same windows of the same corpus, `workload.batch`
 rows), split across ranks, and validation splits each batch the same way and averages over ranks: the loss
-curve is directly comparable with the one-GPU BF16 band (fp8bench.parity judges it against that band).
+curve is directly comparable with the one-GPU BF16 band (fp8bench.analysis.parity judges it against that band).
 
 The parent (`run`, inside the sweep process) launches torchrun and turns rank 0's result file into the case's
 record; a rank that fails fails the case, never the sweep.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from fp8bench.records import Metric
+from fp8bench.core.records import Metric
 from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged
 
 STRATEGIES = {"fsdp2": ("torch", "torchao"), "ddp": ("torch", "te")}
@@ -118,8 +118,8 @@ def _prepare(model, p: dict, dev: torch.device):
 def _train(p: dict, rank: int, world: int, dev: torch.device) -> dict:
     import torch.distributed as dist
 
-    from fp8bench.workloads import corpus as corpus_mod
-    from fp8bench.workloads.decoder import LlamaDecoder, lm_loss, model_flops
+    from fp8bench.models import corpus as corpus_mod
+    from fp8bench.models.decoder import LlamaDecoder, lm_loss, model_flops
     from fp8bench.workloads.train import (
         FINITE_CHECK_EVERY,
         StepTimer,

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.measure import reset_peak_memory
+from fp8bench.core.measure import reset_peak_memory
+from fp8bench.models.decoder import lm_loss
 from fp8bench.workloads.common import CaseInput, CaseOutput
-from fp8bench.workloads.decoder import lm_loss
 from fp8bench.workloads.memory import optimizer_state_bytes, tensor_bytes
 from fp8bench.workloads.train import (
     Progress,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.measure import peak_memory_bytes, reset_peak_memory, steady_peak_bytes
-from fp8bench.numerics import rel_err, sqnr_db
-from fp8bench.records import Metric
-from fp8bench.types import Format
-from fp8bench.workloads.block import block_flops
+from fp8bench.core.measure import peak_memory_bytes, reset_peak_memory, steady_peak_bytes
+from fp8bench.core.numerics import rel_err, sqnr_db
+from fp8bench.core.records import Metric
+from fp8bench.core.types import Format
+from fp8bench.models.block import block_flops
 from fp8bench.workloads.common import (
     CaseInput,
     CaseOutput,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 
-from fp8bench.backends.emulated import emulated_gemm
-from fp8bench.measure import steady_peak_bytes
-from fp8bench.numerics import rel_err, sqnr_db
-from fp8bench.records import Metric
-from fp8bench.types import Format, GemmRole
+from fp8bench.backends.emulator import emulated_gemm
+from fp8bench.core.measure import steady_peak_bytes
+from fp8bench.core.numerics import rel_err, sqnr_db
+from fp8bench.core.records import Metric
+from fp8bench.core.types import Format, GemmRole
 from fp8bench.workloads.common import (
     NUMERICS_ROWS,
     CaseInput,

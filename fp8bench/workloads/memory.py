@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.records import Metric
+from fp8bench.core.records import Metric
 
 FP8_STORAGE = {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2}
 """How FP8 data is stored in saved tensors (TE keeps raw uint8 buffers, torch and torchao float8 dtypes)."""

@@ -1,5 +1,5 @@
 """Where a step's GPU time goes, from the kernels themselves (torch.profiler's CUDA activity), in the categories
-the speedup waterfall needs (fp8bench.waterfall): the linears' GEMMs, FP8 casts/transposes/amax/scale
+the speedup waterfall needs (fp8bench.analysis.waterfall): the linears' GEMMs, FP8 casts/transposes/amax/scale
 bookkeeping, attention, and everything else (norms, RoPE, activations, elementwise, copies).
 
 Kernel names are matched, in this order, against the libraries' naming: cuBLAS/cuBLASLt (`sm90_xmma_gemm`,
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from fp8bench.records import Metric
+from fp8bench.core.records import Metric
 
 CATEGORIES: list[tuple[str, re.Pattern]] = [
     ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|cudnn", re.I)),

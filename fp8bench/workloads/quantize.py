@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fp8bench.measure import time_fn
-from fp8bench.numerics import fake_quant, rel_err, sqnr_db
-from fp8bench.records import Metric
+from fp8bench.core.measure import time_fn
+from fp8bench.core.numerics import fake_quant, rel_err, sqnr_db
+from fp8bench.core.records import Metric
 from fp8bench.workloads.common import (
     CaseInput,
     CaseOutput,

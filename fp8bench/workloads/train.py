@@ -1,7 +1,7 @@
 """`train`: a Llama-style decoder trained for N steps on real text, under one recipe.
 
 Loss per step, validation loss, step time, tokens/s, peak memory and its breakdown go into the record; the
-verdict against the BF16 seeds (fp8bench.parity) is derived at ingest, where every case of the run is known.
+verdict against the BF16 seeds (fp8bench.analysis.parity) is derived at ingest, where every case of the run is known.
 
 Mixed precision by default: FP32 master weights and AdamW state, forward under torch.autocast(bf16), the
 recipe's FP8 (or the emulator's fake-quant) inside the blocks' linears. Checkpoints (every
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from fp8bench.measure import Timing, peak_memory_bytes, reset_peak_memory
-from fp8bench.records import Metric
-from fp8bench.workloads import corpus as corpus_mod
+from fp8bench.core.measure import Timing, peak_memory_bytes, reset_peak_memory
+from fp8bench.core.records import Metric
+from fp8bench.models import corpus as corpus_mod
+from fp8bench.models.decoder import LlamaDecoder, lm_loss, model_flops
 from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged, speed_metrics
-from fp8bench.workloads.decoder import LlamaDecoder, lm_loss, model_flops
 from fp8bench.workloads.memory import (
     SavedTensorCensus,
     allocated,

@@ -20,7 +20,7 @@ from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 
 class LongestFirstJoblibLauncher(JoblibLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from fp8bench.launch import job_seconds_from_history, longest_first
+        from fp8bench.run.launch import job_seconds_from_history, longest_first
 
         assert self.config is not None and self.hydra_context is not None
         loader = self.hydra_context.config_loader

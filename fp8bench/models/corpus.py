@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from fp8bench.workloads.shapes import TRAIN_VOCAB
+from fp8bench.models.shapes import TRAIN_VOCAB
 
 VOCAB = TRAIN_VOCAB
 """Byte-level tokens: no tokenizer to download, the same vocabulary everywhere."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from fp8bench.records import VARIANT_SQL
+from fp8bench.core.records import VARIANT_SQL
 
 LAUNCH_US = 4.0
 """Per-kernel launch and tail floor (µs): a CUDA kernel launch plus a wave's tail on an idle GPU."""

@@ -5,7 +5,7 @@
   and without fast accumulation (the ceiling is the faster);
 - copy bandwidth: `dst.copy_(src)` on a buffer far larger than any cache (bytes read + written / time).
 
-Every figure is timed with fp8bench's own timer (fp8bench.measure). The result is one JSON file per device
+Every figure is timed with fp8bench's own timer (fp8bench.core.measure). The result is one JSON file per device
 under `results/calibration/` (it travels from a GPU box without DuckDB); `fp8bench ingest` loads it into the
 `ceilings` table, and the report divides each case's TFLOPS (GB/s) by its format's ceiling.
 """
@@ -56,7 +56,7 @@ def _timer(device: torch.device, budget_s: float) -> dict:
 
 def gemm_tflops(m: int, n: int, k: int, fp8: bool, device: torch.device, budget_s: float,
                 fast_accum: bool = False) -> float:
-    from fp8bench.measure import time_fn
+    from fp8bench.core.measure import time_fn
 
     g = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(m, k, generator=g, device=device).bfloat16()
@@ -82,7 +82,7 @@ def gemm_tflops(m: int, n: int, k: int, fp8: bool, device: torch.device, budget_
 
 
 def copy_gbps(device: torch.device, nbytes: int, budget_s: float) -> float:
-    from fp8bench.measure import time_fn
+    from fp8bench.core.measure import time_fn
 
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
@@ -91,7 +91,7 @@ def copy_gbps(device: torch.device, nbytes: int, budget_s: float) -> float:
 
 
 def calibrate(device_info, budget_s: float = 0.15, shapes: list[tuple[int, int, int]] | None = None) -> Ceilings:
-    from fp8bench.hardware import environment, spec_sheet
+    from fp8bench.core.hardware import environment, spec_sheet
 
     device = device_info.torch_device
     shapes = shapes or (GPU_SHAPES if device_info.is_cuda else CPU_SHAPES)

@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fp8bench.records import METRICS, StoreError
+from fp8bench.core.records import METRICS, StoreError
 
 
 def direction(benchmark: str) -> str:
-    """`track_<metric>` keeps its metric's direction (fp8bench.records.METRICS); asv's own default is lower."""
+    """`track_<metric>` keeps its metric's direction (fp8bench.core.records.METRICS); asv's own default is lower."""
     return METRICS.get(benchmark.removeprefix("track_"), ("", "lower"))[1]
 
 

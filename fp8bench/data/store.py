@@ -13,14 +13,14 @@ from pathlib import Path
 
 import duckdb
 
-from fp8bench.records import (
+from fp8bench.analysis.derive import derived_metrics
+from fp8bench.core.records import (
     LEGACY_VERSION_SQL,
     MANIFEST,
     SHARD_GLOB,
     CaseRecord,
     ShardProblem,
     StoreError,
-    derived_metrics,
     read_run,
 )
 
@@ -159,7 +159,7 @@ BOX_INPUTS = ("speedup_vs_bf16", "speedup_vs_bf16_lo", "speedup_vs_bf16_hi", "sp
 def _rederive_box_intervals(con, device: str) -> None:
     """A spread loaded after a device's runs: derive their across-box intervals now (records.derive_box_intervals),
     replacing any derived from an earlier spread."""
-    from fp8bench.records import Metric, derive_box_intervals
+    from fp8bench.core.records import Metric, derive_box_intervals
 
     rows = con.execute(f"""
         SELECT c.run_id, c.case_id, c.workload, c.status, m.metric, m.value

@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -117,7 +118,7 @@ def _version(pkg: str) -> str | None:
 
 def _gpu_uuid() -> str | None:
     """The physical GPU of device 0 (after CUDA_VISIBLE_DEVICES): two GPUs of one model settle at their own
-    clock and power levels, so a run-to-run history must not mix them (fp8bench.compare keys it by env_id)."""
+    clock and power levels, so a run-to-run history must not mix them (fp8bench.analysis.compare keys it by env_id)."""
     try:
         return str(torch.cuda.get_device_properties(0).uuid)
     except (AttributeError, RuntimeError):
@@ -289,3 +290,20 @@ def capability(backend: str, fmt: str, scaling: str, device: DeviceInfo) -> tupl
         return False, (f"{fmt}/{scaling} on {backend} needs CUDA >= {rule.min_cuda[0]}.{rule.min_cuda[1]}; "
                        f"torch was built with {device.cuda_version} ({rule.source})")
     return True, rule.source
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use, without initialising CUDA (CUDA_VISIBLE_DEVICES, else nvidia-smi)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    n = sum(line.startswith("GPU ") for line in out.splitlines())  # MIG lines are indented, not GPUs
+    return [str(i) for i in range(n)]
+
+
+def gpu_count() -> int:
+    """Parallel jobs for the local-gpus launcher: one per GPU (1 on a machine without any)."""
+    return max(1, len(visible_gpus()))

@@ -14,18 +14,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fp8bench.types import FP8_ALL_GATHER_TAG
+from fp8bench.core.types import FP8_ALL_GATHER_TAG
 
 MANIFEST = "manifest.json"
 SHARD_GLOB = "shard-*.jsonl"
 RECORD_VERSION = 1
 MEASUREMENT_VERSION = 4
-"""How fp8bench times (fp8bench.measure); a change starts new asv series on purpose, and `compare`, `history`
+"""How fp8bench times (fp8bench.core.measure); a change starts new asv series on purpose, and `compare`, `history`
 and `asv-compare` refuse to judge across versions unless asked to.
 2: CUDA samples queued back to back and read after one sync (1: a sync per iteration).
 3: CUDA samples follow `measure.settle_ms` of untimed load (sustained clocks, not the first steps down).
 4: gemm, linear and layer cases are timed side by side with their BF16 twin, interleaved in rounds
-   (fp8bench.groups); speedup_vs_bf16 is measured from those rounds, with a 95% interval, not derived from
+   (fp8bench.run.groups); speedup_vs_bf16 is measured from those rounds, with a 95% interval, not derived from
    two cases timed apart; each timing also records the GPU's busy share (host-bound cases)."""
 LEGACY_VERSION_SQL = """CASE WHEN json_extract(config, '$.base.measure.settle_ms') IS NOT NULL THEN 3
      WHEN started_at >= TIMESTAMP '2026-11-30 03:53:01' THEN 2 ELSE 1 END"""
@@ -283,7 +283,7 @@ def derive_box_intervals(records: list[CaseRecord], spread: dict[str, float]) ->
     pinned its ratio; boxes differ by more (power-capped clocks, memory bandwidth against SM clock), so the
     half-width on a log scale is sqrt(own² + spread²), with `spread` the 95th percentile of |log ratio| of
     the same cases measured on two boxes (results/spread/<device>.json, by workload and 'kernel' for
-    kernel-only speedups; fp8bench.store loads it)."""
+    kernel-only speedups; fp8bench.data.store loads it)."""
     out = []
     for r in records:
         metrics = []
@@ -301,12 +301,3 @@ def derive_box_intervals(records: list[CaseRecord], spread: dict[str, float]) ->
         if metrics:
             out.append((r, metrics, True))
     return out
-
-
-def derived_metrics(records: list[CaseRecord], spread: dict[str, float] | None = None,
-                    ) -> list[tuple[CaseRecord, list[Metric], bool]]:
-    """Every metric computed from several cases of one run, or from a run and its device's calibration:
-    speedups, their across-box intervals (`spread`: derive_box_intervals), the training parity verdicts."""
-    from fp8bench.parity import derive_parity
-
-    return derive_speedups(records) + derive_box_intervals(records, spread or {}) + derive_parity(records)

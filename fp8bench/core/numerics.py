@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fp8bench.types import VALID_SCALINGS, Element, Format, Scaling, choices
+from fp8bench.core.types import VALID_SCALINGS, Element, Format, Scaling, choices
 
 # Fixed granularities of the block formats (sources in the Scaling enum docstrings).
 ACT_BLOCK = (1, 128)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from fp8bench.records import CaseRecord, Metric, variant_of
+from fp8bench.core.records import CaseRecord, Metric, variant_of
 
 MIN_SEEDS = 3
 AREA_LIMIT_PCT = 1.0

@@ -2,7 +2,7 @@
 
 Every FP8 case of a gemm, linear or layer shape is built beside its BF16 twin (the same backend, variant,
 shape and seeded inputs, in BF16) and timed with it, interleaved in rounds (measure.time_interleaved), so its
-`speedup_vs_bf16` is a ratio of times taken under the same clocks, with a 95% interval (fp8bench.speedup).
+`speedup_vs_bf16` is a ratio of times taken under the same clocks, with a 95% interval (fp8bench.core.speedup).
 Timed minutes apart, as separate cases, the two sides carried the GPU's clock drift into the ratio: a second
 H200 reproduced only about half of such GEMM and linear speedups within 5%.
 
@@ -10,7 +10,7 @@ A group is the cases of one (workload, model, shape, backend and variant, tokens
 BF16 case when the sweep has one (then also recorded as a case), else built from the recipe's own config for
 timing only. The recipes are built in batches as GPU memory allows, and each batch is timed with the twin.
 A case that fails to build or finish is recorded `failed` and the group goes on; a batch whose timing fails
-runs its cases alone (fp8bench.caserun.run_case), as every case ran before.
+runs its cases alone (fp8bench.run.caserun.run_case), as every case ran before.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ from collections.abc import Callable
 import torch
 
 from fp8bench.backends import get_backend
-from fp8bench.caserun import (
+from fp8bench.config.schema import FormatConfig, ScalingConfig
+from fp8bench.core.hardware import DeviceInfo
+from fp8bench.core.measure import time_interleaved
+from fp8bench.core.records import CaseRecord, Metric
+from fp8bench.core.speedup import is_host_bound, ratio_interval
+from fp8bench.core.types import Status
+from fp8bench.run.caserun import (
     case_input,
     case_record,
     check_injected_failure,
@@ -31,13 +37,7 @@ from fp8bench.caserun import (
     release,
     run_case,
 )
-from fp8bench.config.schema import FormatConfig, ScalingConfig
-from fp8bench.hardware import DeviceInfo
-from fp8bench.measure import time_interleaved
-from fp8bench.plan import Case
-from fp8bench.records import CaseRecord, Metric
-from fp8bench.speedup import is_host_bound, ratio_interval
-from fp8bench.types import Status
+from fp8bench.run.plan import Case
 from fp8bench.workloads import get_workload
 from fp8bench.workloads.common import Prepared
 
@@ -233,7 +233,7 @@ def _time_batch(twin: Case, twin_prepared: Prepared, record_twin: Case | None, t
 
 def _speedups(twin, own: dict) -> list[Metric]:
     """speedup_vs_bf16 (with quantization) and _kernel (the kernel alone) with their intervals, and whether
-    the figure is host-bound (either side's GPU busy under fp8bench.speedup.HOST_BOUND_BUSY_PCT)."""
+    the figure is host-bound (either side's GPU busy under fp8bench.core.speedup.HOST_BOUND_BUSY_PCT)."""
     out = []
     for name, suffix in (("time_ms", ""), ("time_ms_kernel", "_kernel")):
         if name not in own:

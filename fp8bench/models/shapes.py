@@ -6,7 +6,7 @@ The asv suite builds its parameter list from this at import time, so it must sta
 from __future__ import annotations
 
 from fp8bench.config.schema import Config
-from fp8bench.types import FP8_ALL_GATHER_TAG, GemmRole
+from fp8bench.core.types import FP8_ALL_GATHER_TAG, GemmRole
 
 
 def role_shape(role: GemmRole, tokens: int, in_f: int, out_f: int) -> tuple[int, int, int]:
@@ -50,7 +50,7 @@ def layer(config: Config) -> list[tuple[str, dict]]:
 
 
 TRAIN_VOCAB = 256
-"""The `train` workload's byte-level vocabulary (fp8bench.workloads.corpus); defined here, where case ids are
+"""The `train` workload's byte-level vocabulary (fp8bench.models.corpus); defined here, where case ids are
 built without torch."""
 
 

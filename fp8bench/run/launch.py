@@ -9,32 +9,14 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
-from fp8bench.records import read_shard
+from fp8bench.core.hardware import visible_gpus
+from fp8bench.core.records import read_shard
 
 _claimed: dict[str, object] = {}
-
-
-def visible_gpus() -> list[str]:
-    """GPU ids this process may use, without initialising CUDA (CUDA_VISIBLE_DEVICES, else nvidia-smi)."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
-    if shutil.which("nvidia-smi") is None:
-        return []
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    n = sum(line.startswith("GPU ") for line in out.splitlines())  # MIG lines are indented, not GPUs
-    return [str(i) for i in range(n)]
-
-
-def gpu_count() -> int:
-    """Parallel jobs for the local-gpus launcher: one per GPU (1 on a machine without any)."""
-    return max(1, len(visible_gpus()))
 
 
 def pin_worker_gpu() -> str | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fp8bench.records import MEASUREMENT_VERSION  # noqa: F401  (re-exported: the timer owns the version)
+from fp8bench.core.records import MEASUREMENT_VERSION  # noqa: F401  (re-exported: the timer owns the version)
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # > the 50-60 MB L2 of H100/H200/B200
 
@@ -229,7 +229,7 @@ def time_interleaved(ops: dict[str, Callable[[], object]], *, device: torch.devi
     """Time several ops side by side: `rounds` rounds, each running every op for a block of back-to-back
     iterations (enough to last `block_ms`, at least one), the order rotated by one op per round so no op
     always follows the same neighbour. Drift of the clocks over the rounds reaches every op alike, so the
-    ratio of two ops' times within a round cancels it (fp8bench.speedup).
+    ratio of two ops' times within a round cancels it (fp8bench.core.speedup).
 
     CUDA: one event pair per iteration, queued without a sync across all rounds and read at the end; untimed
     rounds for `settle_ms` first (sustained clocks, as time_fn); then each op's device-only time (launches

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp8bench.config.schema import ModelConfig
-from fp8bench.workloads.block import LlamaBlock, RMSNorm, block_flops
+from fp8bench.models.block import LlamaBlock, RMSNorm, block_flops
 
 
 class LlamaDecoder(nn.Module):

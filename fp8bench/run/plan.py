@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from fp8bench.backends import Recipe, get_backend
 from fp8bench.config.schema import Config, ConfigError
-from fp8bench.hardware import DeviceInfo, capability, detect_device
-from fp8bench.types import Format, Scaling
-from fp8bench.workloads import shapes
+from fp8bench.core.hardware import DeviceInfo, capability, detect_device
+from fp8bench.core.types import Format, Scaling
+from fp8bench.models import shapes
 
 
 @dataclass(frozen=True)

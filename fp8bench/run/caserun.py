@@ -11,10 +11,10 @@ import torch
 
 from fp8bench.backends import get_backend
 from fp8bench.config.schema import Config
-from fp8bench.hardware import DeviceInfo
-from fp8bench.plan import Case
-from fp8bench.records import MEASUREMENT_VERSION, CaseRecord
-from fp8bench.types import Status
+from fp8bench.core.hardware import DeviceInfo
+from fp8bench.core.records import MEASUREMENT_VERSION, CaseRecord
+from fp8bench.core.types import Status
+from fp8bench.run.plan import Case
 from fp8bench.workloads import get_workload
 from fp8bench.workloads.common import CaseInput, Diverged
 

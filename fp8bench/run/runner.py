@@ -1,7 +1,7 @@
 """Run planned cases: one record per case, written and fsync'ed as soon as it exists.
 
-Cases of gemm, linear and layer shapes run as groups timed beside their BF16 twin (fp8bench.groups); the
-rest run one at a time (fp8bench.caserun). A case that raises is recorded `failed` with its error and the
+Cases of gemm, linear and layer shapes run as groups timed beside their BF16 twin (fp8bench.run.groups); the
+rest run one at a time (fp8bench.run.caserun). A case that raises is recorded `failed` with its error and the
 sweep goes on; `resume=<run_id>` skips the cases a run already finished.
 """
 
@@ -17,13 +17,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fp8bench.caserun import case_record, failure_reason, run_case, run_dir_for
 from fp8bench.config.schema import Config, ConfigError
-from fp8bench.groups import is_group, run_group, units
-from fp8bench.hardware import DeviceInfo, environment, git_state
-from fp8bench.plan import Case
-from fp8bench.records import MEASUREMENT_VERSION, CaseRecord, ShardWriter, done_case_ids, read_manifest
-from fp8bench.types import Status
+from fp8bench.core.hardware import DeviceInfo, environment, git_state
+from fp8bench.core.records import MEASUREMENT_VERSION, CaseRecord, ShardWriter, done_case_ids, read_manifest
+from fp8bench.core.types import Status
+from fp8bench.run.caserun import case_record, failure_reason, run_case, run_dir_for
+from fp8bench.run.groups import is_group, run_group, units
+from fp8bench.run.plan import Case
 
 __all__ = ["run_case", "run_cases", "run_dir_for", "execute"]
 

@@ -8,8 +8,8 @@ from collections import Counter, defaultdict
 
 from rich.table import Table
 
-from fp8bench.records import CaseRecord
-from fp8bench.speedup import bound_label
+from fp8bench.core.records import CaseRecord
+from fp8bench.core.speedup import bound_label
 
 PER_CASE_ROWS = 30
 """A run with at most this many ok cases lists each; a sweep lists counts and median speedups per group."""

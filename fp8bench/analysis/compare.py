@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy
 from scipy.stats import mannwhitneyu
 
-from fp8bench.records import METRICS, StoreError
+from fp8bench.core.records import METRICS, StoreError
 
 ALPHA = 0.01
 """Two-sided significance level of the Mann-Whitney U test."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from fp8bench.records import VARIANT_SQL
+from fp8bench.core.records import VARIANT_SQL
 
 PARTS = ("gemm", "quantize", "attention", "other")
 
