@@ -17,7 +17,7 @@ from fp8bench.core.records import CaseRecord, Metric, read_run
 from fp8bench.models import corpus
 from fp8bench.run.plan import plan
 from fp8bench.run.runner import execute
-from fp8bench.workloads.train import lr_at
+from fp8bench.workloads.train.loop import lr_at
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["workload=train", "model=tiny", "device=cpu"]

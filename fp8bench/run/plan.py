@@ -76,7 +76,7 @@ def verdict(config: Config, device: DeviceInfo) -> tuple[bool, str]:
         return False, why
     t = config.workload.train
     if config.workload.name == "train" and (t.nproc > 1 or t.fp8_all_gather):
-        from fp8bench.workloads.dist_train import distributed_verdict
+        from fp8bench.workloads.train.distributed import distributed_verdict
 
         ok, why = distributed_verdict(config, device)
         if not ok:

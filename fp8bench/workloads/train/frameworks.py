@@ -1,12 +1,13 @@
-"""The `train` workload run by a framework's own loop: Lightning's `Trainer.fit`, or an Accelerate loop
-(`accelerator.prepare` / `backward` / `clip_grad_norm_`), as their users write it.
+"""The `train` workload in a framework's loop, as its users write it: Lightning's `Trainer.fit`, or an
+Accelerate loop (`accelerator.prepare` / `backward` / `clip_grad_norm_`).
 
-Everything else is the `train` workload's (fp8bench.workloads.train): the same seeded model, the same batch
-for each step, learning-rate schedule, AdamW groups, validation points and record, so a framework's row
-differs from the direct `te` / `torchao` row only by what the framework adds. Step time is the period from one
+Everything else is the `train` workload's (fp8bench.workloads.train.loop): the same seeded model, the same
+batch for each step, learning-rate schedule, AdamW groups, validation points and record, so a framework's row
+differs from the direct `te` / `torchao` row only by what the framework adds. Accelerate's steps run in the
+shared loop (`fit`) with Accelerate's backward and clipping; Lightning's run in `Trainer.fit`, timed from one
 step's start to the next on the GPU timeline, so the framework's work between steps is counted; validation
-is left out of it. Not available here: checkpoint/resume, loss scaling and the saved-tensor census (the
-memory record then has weights, optimizer state and the peak).
+is left out of it. Neither records the saved-tensor census (the memory record has weights, optimizer state
+and the peak); settings a framework's loop does not honour here are refused (`unsupported`).
 """
 
 from __future__ import annotations
@@ -17,34 +18,39 @@ from fp8bench.core.measure import reset_peak_memory
 from fp8bench.models.decoder import lm_loss
 from fp8bench.workloads.common import CaseInput, CaseOutput
 from fp8bench.workloads.memory import optimizer_state_bytes, tensor_bytes
-from fp8bench.workloads.train import (
+from fp8bench.workloads.train.loop import (
+    Engine,
     Progress,
-    _output,
+    fit,
     linear_coverage,
     load_data,
     lr_at,
     new_decoder,
     optimizer,
+    output,
 )
+
+UNSUPPORTED = {
+    "lightning": ("train.ckpt_every", "train.loss_scale", "train.dynamic_loss_scale"),
+    "accelerate": ("train.loss_scale", "train.dynamic_loss_scale"),
+}
+"""Settings each framework's loop runs without: Lightning checkpoints and scales losses its own way (not
+fp8bench's), and Accelerate's mixed precision owns the loss scaling."""
+
+
+def unsupported(loop: str, cfg) -> list[str]:
+    on = {"train.ckpt_every": bool(cfg.ckpt_every), "train.loss_scale": cfg.loss_scale != 1.0,
+          "train.dynamic_loss_scale": bool(cfg.dynamic_loss_scale)}
+    return [name for name in UNSUPPORTED[loop] if on[name]]
 
 
 def run(case: CaseInput) -> CaseOutput:
-    cfg = case.config.workload.train
-    unsupported = [name for name, on in (("train.ckpt_every", cfg.ckpt_every), ("train.loss_scale", cfg.loss_scale != 1.0),
-                                         ("train.dynamic_loss_scale", cfg.dynamic_loss_scale)) if on]
-    if unsupported:
-        raise ValueError(f"backend {case.backend.name!r} trains in {case.backend.loop}'s loop, which fp8bench runs "
-                         f"without {', '.join(unsupported)}; unset them for this backend")
-    return {"lightning": _lightning, "accelerate": _accelerate}[case.backend.loop](case)
-
-
-def _finish(case, progress: Progress, model, opt, coverage) -> CaseOutput:
-    progress.close()
-    progress.sync()
-    memory = {"weights": tensor_bytes(model.parameters()), "optimizer": optimizer_state_bytes(opt)}
-    out = _output(case, progress.curve, memory)
-    out.metrics += coverage
-    return out
+    loop, cfg = case.backend.loop, case.config.workload.train
+    refused = unsupported(loop, cfg)
+    if refused:
+        raise ValueError(f"backend {case.backend.name!r} trains in {loop}'s loop, which fp8bench runs "
+                         f"without {', '.join(refused)}; unset them for this backend")
+    return {"lightning": _lightning, "accelerate": _accelerate}[loop](case)
 
 
 def _lightning(case: CaseInput) -> CaseOutput:
@@ -96,45 +102,30 @@ def _lightning(case: CaseInput) -> CaseOutput:
         num_sanity_val_steps=0, limit_val_batches=0)
     # one "sample" per step: the batch itself is a function of the step (TrainData.batch_at)
     trainer.fit(Module(), train_dataloaders=torch.utils.data.DataLoader(range(steps), batch_size=None))
-    return _finish(case, progress, model, trainer.optimizers[0], linear_coverage(model, case.recipe))
+    progress.close()
+    progress.sync()
+    opt = trainer.optimizers[0]
+    out = output(case, progress.curve, {"weights": tensor_bytes(model.parameters()),
+                                        "optimizer": optimizer_state_bytes(opt)})
+    out.metrics += linear_coverage(model, case.recipe)
+    return out
 
 
 def _accelerate(case: CaseInput) -> CaseOutput:
-    cfg, dev, steps = case.config.workload.train, case.device, case.shape["steps"]
+    cfg, dev = case.config.workload.train, case.device
     data = load_data(cfg, case.shape, dev)
     reset_peak_memory(dev)
     accelerator = case.backend.accelerator(case.recipe, dev)
     model = new_decoder(case)
     opt = optimizer(model, cfg, fused=dev.type == "cuda")
     model, opt = accelerator.prepare(model, opt)  # converts the linears (TE / torchao) and wraps the forward
-
-    def step_context():
-        return case.backend.step_context(case.recipe, dev)
-
-    progress = Progress(case)
-
-    def forward_loss(tokens: torch.Tensor) -> torch.Tensor:
-        return lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
-
-    def evaluate() -> float:
-        with torch.no_grad(), step_context():
-            return float(torch.stack([forward_loss(b) for b in data.val]).mean())
-
-    progress.validate(evaluate)
+    engine = Engine(model, opt, autocast=False, backward=accelerator.backward,
+                    clip=accelerator.clip_grad_norm_,
+                    step_context=lambda: case.backend.step_context(case.recipe, dev), census=False,
+                    coverage_model=model)
     try:
-        for step in range(steps):
-            progress.step_begins()
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, cfg)
-            with step_context():
-                loss = forward_loss(data.batch_at(step))
-                accelerator.backward(loss)
-                if cfg.grad_clip:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            progress.step_ends(loss, evaluate)
-        return _finish(case, progress, accelerator.unwrap_model(model), opt.optimizer,
-                       linear_coverage(model, case.recipe))
+        out = fit(case, engine, data)
     finally:
         accelerator.free_memory()
+    return out
+

@@ -1,12 +1,12 @@
-"""`train`: a Llama-style decoder trained for N steps on real text, under one recipe.
+"""The one training loop every mode of the `train` workload runs: one process, torchrun ranks (DDP, FSDP2),
+and Accelerate's. Lightning drives its own loop (`Trainer.fit`) and shares the rest: the curve, the
+validation schedule, divergence and the record.
 
-Loss per step, validation loss, step time, tokens/s, peak memory and its breakdown go into the record; the
-verdict against the BF16 seeds (fp8bench.analysis.parity) is derived at ingest, where every case of the run is known.
-
-Mixed precision by default: FP32 master weights and AdamW state, forward under torch.autocast(bf16), the
-recipe's FP8 (or the emulator's fake-quant) inside the blocks' linears. Checkpoints (every
-`train.ckpt_every` steps) hold model, optimiser, loss-scaler and curve state; batches are a function of
-(seed, step), so a resumed run continues exactly where the killed one would have gone.
+A mode differs only in its `Engine`: how the model is wrapped, how the backward and the clipping are done,
+which share of each batch this process takes, and how values are combined over processes (`World`). The
+settings are honoured the same way in every mode: FP32 or BF16 master weights, static and dynamic loss
+scaling, gradient clipping, checkpoints every `train.ckpt_every` steps with resume, and divergence (a
+non-finite loss stops the run and is recorded with what was measured).
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import contextlib
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from fp8bench.core.measure import Timing, peak_memory_bytes, reset_peak_memory
+from fp8bench.core.measure import Timing, peak_memory_bytes
 from fp8bench.core.records import Metric
 from fp8bench.models import corpus as corpus_mod
 from fp8bench.models.decoder import LlamaDecoder, lm_loss, model_flops
@@ -35,6 +36,20 @@ from fp8bench.workloads.memory import (
 
 FINITE_CHECK_EVERY = 10
 """Steps between NaN/Inf checks of the loss (each check synchronises the GPU once)."""
+
+
+class World:
+    """Values combined over the processes of a run. One process: nothing to combine."""
+
+    def mean(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def slowest(self, values: list[float]) -> list[float]:
+        """Per step, the slowest process's time (a step ends when its last rank does)."""
+        return values
+
+    def largest(self, value: float) -> float:
+        return value
 
 
 @dataclass
@@ -93,17 +108,20 @@ class StepTimer:
 class Progress:
     """A run's losses, step times and validation points, kept on the device until a sync (every
     FINITE_CHECK_EVERY steps and at each validation); a bad loss raises Diverged with what was measured.
+    Losses are the mean over the run's processes and step times the slowest process's (`world`), so every
+    process sees the same curve and stops at the same step.
 
     fp8bench's loop times each step itself (`timer.start` / `timer.stop` around the step it calls); a
     framework's loop, whose steps it does not call, is timed from one step's start to the next
     (`step_begins`), so the framework's work between steps counts."""
 
     def __init__(self, case: CaseInput, curve: Curve | None = None, memory: dict | None = None,
-                 on_diverge=None) -> None:
+                 on_diverge=None, world: World | None = None) -> None:
         self.case, self.cfg = case, case.config.workload.train
         self.curve = curve if curve is not None else Curve()
         self.memory = memory if memory is not None else {}
         self.on_diverge = on_diverge
+        self.world = world or World()
         self.timer = StepTimer(case.device)
         self.pending: list[torch.Tensor] = []
         self.open = None
@@ -120,7 +138,7 @@ class Progress:
 
     def step_ends(self, loss: torch.Tensor, evaluate) -> None:
         """After optimizer step `curve.step`; validates (outside the timed period) where the schedule says."""
-        self.pending.append(loss.detach())
+        self.pending.append(loss.detach().float())
         self.curve.step += 1
         if len(self.pending) >= FINITE_CHECK_EVERY:
             self.sync()
@@ -139,9 +157,9 @@ class Progress:
     def sync(self) -> None:
         """Move losses and step times off the device; stop with what was measured if the loss went bad."""
         if self.pending:
-            self.curve.losses += torch.stack(self.pending).float().cpu().tolist()
+            self.curve.losses += self.world.mean(torch.stack(self.pending)).cpu().tolist()
             self.pending.clear()
-        self.curve.step_ms += self.timer.drain()
+        self.curve.step_ms += self.world.slowest(self.timer.drain())
         bad = next((i for i, v in enumerate(self.curve.losses) if not math.isfinite(v)), None)
         if bad is not None:
             raise self.diverged(f"loss became {self.curve.losses[bad]} at step {bad} (lr {lr_at(bad, self.cfg):.3g})",
@@ -150,23 +168,7 @@ class Progress:
     def diverged(self, message: str, at: int) -> Diverged:
         if self.on_diverge is not None:
             self.on_diverge()
-        return Diverged(message, _output(self.case, self.curve, self.memory, diverged_at=at))
-
-
-def _save_checkpoint(path: Path, model, opt, scaler, curve: Curve) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
-                "curve": curve.__dict__}, tmp)
-    os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous checkpoint intact
-
-
-def _load_checkpoint(path: Path, model, opt, scaler) -> Curve:
-    state = torch.load(path, map_location=next(model.parameters()).device, weights_only=False)
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    scaler.load_state_dict(state["scaler"])
-    return Curve(**state["curve"])
+        return Diverged(message, output(self.case, self.curve, self.memory, diverged_at=at, world=self.world))
 
 
 def optimizer(model: torch.nn.Module, cfg, make=None, **implementation) -> torch.optim.Optimizer:
@@ -210,7 +212,7 @@ def steady_steps(step_ms: list[float], warmup: int) -> list[float]:
 @dataclass
 class TrainData:
     """A training case's text on its device: the batch of a step is a function of (seed, step) only, so
-    every loop (fp8bench's, Lightning's, Accelerate's) and a resumed run see the same tokens."""
+    every loop (fp8bench's, Lightning's, Accelerate's), every rank and a resumed run see the same tokens."""
 
     corpus: corpus_mod.Corpus
     tokens: torch.Tensor
@@ -232,117 +234,173 @@ def load_data(cfg, shape: dict, device: torch.device) -> TrainData:
 
 
 def new_decoder(case: CaseInput) -> LlamaDecoder:
-    """The case's model, freshly initialised from its seed: every recipe and loop of one seed starts from the
-    same weights (FP32 master weights unless `train.master_weights=bf16`)."""
+    """The case's model, freshly initialised from its seed: every recipe, loop and rank of one seed starts
+    from the same weights (FP32 master weights unless `train.master_weights=bf16`)."""
     torch.manual_seed(case.shape["seed"])
-    dtype = torch.float32 if case.config.workload.train.master_weights == "fp32" else torch.bfloat16
-    return LlamaDecoder(case.config.model, corpus_mod.VOCAB, device=case.device, dtype=dtype)
+    return LlamaDecoder(case.config.model, corpus_mod.VOCAB, device=case.device, dtype=master_dtype(case))
 
 
-def run(case: CaseInput) -> CaseOutput:
-    if case.config.workload.train.nproc > 1:
-        from fp8bench.workloads import dist_train
+def master_dtype(case: CaseInput) -> torch.dtype:
+    return torch.float32 if case.config.workload.train.master_weights == "fp32" else torch.bfloat16
 
-        return dist_train.run(case)
-    if case.backend.loop != "fp8bench":
-        from fp8bench.workloads import framework_train
 
-        return framework_train.run(case)
-    cfg, dev = case.config.workload.train, case.device
-    steps = case.shape["steps"]
-    data = load_data(cfg, case.shape, dev)
-    val = data.val
+@dataclass
+class Engine:
+    """How one mode runs a step of the shared loop (`fit`)."""
 
-    reset_peak_memory(dev)
-    setup = case.backend.prepare_training(new_decoder(case), case.recipe)
-    model = setup.model
-    params = list(model.parameters())
-    opt = optimizer(model, cfg, setup.make_optimizer, fused=dev.type == "cuda")
+    model: torch.nn.Module
+    """What the forward calls (wrapped by DDP, sharded by FSDP2, prepared by Accelerate)."""
+    opt: torch.optim.Optimizer
+    autocast: bool
+    """The forward under torch.autocast(bf16): FP32 master weights computed in BF16. False where the weights
+    are BF16 already, or where FSDP2's mixed-precision policy casts them."""
+    forward_context: Callable[[], object] = contextlib.nullcontext
+    step_context: Callable[[], object] = contextlib.nullcontext
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
+    clip: Callable[[list, float], object] | None = None
+    """clip(params, max_norm); torch's clip_grad_norm_ when None."""
+    after_step: Callable[[], None] = lambda: None  # noqa: E731
+    rows: slice = field(default_factory=lambda: slice(None))
+    """This process's share of each global batch."""
+    world: World = field(default_factory=World)
+    census: bool = True
+    """Split one step's memory by a saved-tensor census (fp8bench's own loop in one process)."""
+    weights_and_state: bool = True
+    """Record the bytes of weights and optimiser state (one process; a rank holds shards of them)."""
+    state: Callable[[], dict] | None = None
+    """The model's and optimiser's state for a checkpoint; model.state_dict()/opt.state_dict() when None."""
+    load_state: Callable[[dict], None] | None = None
+    writes_checkpoint: bool = True
+    """Whether this process writes the checkpoint file (every process of a run reads it on resume)."""
+    coverage_model: torch.nn.Module | None = None
+    """The model whose linears `linear_coverage` counts (unwrapped); `model` when None."""
+
+
+def _checkpoint_state(engine: Engine, scaler, curve: Curve) -> dict:
+    model_opt = engine.state() if engine.state else {"model": engine.model.state_dict(),
+                                                     "optimizer": engine.opt.state_dict()}
+    return {**model_opt, "scaler": scaler.state_dict(), "curve": curve.__dict__}
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous checkpoint intact
+
+
+def _load_checkpoint(path: Path, engine: Engine, scaler, device: torch.device) -> Curve:
+    state = torch.load(path, map_location=device, weights_only=False)
+    if engine.load_state:
+        engine.load_state(state)
+    else:
+        engine.model.load_state_dict(state["model"])
+        engine.opt.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    return Curve(**state["curve"])
+
+
+def fit(case: CaseInput, engine: Engine, data: TrainData) -> CaseOutput:
+    """Train `case.shape["steps"]` steps from the checkpoint if one is there, validating on the schedule."""
+    cfg, dev, steps = case.config.workload.train, case.device, case.shape["steps"]
+    model, opt = engine.model, engine.opt
+    params = [p for p in model.parameters() if p.requires_grad]
+    val = [b[engine.rows] for b in data.val]
     scaler = torch.amp.GradScaler(dev.type, enabled=cfg.dynamic_loss_scale)
-    mixed = cfg.master_weights == "fp32"
+    clip = engine.clip or (lambda ps, norm: torch.nn.utils.clip_grad_norm_(ps, norm, foreach=True))
+    memory: dict[str, int] = {}
 
     def forward_loss(tokens: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=mixed), setup.forward_context():
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=engine.autocast), engine.forward_context():
             logits = model(tokens[:, :-1])
         return lm_loss(logits, tokens[:, 1:])
 
     def evaluate() -> float:
-        with torch.no_grad(), setup.step_context():
-            return float(torch.stack([forward_loss(b) for b in val]).mean())
+        with torch.no_grad(), engine.step_context():
+            return float(engine.world.mean(torch.stack([forward_loss(b).float() for b in val]).mean()))
 
-    def train_step(step: int, census: SavedTensorCensus | None = None) -> torch.Tensor:
-        tokens = data.batch_at(step)
+    def train_step(step: int, census: SavedTensorCensus | None) -> torch.Tensor:
+        tokens = data.batch_at(step)[engine.rows]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        with setup.step_context():
-            hooks = (torch.autograd.graph.saved_tensors_hooks(census.pack, census.unpack) if census
-                     else contextlib.nullcontext())
-            with hooks:
+        with engine.step_context():
+            with torch.autograd.graph.saved_tensors_hooks(census.pack, census.unpack) if census \
+                    else contextlib.nullcontext():
                 loss = forward_loss(tokens)
             if census:
                 memory["after_forward"] = allocated(dev)
-            scaler.scale(loss * cfg.loss_scale if cfg.loss_scale != 1.0 else loss).backward()
+            engine.backward(scaler.scale(loss * cfg.loss_scale if cfg.loss_scale != 1.0 else loss))
             scaler.unscale_(opt)
             if cfg.loss_scale != 1.0:
                 torch._foreach_div_([p.grad for p in params if p.grad is not None], cfg.loss_scale)
             if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
+                clip(params, cfg.grad_clip)
             if census:
                 memory["grads"] = tensor_bytes(p.grad for p in params)
             scaler.step(opt)
             scaler.update()
+            engine.after_step()
             opt.zero_grad(set_to_none=True)
         return loss.detach()
 
     ckpt = case.work_dir / "checkpoint.pt" if case.work_dir is not None and cfg.ckpt_every else None
     curve = Curve()
     if ckpt is not None and ckpt.is_file():
-        curve = _load_checkpoint(ckpt, model, opt, scaler)
+        curve = _load_checkpoint(ckpt, engine, scaler, dev)
         curve.resumed_at.append(curve.step)
     if not curve.val_steps:
         curve.val_steps.append(0)
         curve.val_losses.append(evaluate())
 
     def forget_checkpoint() -> None:  # a diverged run is a result: resuming it would only diverge again
-        if ckpt is not None and ckpt.is_file():
+        if ckpt is not None and engine.writes_checkpoint and ckpt.is_file():
             ckpt.unlink()
 
-    memory: dict[str, int] = {}
-    progress = Progress(case, curve, memory, on_diverge=forget_checkpoint)
-    census: SavedTensorCensus | None = None
-    census_step = min(curve.step + 1, steps - 1)
+    progress = Progress(case, curve, memory, on_diverge=forget_checkpoint, world=engine.world)
+    census_step = min(curve.step + 1, steps - 1) if engine.census else -1
     while curve.step < steps:
         k = curve.step
-        if k == census_step:
-            progress.sync()
-            census = SavedTensorCensus(params)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-                memory["run_peak_before"] = int(torch.cuda.max_memory_allocated())
-                torch.cuda.reset_peak_memory_stats()
-            memory["before_forward"] = allocated(dev)
+        census = _begin_census(progress, params, memory, dev) if k == census_step else None
         begin = progress.timer.start()
-        loss = train_step(k, census if k == census_step else None)
+        loss = train_step(k, census)
         progress.timer.stop(begin)
-        if k == census_step:
+        if census is not None:
             memory["step_peak"] = peak_memory_bytes(dev) or 0
             memory["saved_fp8"], memory["saved_hp"] = census.fp8, census.other
         progress.step_ends(loss, evaluate)
         if ckpt is not None and curve.step % cfg.ckpt_every == 0 and curve.step < steps:
             progress.sync()
-            _save_checkpoint(ckpt, model, opt, scaler, curve)
+            state = _checkpoint_state(engine, scaler, curve)  # collective under FSDP2: every rank takes part
+            if engine.writes_checkpoint:
+                _save_checkpoint(ckpt, state)
     progress.sync()
-    memory["weights"] = tensor_bytes(params)
-    memory["optimizer"] = optimizer_state_bytes(opt)
-    if ckpt is not None and ckpt.is_file():
+    if engine.weights_and_state:
+        memory["weights"] = tensor_bytes(params)
+        memory["optimizer"] = optimizer_state_bytes(opt)
+    if ckpt is not None and engine.writes_checkpoint and ckpt.is_file():
         ckpt.unlink()  # the record now holds the run; checkpoints of large models are GBs
-    out = _output(case, curve, memory)
-    out.metrics += linear_coverage(model, case.recipe)
+    out = output(case, curve, memory, world=engine.world)
+    out.metrics += linear_coverage(engine.coverage_model or model, case.recipe)
     return out
 
 
-def _output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None = None) -> CaseOutput:
-    s = case.shape
+def _begin_census(progress: Progress, params: list, memory: dict, dev: torch.device) -> SavedTensorCensus:
+    """Start the one step whose memory is split by what its forward saves (fp8bench.workloads.memory)."""
+    progress.sync()
+    census = SavedTensorCensus(params)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        memory["run_peak_before"] = int(torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+    memory["before_forward"] = allocated(dev)
+    return census
+
+
+def output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None = None,
+           world: World | None = None) -> CaseOutput:
+    """The record of a run from its curve: losses, validation points, steady step times and the speed and
+    memory figures they give (peak memory: the largest process's)."""
+    s, world = case.shape, world or World()
     timed = steady_steps(curve.step_ms, case.measure.warmup)
     metrics: list[Metric] = []
     samples: dict[str, list[float]] = {"loss": curve.losses, "val_loss": curve.val_losses,
@@ -356,8 +414,8 @@ def _output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None
         timing = Timing(timed, flushed_l2=False, cuda_graph=False)
         flops = model_flops(case.config.model, s["vocab"], s["batch"], s["seq"])
         run_peak = peak_memory_bytes(case.device)  # reset at the census step: the run's peak is the larger
-        metrics += speed_metrics(case, timing, flops, peak_bytes=None if run_peak is None
-                                 else max(run_peak, memory.get("run_peak_before", 0)))
+        peak = None if run_peak is None else int(world.largest(max(run_peak, memory.get("run_peak_before", 0))))
+        metrics += speed_metrics(case, timing, flops, peak_bytes=peak)
         if case.backend.timed:
             metrics.append(Metric.of("tokens_per_s", s["tokens_per_step"] / (timing.median_ms / 1e3)))
     if curve.val_losses:

@@ -1,0 +1,220 @@
+"""Distributed `train` (`workload.train.nproc` > 1): the one-process run's model, corpus, schedule, settings
+and record, on `nproc` processes launched with torchrun (NCCL, one GPU each; gloo on a CPU). Each rank runs
+the shared loop (fp8bench.workloads.train.loop.fit) with an Engine that wraps the model and averages over ranks.
+
+- `fsdp2`: `fully_shard` on every block and on the root, parameters gathered in BF16 and gradients reduced in
+  FP32 (MixedPrecisionPolicy: torchtitan's FSDP2 recipe). With torchao float8 the blocks' linears are converted
+  first (and compiled per block with `backend.compile`); `workload.train.fp8_all_gather` all-gathers the
+  sharded weights already cast to FP8 (torchao's `enable_fsdp_float8_all_gather`, with
+  `precompute_float8_dynamic_scale_for_fsdp` after each optimizer step, as torchao prescribes).
+- `ddp`: DistributedDataParallel around the backend's prepared model (TE: te.Linear under te.autocast).
+
+Each step's global batch is the one-GPU run's own (the same windows of the same corpus, `workload.batch`
+rows), split across ranks, and validation splits each batch the same way and averages over ranks: the loss
+curve is directly comparable with the one-GPU BF16 band (fp8bench.analysis.parity judges it against that band).
+
+The parent (`run`, inside the sweep process) launches torchrun and turns rank 0's result file into the case's
+record; a rank that fails fails the case, never the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from fp8bench.core.records import Metric
+from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged
+from fp8bench.workloads.train.loop import Engine, World, fit, load_data, master_dtype, new_decoder, optimizer
+
+STRATEGIES = {"fsdp2": ("torch", "torchao"), "ddp": ("torch", "te")}
+"""Which backends each strategy runs: FP8 through torchao under FSDP2, through TE under DDP; the torch backend
+is the BF16 baseline of both."""
+
+
+def distributed_verdict(config, device) -> tuple[bool, str]:
+    """Can this machine run the distributed point (nproc > 1, or an FSDP2 option)? The planner records the
+    reason when not."""
+    t, b, fmt = config.workload.train, config.backend.name, config.format.name
+    if t.nproc == 1:
+        return False, "fp8_all_gather is an FSDP2 option: it needs workload.train.nproc > 1"
+    if b not in STRATEGIES[t.strategy]:
+        return False, f"strategy={t.strategy} runs backends {list(STRATEGIES[t.strategy])}, not {b}"
+    if b == "torch" and fmt != "bf16":
+        return False, "distributed torch-backend runs are the BF16 baseline; FP8 runs through torchao or te"
+    if t.fp8_all_gather and not (b == "torchao" and t.strategy == "fsdp2" and fmt != "bf16"
+                                 and config.scaling.name == "current"):
+        return False, "fp8_all_gather is torchao tensorwise float8 (hybrid/current) under FSDP2 only"
+    if config.workload.batch % t.nproc:
+        return False, f"workload.batch={config.workload.batch} must split evenly over nproc={t.nproc} ranks"
+    if device.is_cuda:
+        have = torch.cuda.device_count()
+        if have < t.nproc:
+            return False, f"nproc={t.nproc} needs {t.nproc} GPUs, one per rank; {have} visible here"
+    elif fmt != "bf16":
+        return False, "distributed FP8 needs GPUs (gloo on a CPU runs the BF16 baseline only)"
+    return True, ""
+
+
+# --------------------------------------------------------------------------- parent: launch and collect
+
+def run(case: CaseInput) -> CaseOutput:
+    t = case.config.workload.train
+    with tempfile.TemporaryDirectory(prefix="fp8bench-dist-") as tmp:
+        payload, result = Path(tmp) / "case.pkl", Path(tmp) / "result.json"
+        payload.write_bytes(pickle.dumps({"config": case.config, "shape_name": case.shape_name, "shape": case.shape,
+                                          "recipe": case.recipe, "backend": case.backend.name,
+                                          "device": case.device.type, "work_dir": case.work_dir,
+                                          "result": str(result)}))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={t.nproc}",
+               "-m", "fp8bench.workloads.train.distributed", str(payload)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if proc.returncode != 0 or not result.is_file():
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
+            raise RuntimeError(f"torchrun with {t.nproc} ranks exited {proc.returncode}: {tail}")
+        res = json.loads(result.read_text())
+    out = CaseOutput([Metric.of(k, v) for k, v in res["metrics"].items()], res["samples"])
+    if res.get("diverged") is not None:
+        raise Diverged(f"{res['diverged']} (the mean over {t.nproc} ranks)", out)
+    return out
+
+
+# --------------------------------------------------------------------------- ranks
+
+class RankWorld(World):
+    """Losses and validation averaged over ranks, step times the slowest rank's, memory the largest's."""
+
+    def __init__(self, world: int, device: torch.device) -> None:
+        self.size, self.device = world, device
+
+    def mean(self, t: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        t = t.detach().float().clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t / self.size
+
+    def slowest(self, values: list[float]) -> list[float]:
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # every rank timed the same steps
+        return t.tolist()
+
+    def largest(self, value: float) -> float:
+        return max(self.gather(value))
+
+    def gather(self, value: float) -> list[float]:
+        import torch.distributed as dist
+
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        out = [torch.zeros_like(t) for _ in range(self.size)]
+        dist.all_gather(out, t)
+        return [float(x) for x in out]
+
+
+def _engine(case: CaseInput, rank: int, world: RankWorld) -> Engine:
+    """The model under the strategy. The backend prepares it exactly as for one process; then DDP wraps it,
+    or FSDP2 shards it (parameters gathered in BF16, gradients reduced in FP32)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    t, dev, recipe, backend = case.config.workload.train, case.device, case.recipe, case.backend
+    batch = case.shape["batch"]
+    mixed = master_dtype(case) == torch.float32
+    after_step = lambda: None  # noqa: E731
+    if t.strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        setup = backend.prepare_training(new_decoder(case), recipe)
+        model = DistributedDataParallel(setup.model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        autocast = mixed
+    else:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        if t.fp8_all_gather:  # torchao tensorwise (distributed_verdict): scales precomputed after each step
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            setup = backend.prepare_training(new_decoder(case), recipe, fp8_all_gather=True)
+            after_step = lambda: precompute_float8_dynamic_scale_for_fsdp(setup.model)  # noqa: E731
+        else:
+            setup = backend.prepare_training(new_decoder(case), recipe)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in setup.model.blocks:
+            fully_shard(block, mp_policy=mp)
+        model = fully_shard(setup.model, mp_policy=mp)
+        autocast = False  # the policy computes in BF16 from FP32 (or BF16) master shards
+    opt = optimizer(model, t, foreach=True)
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+    def state() -> dict:  # collective: every rank calls it, rank 0 writes it
+        return {"model": get_model_state_dict(model, options=full),
+                "optimizer": get_optimizer_state_dict(model, opt, options=full)}
+
+    def load_state(s: dict) -> None:
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, s["model"], options=options)
+        set_optimizer_state_dict(model, opt, s["optimizer"], options=options)
+
+    rows = slice(rank * batch // world.size, (rank + 1) * batch // world.size)
+    return Engine(model, opt, autocast=autocast, forward_context=setup.forward_context, after_step=after_step,
+                  rows=rows, world=world, census=False, weights_and_state=False, state=state,
+                  load_state=load_state, writes_checkpoint=rank == 0, coverage_model=setup.model)
+
+
+def _train(p: dict, rank: int, world_size: int, dev: torch.device) -> dict:
+    from fp8bench.backends import get_backend
+
+    case = CaseInput(config=p["config"], shape_name=p["shape_name"], shape=p["shape"], recipe=p["recipe"],
+                     backend=get_backend(p["backend"]), device=dev, work_dir=p["work_dir"])
+    world = RankWorld(world_size, dev)
+    data = load_data(case.config.workload.train, case.shape, dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    diverged = None
+    try:
+        out = fit(case, _engine(case, rank, world), data)
+    except Diverged as e:
+        out, diverged = e.output, str(e)
+    tokens_per_s = next((m.value for m in out.metrics if m.name == "tokens_per_s"), None)
+    if tokens_per_s is not None:
+        out.metrics.append(Metric.of("tokens_per_s_per_rank", tokens_per_s / world_size))
+    if dev.type == "cuda":
+        out.samples["peak_mem_rank_bytes"] = world.gather(torch.cuda.max_memory_allocated(dev))
+    return {"metrics": {m.name: m.value for m in out.metrics}, "samples": out.samples, "diverged": diverged}
+
+
+def main(argv: list[str]) -> int:
+    import torch.distributed as dist
+
+    p = pickle.loads(Path(argv[0]).read_bytes())
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if p["device"] == "cuda":
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+        dist.init_process_group("nccl", device_id=dev)
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo")
+    try:
+        res = _train(p, rank, world, dev)
+        if rank == 0:
+            Path(p["result"]).write_text(json.dumps(res))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
