@@ -1,6 +1,5 @@
-"""Distributed training (`workload.train.nproc` > 1) through torchrun: on CPU with gloo, two ranks of FSDP2 and
-of DDP train the same tokens as one process and land on the same loss; the planner says why a point cannot run
-here. FP8 under FSDP2 (all-gather on and off) needs GPUs: tests/test_gpu.py and the H200 x2 study."""
+"""Distributed training (`workload.train.nproc` > 1) through torchrun: the planner says why a point cannot run
+here, and a failing rank fails its case only (the curves every mode trains: tests/test_train_modes.py). FP8 under FSDP2 (all-gather on and off) needs GPUs: tests/test_gpu.py and the H200 x2 study."""
 
 import json
 
@@ -20,23 +19,6 @@ def _run(tmp_path, extra, base=BASE):
     cases = plan(points)
     [rec] = execute(cases, tmp_path / "r", "r", detect_device(), progress=False)
     return rec
-
-
-@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
-def test_two_ranks_train_the_same_tokens_as_one_process(tmp_path, strategy):
-    one = _run(tmp_path / "one", [])
-    two = _run(tmp_path / "two", ["workload.train.nproc=2", f"workload.train.strategy={strategy}"])
-    assert two.status == "ok", two.reason
-    assert two.case_id == f"train.tiny.b8s128n30.seed0.{strategy}x2.bf16.none.torch"
-    assert two.shape["nproc"] == 2 and two.shape["batch"] == 8  # the global batch, split over the ranks
-    # same windows, same schedule: the validation curve agrees with the one-process run to rounding
-    assert two.samples["val_step"] == one.samples["val_step"] == [0.0, 15.0, 30.0]
-    for a, b in zip(two.samples["val_loss"], one.samples["val_loss"], strict=True):
-        assert a == pytest.approx(b, rel=0.01)
-    assert two.metric("loss_final") < 0.8 * two.metric("loss_initial")
-    tps, per_rank = two.metric("tokens_per_s"), two.metric("tokens_per_s_per_rank")
-    assert tps > 0 and per_rank == pytest.approx(tps / 2)
-    assert len(two.samples["loss"]) == 30
 
 
 def test_the_planner_says_why_a_distributed_point_cannot_run(tmp_path):

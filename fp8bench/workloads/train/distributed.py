@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,8 @@ def run(case: CaseInput) -> CaseOutput:
                                           "result": str(result)}))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={t.nproc}",
                "-m", "fp8bench.workloads.train.distributed", str(payload)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              preexec_fn=die_with_parent)
         if proc.returncode != 0 or not result.is_file():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
             raise RuntimeError(f"torchrun with {t.nproc} ranks exited {proc.returncode}: {tail}")
@@ -83,6 +85,18 @@ def run(case: CaseInput) -> CaseOutput:
     if res.get("diverged") is not None:
         raise Diverged(f"{res['diverged']} (the mean over {t.nproc} ranks)", out)
     return out
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent dies (Linux; elsewhere a no-op). torchrun starts its
+    ranks in sessions of their own: without this, a sweep killed mid-case leaves its ranks training on, and
+    they would finish and remove the checkpoint a resumed run is about to read."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 # --------------------------------------------------------------------------- ranks
@@ -198,6 +212,7 @@ def _train(p: dict, rank: int, world_size: int, dev: torch.device) -> dict:
 def main(argv: list[str]) -> int:
     import torch.distributed as dist
 
+    die_with_parent()
     p = pickle.loads(Path(argv[0]).read_bytes())
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if p["device"] == "cuda":
