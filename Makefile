@@ -40,7 +40,7 @@ plan: $(STAMP)
 	$(BIN)/fp8bench plan sweep=$(SWEEP)
 
 test: $(STAMP)
-	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts
+	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research
 	$(BIN)/python -m pytest -q -m "not gpu"
 
 # Record this commit's asv results for this machine and publish the asv site (offline) into results/site/asv.

@@ -16,8 +16,8 @@ also with the math warpgroups taking turns), and the Gluon kernel's
 promote and rescale on 128x256 tiles with a persistent grid, with the math warpgroups taking turns at the tensor
 cores (the kernel's default since e8337d4) and running free (before).
 
-Usage: python3 scripts/gemm_power_probe.py OUT.json [--shape M N K] [--seconds 2] [--rounds 2]
-                                             [--data random zeros]
+Usage: python3 research/gemm_power_probe.py OUT.json [--shape M N K] [--seconds 2] [--rounds 2]
+                                              [--data random zeros]
 Results (results/h200-kernels/): gemm_power.json (at 459d225), gemm_power_side.json (SIDE), gemm_power_turns.json
 (at e8337d4, with the turns): a row per data, round and kernel.
 """

@@ -10,7 +10,7 @@ CUDA events without the profiler, then again under the profiler, which gives
 - the per-kernel duration the profiler reports against the event-timed one (duration inflation);
 - the wall time per kernel under tracing against without (what tracing adds to a step).
 
-Usage (GPU): python3 scripts/profiler_overhead.py [--n 2000] [--json FILE]
+Usage (GPU): python3 research/profiler_overhead.py [--n 2000] [--json FILE]
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ copy of the kernel with these switches, since folded in) and gemm_ws_probe.json 
 probe's WS part when it was scripts/gemm_ws_probe.py; re-run it after a Triton upgrade) and
 gemm_gluon_probe.json (--gluon, at e8337d4).
 
-Usage: python3 scripts/gemm_variant_probe.py OUT.json [--budget-s 200] [--ws | --gluon | --gluon-ceilings]
+Usage: python3 research/gemm_variant_probe.py OUT.json [--budget-s 200] [--ws | --gluon | --gluon-ceilings]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ processes. This script measures, per operation, after an idle pause:
   by tensor-core work (`fp8bench_kernels.tensor_core_load`) sized to 3% and 10% of the op, in interleaved
   blocks; the fraction each actually added.
 
-Usage (GPU): python3 scripts/gpu_power_settle.py [--seconds 2] [--json FILE]
+Usage (GPU): python3 research/gpu_power_settle.py [--seconds 2] [--json FILE]
 """
 
 from __future__ import annotations
