@@ -475,9 +475,9 @@ def cmd_history(args: list[str]) -> int:
 
 
 def cmd_doctor(args: list[str]) -> int:
-    from fp8bench.core.hardware import capability, describe, environment
-    from fp8bench.core.types import VALID_SCALINGS, BackendName, Format
-    from fp8bench.run.plan import _available
+    from fp8bench import backends
+    from fp8bench.core.hardware import describe, environment
+    from fp8bench.core.types import VALID_SCALINGS, Format
 
     if args:
         raise UsageError(f"fp8bench doctor takes no arguments (got {args})")
@@ -490,12 +490,12 @@ def cmd_doctor(args: list[str]) -> int:
     dev = detect_device()
     table = Table(title="capability matrix on this device (a backend unavailable here is explained below)")
     table.add_column("format/scaling")
-    available = {b.value: _available(b.value) for b in BackendName}
+    available = {b: backends.available(b) for b in backends.names()}
     for b, (ok, _) in available.items():
         table.add_column(b + ("" if ok else " (unavailable)"))
     for fmt in Format:
         for sc in sorted(VALID_SCALINGS[fmt], key=lambda s: s.value):
-            cells = ["yes" if ok and capability(b, fmt.value, sc.value, dev)[0] else "no"
+            cells = ["yes" if ok and backends.capability(b, fmt.value, sc.value, dev)[0] else "no"
                      for b, (ok, _) in available.items()]
             table.add_row(f"{fmt.value}/{sc.value}", *cells)
     out.print(table)

@@ -34,14 +34,14 @@ group. Scaling, as in `gemm_blockwise` (`PROMOTE`):
   `acc = wgmma(a, b, acc · s_prev/s)` and s is applied once at the end: one FP32 tile per half (128x256 tiles).
   The sum then stays in the tensor core's accumulation, whose precision on Hopper is below FP32 (DeepSeek-V3
   reports ~14 bits): the numerics of cuBLAS's fast-accumulation mode rather than DeepSeek-V3's promotion
-  (scripts/gemm_variant_probe.py --gluon measures both against FP64).
+  (research/gemm_variant_probe.py --gluon measures both against FP64).
 
-Before the turns (scripts/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json at
+Before the turns (research/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json at
 459d225) promote reached 1139 / 1089 / 1084 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale
 1139 / 1026 / 1119, against cuBLAS blockwise's 1208 / 1089 / 1120; both on 128x256 tiles. Staging A's scales
 with the tiles, instead of each math warpgroup loading its rows' scales from global memory a group ahead, had
 taken promote at 8192³ from 683-691 to 702-716 TFLOPS per GHz of SM clock (sustained runs; cuBLAS blockwise:
-757-763 in scripts/gemm_power_probe.py's results/h200-kernels/gemm_power.json, where every FP8 GEMM runs at the
+757-763 in research/gemm_power_probe.py's results/h200-kernels/gemm_power.json, where every FP8 GEMM runs at the
 700 W cap).
 Promote on 128x256 tiles needs 192 registers per thread for its two sums and the scratch, which the math
 warpgroups have (setmaxnreg 232; ptxas reports the kernel's 168, the cap of 12 warps, but allocates each region
@@ -359,7 +359,7 @@ sums and one 64-register scratch per thread) and on 128x128, as one 128-wide hal
 
 CANDIDATES: tuple[Config, ...] = ()
 """Configs that compile cleanly for sm_90 (CI checks them as it checks CONFIGS) but have not been timed on the
-H200 yet, so the tuner leaves them out: `scripts/gemm_variant_probe.py --gluon` and `scripts/kernel_bench.py`
+H200 yet, so the tuner leaves them out: `research/gemm_variant_probe.py --gluon` and `scripts/kernel_bench.py`
 time them next to CONFIGS. None now. The last were CONFIGS with the math warpgroups taking turns (`pingpong`),
 now the default: in an A/B on the H200 at e8337d4 (best of three do_bench, five shapes) the turns took promote
 on 128x256 tiles up 5-11% and rescale 2-5%, and moved the 128x128 configs by -1 to +6%."""

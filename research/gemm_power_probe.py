@@ -9,7 +9,7 @@ power-bound. `do_bench` (kernel_bench, the probes) times ~100 ms bursts, which s
 sustained runs hold.
 
 Kernels, all on the same quantized operands (A's scales M-major, as the triton backend quantizes them): cuBLAS
-tensorwise and blockwise (torch backend), the Gluon kernel's unscaled structure (scripts/gluon_unscaled.py:
+tensorwise and blockwise (torch backend), the Gluon kernel's unscaled structure (research/gluon_unscaled.py:
 each K group waited for; with a per-row multiply of both accumulators each group; with 64 or 128 multiplies
 per group on other registers, which ptxas places amid the warpgroup's own wgmmas; the first, second and last
 also with the math warpgroups taking turns), and the Gluon kernel's

@@ -13,7 +13,7 @@ against cuBLAS (torch._scaled_mm) blockwise and tensorwise:
   and the 128x256 configs with free-running math warpgroups (`pingpong=False`, the kernel before e8337d4),
   with a persistent grid and one program per tile, A's scales M-major as the triton backend quantizes them,
   next to the unscaled ceilings of Triton's kernel and of the Gluon kernel's own structure
-  (scripts/gluon_unscaled.py: each K group waited for, or one in flight, or waited for and its accumulators
+  (research/gluon_unscaled.py: each K group waited for, or one in flight, or waited for and its accumulators
   multiplied by a per-row factor with nothing loaded); then the error of every blockwise GEMM here, rescale
   and promote, ours and cuBLAS's with and without fast accumulation, against the exact product (FP64) of the
   dequantized operands. --gluon-ceilings: only the 128x256 configs and those ceilings, no accuracy.
@@ -92,7 +92,7 @@ def unscaled_gemm(a, b, *, block_m, nsub, warps, stages, persistent=False):
 def probe_gemm(a, sa, b, sb, *, block_m=None, nsub=None, warps=None, stages=None, promote=True, prefetch=False, sa_t=False,
                scaled=True, persistent=False, ws=False, gluon=None, gluon_in_flight=None, multiply=False):
     """One variant: fp8bench's kernel with that config, or (scaled=False) the unscaled ceiling: Triton's, or with
-    `gluon_in_flight` the Gluon kernel's structure (scripts/gluon_unscaled.py)."""
+    `gluon_in_flight` the Gluon kernel's structure (research/gluon_unscaled.py)."""
     if gluon is not None:
         return gemm_blockwise_gluon(a, sa, b, sb, gluon, persistent)  # sa: as the triton backend quantizes it
     if gluon_in_flight is not None:

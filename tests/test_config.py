@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from fp8bench import backends
 from fp8bench.config.compose import expand, group_options, load
 from fp8bench.config.schema import ConfigError, ModelConfig
 from fp8bench.core.hardware import DeviceInfo
@@ -44,7 +45,9 @@ def test_capability_reasons_on_hopper_name_the_compute_capability():
     h200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), "13.0")
     by_id = {c.case_id: c for c in plan(points, h200)}
     mx = by_id["gemm.tiny.fprop_qkv.mxfp8.mx.torch"]
-    assert not mx.runnable and "needs compute capability 10.0; this device is 9.0" in mx.reason
+    assert not mx.runnable and "no MX/NVFP4 path" in mx.reason  # torch has none on any GPU
+    ok, why = backends.capability("te", "mxfp8", "mx", h200)  # TE has one, on Blackwell
+    assert not ok and "needs compute capability 10.0; this device is 9.0" in why
     assert by_id["gemm.tiny.fprop_qkv.e4m3.blockwise.torch"].runnable
 
 

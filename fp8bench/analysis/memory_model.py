@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
+from fp8bench.config.compose import conf_dir
 from fp8bench.config.schema import ModelConfig
 
 INPUT_LAYOUTS: dict[tuple[str, str], int] = {
@@ -76,7 +76,7 @@ def model_preset(name: str) -> ModelConfig:
     """A model preset from conf/model/, without Hydra (the report reads it)."""
     import yaml
 
-    path = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml"
+    path = conf_dir() / "model" / f"{name}.yaml"
     return ModelConfig(**yaml.safe_load(path.read_text()))
 
 

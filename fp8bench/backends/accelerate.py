@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 
 from fp8bench.backends.base import Backend, Recipe, cpu_scaled_mm_path, import_probe, load_te_first
+from fp8bench.core.hardware import FP8, Rule
 from fp8bench.core.types import Format, Scaling
 
 
@@ -30,6 +31,14 @@ def reset_accelerate_state() -> None:
 
 class AccelerateBackend(Backend):
     name = "accelerate"
+    rules = (
+        Rule(FP8, frozenset({"delayed"}), (8, 9), None, False,
+            "Accelerate TERecipeKwargs: TE DelayedScaling, sm_89+"),
+        Rule(frozenset({"hybrid"}), frozenset({"current"}), (8, 9), None, True,
+            "Accelerate AORecipeKwargs: torchao float8 'tensorwise' (runs on CPU too)"),
+        Rule(frozenset({"e4m3"}), frozenset({"rowwise"}), (8, 9), None, True,
+            "Accelerate AORecipeKwargs: torchao float8 'rowwise' (runs on CPU too)"),
+    )
     workloads = frozenset({"train"})
     loop = "accelerate"
 

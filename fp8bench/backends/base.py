@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fp8bench.config.schema import BackendConfig, ScalingConfig
+from fp8bench.core.hardware import DeviceInfo, Rule, rule_verdict
 from fp8bench.core.numerics import DelayedScale, QuantOptions
 from fp8bench.core.types import Format, GemmRole, Scaling
 
@@ -164,10 +165,17 @@ class DelayedScalingLinear(RecipeLinear):
 
 
 class Backend:
-    """Base of the adapters. Subclasses override what they support."""
+    """Base of the adapters. Subclasses override what they support.
+
+    An adapter is a subclass with a `name`, in a module of fp8bench.backends (found there by the registry,
+    fp8bench.backends.names) or registered with fp8bench.backends.register; with a preset in conf/backend/
+    it is a backend of every sweep. What it runs is declared here, once: `workloads`, and `rules`, the
+    device capability of each format/scaling pair with its source, which plan, doctor and the report read."""
 
     name: str = ""
     workloads: frozenset[str] = frozenset()
+    rules: tuple[Rule, ...] = ()
+    """What runs on which device (fp8bench.core.hardware.Rule); a pair no rule names has no recipe."""
     timed: bool = True
     """False for the emulator: its cases run once (their time is what emulation costs, not a kernel's)."""
     loop: str = "fp8bench"
@@ -183,6 +191,10 @@ class Backend:
         if workload not in self.workloads:
             return False, f"backend {self.name!r} does not implement workload {workload!r} (it runs {sorted(self.workloads)})"
         return True, ""
+
+    def capability(self, fmt: str, scaling: str, device: DeviceInfo) -> tuple[bool, str]:
+        """Can (fmt, scaling) run on `device` by this backend's rules? (ok, reason a user can act on)."""
+        return rule_verdict(self.name, self.rules, fmt, scaling, device)
 
     def supports_shape(self, workload: str, shape: dict, recipe: Recipe) -> tuple[bool, str]:
         """Shape-level limits (e.g. a kernel for some GEMM roles only); checked per case by the planner."""

@@ -12,11 +12,16 @@ from __future__ import annotations
 import torch
 
 from fp8bench.backends.base import Backend, TrainSetup, package_probe, swap_block_linears
+from fp8bench.core.hardware import Rule
 from fp8bench.core.types import Format, Scaling
 
 
 class CoatBackend(Backend):
     name = "coat"
+    rules = (
+        Rule(frozenset({"hybrid"}), frozenset({"current"}), (8, 9), None, False,
+            "COAT FP8Linear (Triton) and CoatAdamW (CUDA): FP8 tensor cores, sm_89+"),
+    )
     workloads = frozenset({"train"})
 
     def available(self):

@@ -11,11 +11,16 @@ from __future__ import annotations
 import torch
 
 from fp8bench.backends.base import Backend, GemmOp, package_probe
+from fp8bench.core.hardware import Rule
 from fp8bench.core.types import Format, GemmRole, Scaling
 
 
 class DeepGemmBackend(Backend):
     name = "deepgemm"
+    rules = (
+        Rule(frozenset({"e4m3"}), frozenset({"blockwise"}), (9, 0), None, False,
+            "DeepGEMM: sm_90a wgmma kernels, Hopper only"),
+    )
     workloads = frozenset({"gemm"})
 
     def available(self):

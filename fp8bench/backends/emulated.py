@@ -49,6 +49,9 @@ class EmulatedBackend(Backend):
     timed = False
     workloads = frozenset({"gemm", "quantize", "linear", "layer", "train"})
 
+    def capability(self, fmt, scaling, device):
+        return True, "the emulator runs every format on any device"
+
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)
         return one_step_delayed(self.name, workload, recipe) if ok else (ok, why)

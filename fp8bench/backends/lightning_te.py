@@ -13,11 +13,17 @@ from __future__ import annotations
 import torch
 
 from fp8bench.backends.base import Backend, Recipe, import_probe, load_te_first
+from fp8bench.core.hardware import FP8, TENSORWISE, Rule
 from fp8bench.core.types import Format
 
 
 class LightningTEBackend(Backend):
     name = "lightning-te"
+    rules = (
+        Rule(FP8, TENSORWISE, (8, 9), None, False, "Lightning TransformerEnginePrecision: TE, sm_89+"),
+        Rule(FP8, frozenset({"blockwise"}), (9, 0), (12, 9), False,
+            "Lightning TransformerEnginePrecision with TE Float8BlockScaling: sm_90 and CUDA >= 12.9"),
+    )
     workloads = frozenset({"train"})
     loop = "lightning"
 

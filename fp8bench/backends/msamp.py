@@ -10,11 +10,16 @@ import contextlib
 
 from fp8bench.backends.accelerate import AccelerateBackend, reset_accelerate_state
 from fp8bench.backends.base import Backend, package_probe
+from fp8bench.core.hardware import Rule
 from fp8bench.core.types import Format, Scaling
 
 
 class MsampBackend(AccelerateBackend):
     name = "msamp"
+    rules = (
+        Rule(frozenset({"hybrid"}), frozenset({"delayed"}), (8, 9), None, False,
+            "MS-AMP O2 through Accelerate: FP8 tensor cores, sm_89+"),
+    )
 
     def available(self):
         ok, why = package_probe("msamp", "ms-amp", hint="MS-AMP is not on the package registry (pip finds no "

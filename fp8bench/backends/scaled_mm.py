@@ -23,6 +23,7 @@ from fp8bench.backends.base import (
     one_step_delayed,
     swap_block_linears,
 )
+from fp8bench.core.hardware import FP8, TENSORWISE, Rule
 from fp8bench.core.numerics import ACT_BLOCK, WEIGHT_BLOCK, QuantOptions, amax_to_scale
 from fp8bench.core.types import Format, GemmRole, Scaling
 
@@ -163,6 +164,19 @@ class _DelayedScalingLinearFn(torch.autograd.Function):
 
 class ScaledMMBackend(Backend):
     name = "torch"
+    rules = (
+        Rule(frozenset({"hybrid"}), frozenset({"blockwise"}), None, None, False,
+            "F.scaled_mm blockwise takes E4M3 operands only: torch 2.11 on an H200 rejected E5M2 gradients "
+            "('Invalid scaling configuration'); use e4m3", unsupported=True),
+        Rule(FP8, TENSORWISE | {"rowwise"}, (8, 9), None, True,
+            "torch._scaled_mm: cuBLASLt FP8 needs sm_89+; on CPU torch implements it (oneDNN or fallback)"),
+        Rule(frozenset({"e4m3"}), frozenset({"blockwise"}), (9, 0), (12, 9), False,
+            "F.scaled_mm BlockWise1x128/128x128 runs on cuBLASLt for sm_90 with CUDA >= 12.9 only"),
+        Rule(frozenset({"mxfp8", "nvfp4"}), frozenset({"mx", "nvfp4"}), None, None, False,
+            "the torch backend has no MX/NVFP4 path (its casts and _scaled_mm calls are tensorwise, rowwise and "
+            "blockwise only): on Blackwell measure them through te; the emulator covers their numerics",
+            unsupported=True),
+    )
     workloads = frozenset({"gemm", "quantize", "linear", "layer", "train"})
 
     def layer(self, model, x, dy, recipe):

@@ -20,6 +20,7 @@ from fp8bench.backends.base import (
     module_op,
     swap_block_linears,
 )
+from fp8bench.core.hardware import FP8, TENSORWISE, Rule
 from fp8bench.core.types import Format, Scaling
 
 
@@ -78,6 +79,13 @@ def te_runs(recipe: Recipe, framework: str) -> tuple[bool, str]:
 
 class TEBackend(Backend):
     name = "te"
+    rules = (
+        Rule(FP8, TENSORWISE, (8, 9), None, False, "TE DelayedScaling / Float8CurrentScaling: sm_89+"),
+        Rule(FP8, frozenset({"blockwise"}), (9, 0), (12, 9), False,
+            "TE Float8BlockScaling: sm_90 and CUDA >= 12.9"),
+        Rule(frozenset({"mxfp8"}), frozenset({"mx"}), (10, 0), None, False, "TE MXFP8BlockScaling: sm_100+"),
+        Rule(frozenset({"nvfp4"}), frozenset({"nvfp4"}), (10, 0), None, False, "TE NVFP4BlockScaling: sm_100+"),
+    )
     workloads = frozenset({"quantize", "linear", "layer", "train"})
 
     def available(self):

@@ -23,6 +23,7 @@ from fp8bench.backends.base import (
     import_probe,
     module_op,
 )
+from fp8bench.core.hardware import Rule
 from fp8bench.core.types import Format, Scaling
 
 
@@ -36,6 +37,12 @@ def recipe_name(recipe: Recipe) -> str | None:
 
 class TorchaoBackend(Backend):
     name = "torchao"
+    rules = (
+        Rule(frozenset({"hybrid"}), frozenset({"current"}), (8, 9), None, True,
+            "torchao float8 'tensorwise' recipe (E4M3 forward, E5M2 gradients); Float8Linear also runs on CPU"),
+        Rule(frozenset({"e4m3"}), frozenset({"rowwise"}), (8, 9), None, True,
+            "torchao float8 'rowwise' recipes (E4M3, power-of-two row scales); Float8Linear also runs on CPU"),
+    )
     workloads = frozenset({"linear", "layer", "train"})
 
     def available(self):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from fp8bench.backends.base import Backend, GemmOp, QuantizeOp, import_probe
+from fp8bench.core.hardware import FP8, Rule
 from fp8bench.core.types import Format, GemmRole, Scaling
 
 KERNELS = {
@@ -25,6 +26,12 @@ KERNELS = {
 
 class TritonBackend(Backend):
     name = "triton"
+    rules = (
+        Rule(FP8, frozenset({"current", "blockwise"}), (9, 0), None, False,
+            "fp8bench_kernels use Hopper FP8 tensor cores (sm_90+)"),
+        Rule(frozenset({"mxfp8"}), frozenset({"mx"}), (9, 0), None, False,
+            "fp8bench_kernels MX quantizer (numerics on Hopper)"),
+    )
     workloads = frozenset({"gemm", "quantize"})
 
     def available(self):

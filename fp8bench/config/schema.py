@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fp8bench.core.types import BackendName, Format, GemmRole, Scaling, WorkloadName, choices
+from fp8bench.core.types import Format, GemmRole, Scaling, WorkloadName, choices
 
 
 class ConfigError(ValueError):
@@ -224,7 +224,9 @@ class BackendConfig:
     """accelerate: the library Accelerate hands FP8 to: `te` (TERecipeKwargs) or `torchao` (AORecipeKwargs)."""
 
     def __post_init__(self) -> None:
-        _one_of("backend", self.name, choices(BackendName))
+        if not self.name:
+            raise ConfigError("backend.name is empty; give a backend (fp8bench doctor lists them)")
+        # which names exist is the backend registry's to say (fp8bench.backends.names; checked by the planner)
         _one_of("backend.fp8_backend", self.fp8_backend, ["te", "torchao"])
 
     def variant(self) -> str:
@@ -335,7 +337,7 @@ class Config:
             fraction = float(frac)
         except ValueError:
             fraction = -1.0
-        if name not in choices(BackendName) or not 0.0 < fraction < 10.0:
-            raise ConfigError(f"slowdown={self.slowdown!r} must be BACKEND:FRACTION with BACKEND one of "
-                              f"{choices(BackendName)} and 0 < FRACTION < 10 (e.g. torch:0.05)")
+        if not name or not 0.0 < fraction < 10.0:
+            raise ConfigError(f"slowdown={self.slowdown!r} must be BACKEND:FRACTION with 0 < FRACTION < 10 "
+                              "(e.g. torch:0.05)")
         return fraction if name == backend else 0.0

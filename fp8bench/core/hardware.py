@@ -204,9 +204,9 @@ def describe() -> dict:
 
 @dataclass(frozen=True)
 class Rule:
-    """One fact about what runs where, with where it comes from."""
+    """One fact about what a backend runs where, with where it comes from (each adapter declares its own:
+    fp8bench.backends)."""
 
-    backend: str
     formats: frozenset[str]
     scalings: frozenset[str]
     min_capability: tuple[int, int] | None
@@ -215,68 +215,22 @@ class Rule:
     cpu: bool
     """Runs on CPU too."""
     source: str
+    unsupported: bool = False
+    """A pair the backend has no path for on any device, with `source` saying why (more specific than "no
+    recipe")."""
 
 
-_FP8 = frozenset({"e4m3", "hybrid"})
-_TENSORWISE = frozenset({"current", "delayed"})
-RULES: tuple[Rule, ...] = (
-    Rule("torch", _FP8, _TENSORWISE | {"rowwise"}, (8, 9), None, True,
-         "torch._scaled_mm: cuBLASLt FP8 needs sm_89+; on CPU torch implements it (oneDNN or fallback)"),
-    Rule("torch", frozenset({"e4m3"}), frozenset({"blockwise"}), (9, 0), (12, 9), False,
-         "F.scaled_mm BlockWise1x128/128x128 runs on cuBLASLt for sm_90 with CUDA >= 12.9 only"),
-    Rule("torch", frozenset({"mxfp8", "nvfp4"}), frozenset({"mx", "nvfp4"}), (10, 0), (12, 8), False,
-         "MX/NVFP4 block-scaled GEMMs are Blackwell (sm_100) tensor-core instructions"),
-    Rule("te", _FP8, _TENSORWISE, (8, 9), None, False, "TE DelayedScaling / Float8CurrentScaling: sm_89+"),
-    Rule("te", _FP8, frozenset({"blockwise"}), (9, 0), (12, 9), False,
-         "TE Float8BlockScaling: sm_90 and CUDA >= 12.9"),
-    Rule("te", frozenset({"mxfp8"}), frozenset({"mx"}), (10, 0), None, False, "TE MXFP8BlockScaling: sm_100+"),
-    Rule("te", frozenset({"nvfp4"}), frozenset({"nvfp4"}), (10, 0), None, False, "TE NVFP4BlockScaling: sm_100+"),
-    Rule("torchao", frozenset({"hybrid"}), frozenset({"current"}), (8, 9), None, True,
-         "torchao float8 'tensorwise' recipe (E4M3 forward, E5M2 gradients); Float8Linear also runs on CPU"),
-    Rule("torchao", frozenset({"e4m3"}), frozenset({"rowwise"}), (8, 9), None, True,
-         "torchao float8 'rowwise' recipes (E4M3, power-of-two row scales); Float8Linear also runs on CPU"),
-    Rule("triton", _FP8, frozenset({"current", "blockwise"}), (9, 0), None, False,
-         "fp8bench_kernels use Hopper FP8 tensor cores (sm_90+)"),
-    Rule("triton", frozenset({"mxfp8"}), frozenset({"mx"}), (9, 0), None, False,
-         "fp8bench_kernels MX quantizer (numerics on Hopper)"),
-    # framework integrations: the library underneath sets the limits (each backend narrows them further)
-    Rule("lightning-te", _FP8, _TENSORWISE, (8, 9), None, False, "Lightning TransformerEnginePrecision: TE, sm_89+"),
-    Rule("lightning-te", _FP8, frozenset({"blockwise"}), (9, 0), (12, 9), False,
-         "Lightning TransformerEnginePrecision with TE Float8BlockScaling: sm_90 and CUDA >= 12.9"),
-    Rule("accelerate", _FP8, frozenset({"delayed"}), (8, 9), None, False,
-         "Accelerate TERecipeKwargs: TE DelayedScaling, sm_89+"),
-    Rule("accelerate", frozenset({"hybrid"}), frozenset({"current"}), (8, 9), None, True,
-         "Accelerate AORecipeKwargs: torchao float8 'tensorwise' (runs on CPU too)"),
-    Rule("accelerate", frozenset({"e4m3"}), frozenset({"rowwise"}), (8, 9), None, True,
-         "Accelerate AORecipeKwargs: torchao float8 'rowwise' (runs on CPU too)"),
-    Rule("coat", frozenset({"hybrid"}), frozenset({"current"}), (8, 9), None, False,
-         "COAT FP8Linear (Triton) and CoatAdamW (CUDA): FP8 tensor cores, sm_89+"),
-    Rule("deepgemm", frozenset({"e4m3"}), frozenset({"blockwise"}), (9, 0), None, False,
-         "DeepGEMM: sm_90a wgmma kernels, Hopper only"),
-    Rule("msamp", frozenset({"hybrid"}), frozenset({"delayed"}), (8, 9), None, False,
-         "MS-AMP O2 through Accelerate: FP8 tensor cores, sm_89+"),
-)
-
-
-# Pairs a backend has no recipe for, with the reason seen (more specific than "no recipe").
-KNOWN_GAPS: dict[tuple[str, str, str], str] = {
-    ("torch", "hybrid", "blockwise"): ("F.scaled_mm blockwise takes E4M3 operands only: torch 2.11 on an H200 "
-                                       "rejected E5M2 gradients ('Invalid scaling configuration'); use e4m3"),
-}
-
-
-def capability(backend: str, fmt: str, scaling: str, device: DeviceInfo) -> tuple[bool, str]:
-    """Can `backend` run (fmt, scaling) on `device`? (ok, reason a user can act on)."""
-    if (backend, fmt, scaling) in KNOWN_GAPS:
-        return False, KNOWN_GAPS[(backend, fmt, scaling)]
-    if backend == "emulated":
-        return True, "the emulator runs every format on any device"
+def rule_verdict(backend: str, rules: tuple[Rule, ...], fmt: str, scaling: str, device: DeviceInfo) -> tuple[bool, str]:
+    """Can `backend`, whose capability rules are `rules`, run (fmt, scaling) on `device`? (ok, a reason a user
+    can act on). BF16 always runs; a pair no rule names has no recipe."""
     if fmt == "bf16":
         return True, "BF16 baseline"
-    rules = [r for r in RULES if r.backend == backend and fmt in r.formats and scaling in r.scalings]
-    if not rules:
+    matching = [r for r in rules if fmt in r.formats and scaling in r.scalings]
+    if not matching:
         return False, f"backend {backend!r} has no {fmt}/{scaling} recipe"
-    rule = rules[0]
+    rule = matching[0]
+    if rule.unsupported:
+        return False, rule.source
     if not device.is_cuda:
         if rule.cpu:
             return True, rule.source
@@ -290,6 +244,10 @@ def capability(backend: str, fmt: str, scaling: str, device: DeviceInfo) -> tupl
         return False, (f"{fmt}/{scaling} on {backend} needs CUDA >= {rule.min_cuda[0]}.{rule.min_cuda[1]}; "
                        f"torch was built with {device.cuda_version} ({rule.source})")
     return True, rule.source
+
+
+FP8 = frozenset({"e4m3", "hybrid"})
+TENSORWISE = frozenset({"current", "delayed"})
 
 
 def visible_gpus() -> list[str]:

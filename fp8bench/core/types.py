@@ -125,20 +125,6 @@ VALID_SCALINGS: dict[Format, frozenset[Scaling]] = {
 }
 
 
-class BackendName(str, enum.Enum):
-    EMULATED = "emulated"
-    TORCH = "torch"
-    TE = "te"
-    TORCHAO = "torchao"
-    TRITON = "triton"
-    # framework integrations and third-party FP8 libraries (issue: measure FP8 the way users run it)
-    LIGHTNING_TE = "lightning-te"
-    ACCELERATE = "accelerate"
-    COAT = "coat"
-    DEEPGEMM = "deepgemm"
-    MSAMP = "msamp"
-
-
 class WorkloadName(str, enum.Enum):
     GEMM = "gemm"
     QUANTIZE = "quantize"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
+from fp8bench import backends
 from fp8bench.backends import Recipe, get_backend
 from fp8bench.config.schema import Config, ConfigError
-from fp8bench.core.hardware import DeviceInfo, capability, detect_device
+from fp8bench.core.hardware import DeviceInfo, detect_device
 from fp8bench.core.types import Format, Scaling
 from fp8bench.models import shapes
 
@@ -53,18 +53,13 @@ def resolve_device(config: Config) -> DeviceInfo:
     return dev
 
 
-@functools.cache
-def _available(backend: str) -> tuple[bool, str]:
-    return get_backend(backend).available()
-
-
 def verdict(config: Config, device: DeviceInfo) -> tuple[bool, str]:
     """Runnable here? Installation first, then the adapter's own verdict (TE answers with its own probes, so
     its reason is the one recorded), then the device capability matrix."""
     if config.device == "cuda" and not device.is_cuda:
         return False, "this point asks for device=cuda; no CUDA device is visible here"
     b = config.backend.name
-    ok, why = _available(b)
+    ok, why = backends.available(b)
     if not ok:
         return False, why
     fmt, sc = config.format.name, config.scaling.name
@@ -81,13 +76,23 @@ def verdict(config: Config, device: DeviceInfo) -> tuple[bool, str]:
         ok, why = distributed_verdict(config, device)
         if not ok:
             return False, why
-    return capability(b, fmt, sc, device)
+    return backends.capability(b, fmt, sc, device)
+
+
+def check_names(point: Config) -> None:
+    """Backend names are the registry's (fp8bench.backends): an unknown one is a ConfigError listing them."""
+    get_backend(point.backend.name)
+    slowed = point.slowdown.partition(":")[0] if point.slowdown else None
+    if slowed and slowed not in backends.names():
+        raise ConfigError(f"slowdown={point.slowdown!r} names backend {slowed!r}; choose one of "
+                          f"{backends.names()}")
 
 
 def plan(points: list[Config], device: DeviceInfo | None = None) -> list[Case]:
     device = device or detect_device()
     cases: dict[str, Case] = {}
     for point in points:
+        check_names(point)
         ok, why = verdict(point, device)
         for shape_name, shape in shapes.shapes(point):
             shape_ok, shape_why = (get_backend(point.backend.name).supports_shape(
