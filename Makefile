@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # asv: the machine name is the GPU model (or the CPU's), so histories of one GPU kind line up.
 ASV_MACHINE ?= $(shell $(BIN)/python -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '-') if torch.cuda.is_available() else 'cpu-' + __import__('platform').machine())" 2>/dev/null)
 
-.PHONY: run test lint plan clean asv
+.PHONY: run test test-fast lint plan clean asv
 
 # The venv takes ~2.8 GB (triton ~1 GB, torch ~0.75 GB); --no-cache-dir keeps pip from adding copies of the
 # wheels in ~/.cache on a disk that may be short (a CI run once failed on "No space left on device").
@@ -39,9 +39,17 @@ run: $(STAMP)
 plan: $(STAMP)
 	$(BIN)/fp8bench plan sweep=$(SWEEP)
 
+# The import layering (.importlinter) is part of the tests: a change that breaks it fails here.
 test: $(STAMP)
 	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -m "not gpu"
+
+# The edit-test loop: lint, layering and every test not marked slow (about a minute on two cores).
+test-fast: $(STAMP)
+	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python -m pytest -q -m "not gpu and not slow"
 
 # Record this commit's asv results for this machine and publish the asv site (offline) into results/site/asv.
 asv: $(STAMP)

@@ -41,7 +41,7 @@ def test_delayed_training_casts_with_earlier_steps_scales(name):
     from fp8bench.backends.base import DelayedScalingLinear, RecipeLinear
 
     module = {"emulated": emulated, "torch": scaled_mm}[name]
-    one_step_fn = {"emulated": emulated._EmulatedLinearFn, "torch": scaled_mm._ScaledMMLinearFn}[name]
+    one_step_fn = {"emulated": emulated.EmulatedLinearFn, "torch": scaled_mm._ScaledMMLinearFn}[name]
     assert get_backend(name).supports("train", recipe("hybrid", "delayed", name=name), torch.device("cpu"))[0]
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 64, bias=False)
@@ -83,6 +83,7 @@ def test_torch_cast_is_bit_exact_with_emulator(sc):
         assert torch.equal(op.dequantized(), fake_quant(x, "e4m3", sc, r.options(is_weight=is_weight)))
 
 
+@pytest.mark.slow
 def test_torchao_rowwise_linear_matches_emulator_with_pow2_scales():
     pytest.importorskip("torchao")
     be = get_backend("torchao")
@@ -116,6 +117,7 @@ def test_unavailable_backends_say_why():
 
 @pytest.mark.parametrize("backend,fmt,sc", [("torch", "e4m3", "current"), ("torchao", "hybrid", "current"),
                                             ("emulated", "nvfp4", "nvfp4"), ("torch", "bf16", "none")])
+@pytest.mark.slow
 def test_layer_workload_on_cpu(tmp_path, backend, fmt, sc):
     from fp8bench.config.compose import expand
     from fp8bench.core.hardware import detect_device

@@ -24,6 +24,7 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,field", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
 def test_bad_input_exits_2_with_field_and_no_traceback(cli, tmp_path, args, field):
     res = cli(*args, cwd=tmp_path)
@@ -34,6 +35,7 @@ def test_bad_input_exits_2_with_field_and_no_traceback(cli, tmp_path, args, fiel
     assert text.count("error:") == 1
 
 
+@pytest.mark.slow
 def test_bad_input_leaves_recorded_results_alone(cli, tmp_path):
     ok = cli("run", "workload=quantize", "format=e4m3", "scaling=current", f"results_dir={tmp_path}",
              "measure.iters=3", cwd=tmp_path)
@@ -45,6 +47,7 @@ def test_bad_input_leaves_recorded_results_alone(cli, tmp_path):
     assert (tmp_path / "fp8bench.duckdb").is_file()
 
 
+@pytest.mark.slow
 def test_plan_lists_runnable_and_skipped(cli, tmp_path):
     res = cli("plan", "sweep=quick", "model=tiny", "workload=gemm", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -61,6 +64,7 @@ def test_memory_prints_each_te_recipes_expected_saved_bytes(cli, tmp_path):
     assert bad.returncode == 2 and "llama2-7b" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_doctor_prints_device_and_matrix(cli, tmp_path):
     res = cli("doctor", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -95,6 +99,7 @@ def test_every_command_has_help_and_version(capsys, command):
     assert code == 0 and text.startswith("fp8bench ") and "measurement version" in text
 
 
+@pytest.mark.slow
 def test_run_prints_each_cases_figures_and_groups_skip_reasons(cli, tmp_path):
     res = cli("run", "workload=gemm", "backend=torch", "workload.linears=[o]", "format=e4m3", "scaling=blockwise",
               f"results_dir={tmp_path}", cwd=tmp_path)  # blockwise needs sm_90: skipped on a CPU, with the reason
@@ -107,6 +112,7 @@ def test_run_prints_each_cases_figures_and_groups_skip_reasons(cli, tmp_path):
     assert all(row.count("x") >= 1 and "28." in row for row in rows)
 
 
+@pytest.mark.slow
 def test_resume_with_other_overrides_is_refused(cli, tmp_path):
     first = cli("run", "workload=quantize", "format=e4m3", "scaling=current", "run_id=q", f"results_dir={tmp_path}",
                 "store.ingest=false", cwd=tmp_path)
@@ -118,6 +124,7 @@ def test_resume_with_other_overrides_is_refused(cli, tmp_path):
     assert same.returncode == 0 and "already recorded" in same.stderr
 
 
+@pytest.mark.slow
 def test_piped_tables_keep_every_cell_whole(cli, tmp_path):
     """Piped (no terminal), rich would cut cells to 80 columns ('e4m…'): they stay whole."""
     import os
@@ -133,6 +140,7 @@ def test_piped_tables_keep_every_cell_whole(cli, tmp_path):
 @pytest.mark.parametrize("args", [["run", "workload=quantize", "results_dir=/proc/fp8bench"],
                                   ["ingest", ".", "--db", "/proc/fp8bench/x.duckdb"],
                                   ["report", "--db", "DB", "--out", "/proc/fp8bench-site"]])
+@pytest.mark.slow
 def test_paths_that_cannot_be_used_exit_2_with_one_line(cli, tmp_path, args):
     if "DB" in args:
         made = cli("run", "workload=quantize", "format=e4m3", "scaling=current", f"results_dir={tmp_path}",

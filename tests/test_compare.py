@@ -44,6 +44,7 @@ def _db(tmp_path):
     return con
 
 
+@pytest.mark.slow
 def test_a_a_comparisons_give_no_verdicts(tmp_path):
     for k in range(20):
         _run(tmp_path, f"a{k}", "c0", 1.0e9 + k, seed=100 + k)
@@ -97,6 +98,7 @@ def test_a_later_run_never_changes_a_verdict(tmp_path):
     assert verdicts() == before
 
 
+@pytest.mark.slow
 def test_runs_of_different_measurement_versions_are_not_compared_unless_asked(tmp_path, cli):
     _run(tmp_path, "old", "c0", 1.0e9, seed=1, version=3)
     _run(tmp_path, "new", "c1", 1.1e9, seed=2, version=4)
@@ -204,6 +206,7 @@ def test_different_gpus_and_unknown_runs_are_refused(tmp_path):
         compare_runs(con, "h200", "nope")
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_and_markdown(tmp_path, cli):
     _run(tmp_path, "base", "c0", 1.0e9, seed=1)
     _run(tmp_path, "base-again", "c0", 1.0e9 + 1, seed=4)
@@ -238,6 +241,7 @@ def test_change_points_ignore_noise_and_blips():
     assert change_points([1.0] * 8 + [1.05] * 8 + [1.15] * 8) == [8, 16]
 
 
+@pytest.mark.slow
 def test_injected_slowdown_is_caught_end_to_end(tmp_path, cli):
     # The pipeline end to end (knob -> samples -> compare -> exit code). On a shared 2-core VM a ~3 ms eager
     # FP8 GEMM's samples spread by 25% or more (robust), so the floor is 50-100% there: inject +300%. The 3%/10%
@@ -255,6 +259,7 @@ def test_injected_slowdown_is_caught_end_to_end(tmp_path, cli):
     assert "regression" in res.stdout
 
 
+@pytest.mark.slow
 def test_ten_identical_pairs_of_small_cpu_runs_call_no_change(tmp_path, cli):
     """The first comparison a user makes, on a shared two-core machine: a run of the base and a run of the head,
     each recorded once, with nothing before them. Ten such pairs of identical code, one after the other (the

@@ -28,6 +28,7 @@ def test_model_presets_have_their_published_dimensions():
                                            "llama3-8b", "llama3-70b"}
 
 
+@pytest.mark.slow
 def test_quick_sweep_plans_enough_cases_with_reasons():
     points, dropped = expand(["sweep=quick"])
     cases = plan(points, DeviceInfo("cpu", "test cpu", None, None))
@@ -40,6 +41,7 @@ def test_quick_sweep_plans_enough_cases_with_reasons():
     assert len({c.case_id for c in cases}) == len(cases)
 
 
+@pytest.mark.slow
 def test_capability_reasons_on_hopper_name_the_compute_capability():
     points, _ = expand(["sweep=quick", "backend=torch", "workload=gemm", "model=tiny"])
     h200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), "13.0")
@@ -51,6 +53,7 @@ def test_capability_reasons_on_hopper_name_the_compute_capability():
     assert by_id["gemm.tiny.fprop_qkv.e4m3.blockwise.torch"].runnable
 
 
+@pytest.mark.slow
 def test_user_override_replaces_a_sweep_axis():
     points, _ = expand(["sweep=quick", "model=gpt-125m"])
     assert {p.model.name for p in points} == {"gpt-125m"}

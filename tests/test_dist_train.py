@@ -38,6 +38,7 @@ def test_the_planner_says_why_a_distributed_point_cannot_run(tmp_path):
     assert not ok and "split evenly" in why
 
 
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_case_not_the_sweep(tmp_path):
     tiny = tmp_path / "corpus.txt"
     tiny.write_text("too short to hold one training window")  # exists (the config accepts it); ranks fail

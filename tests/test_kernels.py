@@ -186,6 +186,7 @@ def sm90_builds():
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", gluon_configs(), ids=repr)
 def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config, sm90_builds):
     """The Gluon kernel cannot run under the interpreter, so CI compiles it for sm_90 and checks what makes it

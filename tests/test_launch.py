@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from fp8bench.config.compose import conf_dir, register_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_local_processes_launcher_runs_each_job_in_its_own_process_and_ingests_every_job(cli, tmp_path):
     r = cli("run", "-m", "workload=gemm", "model=tiny", "backend=torch", "format=bf16,e4m3,hybrid",
             "scaling=none,current", "workload.linears=[o]", "workload.roles=[fprop,dgrad]",
@@ -43,6 +45,7 @@ while not Path(sys.argv[1]).exists():
 """
 
 
+@pytest.mark.slow
 def test_each_worker_process_claims_its_own_gpu(tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="3,5", TMPDIR=str(tmp_path))
     stop = tmp_path / "stop"
@@ -102,6 +105,7 @@ def _history_record(case_id, fmt, scaling, seconds, started):
                       duration_s=seconds).to_json()
 
 
+@pytest.mark.slow
 def test_local_gpus_launcher_hands_out_the_longest_job_first(cli, tmp_path):
     """A previous run says the E4M3 job took longest (the later of its two records counts): this sweep runs
     it as job 0, where Hydra's declaration order would have made it job 3."""

@@ -11,6 +11,9 @@ from fp8bench.data import store
 from fp8bench.report import build_site
 from fp8bench.report.browser import check_site, chromium_path, page_text
 
+# every test here drives Chromium over a site built once per module
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = "<script>window.__pwned = 1</script>"
 
@@ -57,6 +60,7 @@ def checks(site):
     return check_site(site, screenshot=site / "overview.png")
 
 
+@pytest.mark.slow
 def test_every_page_loads_without_console_errors_and_draws_its_plots(checks):
     assert {c.page for c in checks} == {"index.html", "gemm.html", "modules.html", "training.html", "numerics.html",
                                         "history.html", "runs.html"}
@@ -72,6 +76,7 @@ def test_links_resolve_and_nothing_leaves_the_machine(checks):
         assert c.external_requests == [], (c.page, c.external_requests)
 
 
+@pytest.mark.slow
 def test_planted_markup_renders_as_text(site):
     assert PLANTED in page_text(site, "runs.html")
     assert page_text(site, "runs.html", "typeof window.__pwned") == "undefined"
@@ -88,12 +93,14 @@ def test_pages_are_small_and_share_one_plotly_asset(site):
         assert "cdn.plot.ly" not in text and "https://" not in text
 
 
+@pytest.mark.slow
 def test_skipped_recipes_are_visible_with_reasons(site):
     text = page_text(site, "index.html", "document.body.textContent")  # the list is collapsed: one click away
     assert "Not measured, and why" in text
     assert "compute capability 10.0" in text  # MXFP8/NVFP4 on the H200
 
 
+@pytest.mark.slow
 def test_overview_and_gemm_pages_show_intervals_and_the_host_bound_label(site):
     """The committed H200 runs carry 95% intervals on every speedup and, where the run measured it, whether
     the GPU waited for the host; both pages show them next to the figure."""
@@ -114,6 +121,7 @@ def test_every_plot_has_a_title_and_pages_stay_readable_at_1400_pixels(checks):
         assert c.height <= 8500, (c.page, c.height)
 
 
+@pytest.mark.slow
 def test_the_overview_leads_with_the_headline_and_collapses_what_was_not_measured(site):
     titles = page_text(site, "index.html", "Array.from(document.querySelectorAll('.plot')).map(d => d.layout.title.text)")
     assert titles and titles[0].startswith("Speedup over BF16 per recipe and model")

@@ -61,6 +61,7 @@ BARS = "Array.from(document.querySelectorAll('.plot')).map(d => ({type: d._fullD
        "traces: d._fullData.map(t => ({name: t.name, y: Array.from(t.y || [])}))}))"
 
 
+@pytest.mark.slow
 def test_bars_show_each_cases_selected_value_not_the_sum_of_its_runs(site):
     plots = page_text(site, "modules.html", BARS)
     time_bars = [p for p in plots if "bar" in p["type"] and all(" · " in t["name"] for t in p["traces"])]
@@ -69,6 +70,7 @@ def test_bars_show_each_cases_selected_value_not_the_sum_of_its_runs(site):
     assert values == {"bf16/none · torch": [30.0], "e4m3/current · torch": [15.0]}, values
 
 
+@pytest.mark.slow
 def test_tables_list_each_case_once_with_its_run(site):
     gemm = page_text(site, "gemm.html")
     table = gemm.split("TFLOPS and speedups")[1]

@@ -61,6 +61,7 @@ def test_ingest_keeps_the_newest_ceilings_per_device_and_rejects_bad_files(tmp_p
         store.ingest(con, [cal / "broken.json"])
 
 
+@pytest.mark.slow
 def test_roofline_command_joins_cases_with_ceilings(cli, tmp_path):
     r = cli("run", "-m", "workload=gemm", "model=tiny", "backend=torch", "format=bf16,e4m3", "scaling=none,current",
             "workload.linears=[o]", "workload.roles=[fprop]", "workload.tokens=64", "measure.iters=5",

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from fp8bench.config.compose import expand
 from fp8bench.core.hardware import detect_device
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ["sweep=quick", "model=tiny", "workload=gemm", "backend=emulated"]
 
 
+@pytest.mark.slow
 def test_failure_is_recorded_and_the_sweep_goes_on(tmp_path):
     points, _ = expand(["workload=gemm", "backend=torch", "workload.linears=[qkv,o]", "fail_on=fprop_o",
                         "measure.iters=3", f"results_dir={tmp_path}"])
@@ -33,6 +35,7 @@ def test_failure_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert len(records) == 6
 
 
+@pytest.mark.slow
 def test_every_ok_case_has_time_samples_and_numerics(tmp_path):
     points, _ = expand(["sweep=quick", "model=tiny", "workload=gemm", "backend=torch", "workload.linears=[o]",
                         f"results_dir={tmp_path}"])
@@ -53,6 +56,7 @@ def _shard_lines(run_dir: Path) -> list[str]:
     return [line for p in run_dir.glob("shard-*.jsonl") for line in p.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_sigkill_midway_then_resume_records_every_case_once(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     args = [sys.executable, "-m", "fp8bench", "run", *SWEEP, "run_id=killed", f"results_dir={tmp_path}",
@@ -83,6 +87,7 @@ def test_sigkill_midway_then_resume_records_every_case_once(tmp_path):
     assert len(records) == total
 
 
+@pytest.mark.slow
 def test_hydra_multirun_jobs_share_one_run_and_ingest_together(tmp_path):
     res = subprocess.run([sys.executable, "-m", "fp8bench", "run", "-m", "workload=gemm", "model=tiny",
                           "format=bf16,e4m3", "scaling=none,current", "backend=emulated,torch",
@@ -107,6 +112,7 @@ def test_the_git_commit_can_be_given_where_the_checkout_cannot_say(monkeypatch, 
     assert git_state(str(tmp_path)) == ("0123abcd" * 5, True)
 
 
+@pytest.mark.slow
 def test_without_a_terminal_progress_is_plain_lines_and_the_run_prints_its_wall_time(tmp_path):
     """A batch job's log (CI, a GPU box): the live bar draws nothing there, so progress comes as lines with
     done/total, statuses, elapsed time and an ETA, at a steady pace, and the last one when the run ends."""

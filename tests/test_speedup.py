@@ -109,6 +109,7 @@ def test_a_group_times_its_recipes_beside_one_bf16_twin(tmp_path):
     assert by["bf16"].metric("speedup_vs_bf16") is None
 
 
+@pytest.mark.slow
 def test_when_the_twin_cannot_be_built_every_recipe_runs_alone_and_each_case_is_recorded_once(tmp_path):
     from fp8bench.config.compose import expand
     from fp8bench.core.hardware import detect_device

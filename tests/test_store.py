@@ -150,6 +150,7 @@ def test_a_database_written_before_the_version_columns_gains_them(tmp_path):
     assert con.execute("SELECT measurement_version FROM runs").fetchone()[0] == 3
 
 
+@pytest.mark.slow
 def test_a_spread_loaded_after_the_runs_gives_them_their_across_box_intervals(tmp_path):
     from pathlib import Path
 

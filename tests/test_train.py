@@ -28,6 +28,7 @@ def _train(tmp_path, *overrides, name="r"):
     return execute(plan(points), tmp_path / "runs" / name, name, detect_device(), progress=False)
 
 
+@pytest.mark.slow
 def test_tiny_trains_200_steps_and_validation_loss_drops_30_percent(tmp_path):
     [rec] = _train(tmp_path, "format=bf16", "scaling=none", "backend=torch", "workload.train.bf16_seeds=1")
     assert rec.status == "ok", rec.reason
@@ -39,6 +40,7 @@ def test_tiny_trains_200_steps_and_validation_loss_drops_30_percent(tmp_path):
     assert rec.metric("mem_optimizer_bytes") == pytest.approx(2 * rec.metric("mem_weights_bytes"), rel=0.01)
 
 
+@pytest.mark.slow
 def test_fp8_training_under_the_emulator_learns(tmp_path):
     # CPU FP8 through the exact emulator (torch's CPU _scaled_mm is a slow reference path: real FP8 training
     # kernels are exercised on the GPU, tests/test_gpu.py).
@@ -59,6 +61,7 @@ def test_fp8_training_under_the_emulator_learns(tmp_path):
     assert by["e4m3", "current"].samples["loss"] != by["e4m3", "delayed"].samples["loss"]  # earlier steps' scales
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_from_checkpoint_with_the_same_curve(tmp_path):
     args = [*TINY, "format=bf16", "scaling=none", "backend=torch", "workload.train.bf16_seeds=1",
             "workload.train.steps=120", "workload.train.ckpt_every=20", "workload.train.eval_every=40",
@@ -124,6 +127,7 @@ def test_corpus_split_is_deterministic_and_batches_depend_on_seed_and_step_only(
     assert [b.tolist() for b in corpus.val_batches(c, 2, 2, 32)] == [b.tolist() for b in corpus.val_batches(c, 2, 2, 32)]
 
 
+@pytest.mark.slow
 def test_bad_corpus_is_a_clear_error(cli, tmp_path):
     r = cli("run", *TINY, "format=bf16", "scaling=none", "backend=torch", f"workload.train.corpus={tmp_path}/nope",
             f"results_dir={tmp_path}")
