@@ -47,6 +47,8 @@ class GemmOp:
     kernel_only: Callable[[], torch.Tensor] | None = None
     real_kernel: bool = True
     """False for the emulator: its time is not a kernel's."""
+    ran: dict = field(default_factory=dict)
+    """Which kernel the backend chose for this device (recorded with the case: CaseOutput.ran)."""
 
 
 @dataclass

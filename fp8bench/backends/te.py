@@ -102,6 +102,9 @@ class TEBackend(Backend):
 
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)
+        if ok and workload == "layer" and _rope_class() is None:
+            return False, ("this Transformer Engine exposes no RotaryPositionEmbedding: its TransformerLayer would "
+                           "run without rotary embeddings, unlike the Llama block it is measured as")
         if not ok or recipe.format is Format.BF16:
             return ok, why
         return te_reason(recipe)
@@ -184,11 +187,11 @@ class TEBackend(Backend):
 
         return module_op(list(layer.parameters()), forward, x, dy,
                          reference_forward=reference if recipe.format is not Format.BF16 else None,
-                         notes={"rope": rope is not None})
+                         notes={"rope": True})
 
 
-def _rope(head_dim: int, seq: int, device):
-    """TE's rotary embedding table for `seq` positions (as Megatron passes it), where TE exposes it."""
+def _rope_class():
+    """TE's RotaryPositionEmbedding where this TE exposes it (its module moved between releases), else None."""
     try:
         from transformer_engine.pytorch.attention.rope import RotaryPositionEmbedding
     except ImportError:
@@ -196,4 +199,10 @@ def _rope(head_dim: int, seq: int, device):
             from transformer_engine.pytorch.attention import RotaryPositionEmbedding
         except ImportError:
             return None
-    return RotaryPositionEmbedding(head_dim)(max_seq_len=seq).to(device)
+    return RotaryPositionEmbedding
+
+
+def _rope(head_dim: int, seq: int, device):
+    """TE's rotary embedding table for `seq` positions (as Megatron passes it); the planner skips TE layers
+    where TE has none (supports), so a layer never runs without it."""
+    return _rope_class()(head_dim)(max_seq_len=seq).to(device)

@@ -100,7 +100,7 @@ class TritonBackend(Backend):
         if role is GemmRole.WGRAD:
             raise ValueError("the blockwise kernel takes 1x128 x 128x128 operands; wgrad's are 1x128 x 1x128")
         pow2 = recipe.scaling_cfg.pow2_scales
-        gemm = _blockwise_gemm(a.device, recipe.backend_cfg.fast_accum)
+        kernel, gemm = _blockwise_gemm(a.device, recipe.backend_cfg.fast_accum)
         a16, b16 = a.bfloat16().contiguous(), b.bfloat16().contiguous()
 
         def with_quant():  # A's scales written M-major, the layout both GEMM kernels read them in
@@ -109,21 +109,22 @@ class TritonBackend(Backend):
             return gemm(qa, sa, qb, sb)
         qa, sa = quantize_blockwise(a16, (1, 128), pow2, m_major_scales=True)
         qb, sb = quantize_blockwise(b16, (128, 128), pow2)
-        return GemmOp(with_quant=with_quant, kernel_only=lambda: gemm(qa, sa, qb, sb))
+        return GemmOp(with_quant=with_quant, kernel_only=lambda: gemm(qa, sa, qb, sb), ran={"gemm_kernel": kernel})
 
 
 def _blockwise_gemm(device: torch.device, fast_accum: bool):
-    """The blockwise GEMM for this device, taking A's scales M-major (`quantize_blockwise(m_major_scales=True)`):
-    the Gluon kernel's producer TMA-loads them so, and the Triton kernel reads them in one coalesced load."""
+    """(name, GEMM) for this device, taking A's scales M-major (`quantize_blockwise(m_major_scales=True)`): the
+    Gluon kernel's producer TMA-loads them so, and the Triton kernel reads them in one coalesced load. Which
+    of the two ran is recorded with the case (`gemm_kernel`)."""
     try:
         from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon, runs_on
     except ImportError:  # a Triton without Gluon
         runs_on = None
     if runs_on is not None and runs_on(device):
-        return lambda qa, sa, qb, sb: gemm_blockwise_gluon(qa, sa, qb, sb, fast_accum=fast_accum)
+        return "gluon", lambda qa, sa, qb, sb: gemm_blockwise_gluon(qa, sa, qb, sb, fast_accum=fast_accum)
     from fp8bench_kernels.gemm_blockwise import gemm_blockwise
 
-    return lambda qa, sa, qb, sb: gemm_blockwise(qa, sa, qb, sb, fast_accum=fast_accum)
+    return "triton", lambda qa, sa, qb, sb: gemm_blockwise(qa, sa, qb, sb, fast_accum=fast_accum)
 
 
 def _expand(scales: torch.Tensor, block: tuple[int, int], shape: torch.Size) -> torch.Tensor:

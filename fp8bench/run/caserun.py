@@ -35,7 +35,8 @@ def case_record(case: Case, run_id: str, status: Status, reason: str = "", out=N
     c = case.config
     return CaseRecord(run_id=run_id, case_id=case.case_id, workload=c.workload.name, model=c.model.name,
                       format=c.format.name, scaling=c.scaling.name, backend=c.backend.name,
-                      shape_name=case.shape_name, shape=case.shape, params=case.params, status=status.value,
+                      shape_name=case.shape_name, shape=case.shape, params={**case.params, **(out.ran if out else {})},
+                      status=status.value,
                       reason=reason, metrics=out.metrics if out else [], samples=out.samples if out else {},
                       started_at=started, duration_s=time.time() - started if started else 0.0,
                       measurement=measurement or {})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -54,6 +54,9 @@ class CaseInput:
 class CaseOutput:
     metrics: list[Metric]
     samples: dict[str, list[float]]
+    ran: dict = field(default_factory=dict)
+    """What actually ran where the backend chooses (a kernel, a module option): recorded with the case's
+    parameters, so no choice made at run time hides under the case id."""
 
 
 @dataclass

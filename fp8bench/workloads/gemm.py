@@ -57,7 +57,7 @@ def prepare(case: CaseInput) -> Prepared:
             vs = sqnr_db(emu, out)
             metrics.append(Metric.of("sqnr_vs_emulated_db", vs))
             check_against_emulator(case.recipe.format, vs, f"{case.backend.name} GEMM output")
-        return CaseOutput(metrics, samples)
+        return CaseOutput(metrics, samples, ran=dict(op.ran))
 
     return Prepared(timed, finish, cuda_graph=case.measure.cuda_graph)
 
