@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # asv: the machine name is the GPU model (or the CPU's), so histories of one GPU kind line up.
 ASV_MACHINE ?= $(shell $(BIN)/python -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '-') if torch.cuda.is_available() else 'cpu-' + __import__('platform').machine())" 2>/dev/null)
 
-.PHONY: run test test-fast lint plan clean asv
+.PHONY: run test test-fast lint plan clean asv results-page
 
 # The venv takes ~2.8 GB (triton ~1 GB, torch ~0.75 GB); --no-cache-dir keeps pip from adding copies of the
 # wheels in ~/.cache on a disk that may be short (a CI run once failed on "No space left on device").
@@ -35,6 +35,14 @@ run: $(STAMP)
 	@if command -v chromium >/dev/null 2>&1; then $(BIN)/python scripts/screenshot.py results/site docs/overview.png >/dev/null && echo "README picture: docs/overview.png (this site's overview)"; else echo "no chromium here: docs/overview.png left as it is"; fi
 	@echo "DuckDB file: $(CURDIR)/results/fp8bench.duckdb"
 	@echo "report: $(CURDIR)/results/site/index.html"
+
+# README's headline table and docs/results.md's tables, from the committed result sets only (never this
+# checkout's own runs); tests/test_docs.py fails when either is stale against results/.
+COMMITTED := $(filter-out results/runs/ results/hydra/ results/site/,$(wildcard results/*/))
+results-page: $(STAMP)
+	rm -f results/committed.duckdb
+	$(BIN)/fp8bench ingest $(COMMITTED) --db results/committed.duckdb
+	$(BIN)/fp8bench report --markdown README.md docs/results.md --db results/committed.duckdb
 
 plan: $(STAMP)
 	$(BIN)/fp8bench plan sweep=$(SWEEP)

@@ -38,6 +38,7 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
   ingest [PATHS...] [--db DB]  load run folders, shards or Parquet exports into DuckDB (idempotent)
   export RUN_ID... --out DIR   write runs as Parquet (one file per table) to commit under results/
   report [--db DB] [--out DIR] build the static site (plotly, offline) from DuckDB
+  report --markdown FILE...     rewrite the generated results tables of Markdown files (make results-page)
   compare BASE HEAD [--db DB] [--markdown FILE]
                                statistical A/B of two runs (run id, git commit or 'latest');
                                exit 1 if anything regressed
@@ -263,11 +264,23 @@ def cmd_report(args: list[str]) -> int:
     p = _Parser(prog="fp8bench report")
     p.add_argument("--db", default=None)
     p.add_argument("--out", type=Path, default=Path("results/site"))
+    p.add_argument("--markdown", type=Path, nargs="+", default=None, metavar="FILE",
+                   help="rewrite the generated results blocks of these Markdown files instead of building the site")
     ns = p.parse_args(args)
     try:
-        from fp8bench.report import build_site
+        from fp8bench.report import build_site, markdown
     except ImportError as exc:
         raise UsageError(f"fp8bench report needs plotly and pandas ({exc}); pip install plotly pandas") from None
+    if ns.markdown:
+        with _reading(ns.db) as con:
+            for path in ns.markdown:
+                n = markdown.update(path, con)
+                if not n:
+                    raise UsageError(f"{path} has no generated block: add '<!-- generated: fp8bench report "
+                                     f"--markdown KIND -->' and '<!-- end generated -->' (KIND one of "
+                                     f"{sorted(markdown.KINDS)})")
+                out.print(f"{path}: {n} generated block(s) rewritten", highlight=False)
+        return 0
     with _reading(ns.db) as con:
         pages = build_site(con, ns.out)
     out.print(f"site: {len(pages)} pages in {ns.out.resolve()} (open {(ns.out / 'index.html').resolve()})")

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fp8bench.data import store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,3 +37,38 @@ def test_the_regression_trials_table_is_the_committed_judgements():
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert res.returncode == 0, res.stderr
     assert generated_block("regression.md") == res.stdout
+
+
+def committed_db(tmp_path):
+    """A DuckDB of the committed result sets only (what `make results-page` ingests)."""
+    con = store.connect(tmp_path / "committed.duckdb")
+    store.ingest(con, sorted(p for p in (ROOT / "results").iterdir()
+                             if p.is_dir() and p.name not in ("runs", "hydra", "site")))
+    return con
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/results.md"])
+def test_the_generated_results_tables_are_the_committed_results(tmp_path, page):
+    from fp8bench.report import markdown
+
+    text = (ROOT / page).read_text()
+    assert markdown.BLOCK.search(text), f"{page} has no generated block"
+    assert markdown.render(text, committed_db(tmp_path)) == text, f"{page} is stale: run `make results-page`"
+
+
+def test_a_stale_generated_block_is_told_apart(tmp_path):
+    from fp8bench.report import markdown
+
+    text = (ROOT / "README.md").read_text().replace("| layer |", "| layer (typed) |", 1)
+    assert markdown.render(text, committed_db(tmp_path)) != text
+
+
+def test_markdown_without_a_generated_block_is_a_clear_error(tmp_path, capsys):
+    from fp8bench.cli import main
+
+    committed_db(tmp_path).close()
+    page = tmp_path / "page.md"
+    page.write_text("# no block here\n")
+    assert main(["report", "--markdown", str(page), "--db", str(tmp_path / "committed.duckdb")]) == 2
+    assert "has no generated block" in capsys.readouterr().err
+    assert page.read_text() == "# no block here\n"

@@ -1,0 +1,101 @@
+"""The results tables that README.md and docs/results.md quote, generated from a DuckDB of recorded runs
+(`fp8bench report --markdown FILE`): every figure with the run it comes from and that run's commit.
+
+A file holds one or more blocks between `<!-- generated: fp8bench report --markdown KIND -->` and
+`<!-- end generated -->`; the command rewrites each block's body and leaves the prose around it alone.
+tests/test_docs.py regenerates them from the committed results and fails when a page is stale.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from fp8bench.report import data
+from fp8bench.report.pages import headline
+
+BLOCK = re.compile(r"(<!-- generated: fp8bench report --markdown (?P<kind>[a-z-]+) -->\n)(.*?)(<!-- end generated -->)",
+                   re.S)
+
+
+def _fmt_speedup(r) -> str:
+    s = f"{r['speedup']:.2f}x"
+    if pd.notna(r["lo"]) and pd.notna(r["hi"]):
+        s += f" ({r['lo']:.2f}–{r['hi']:.2f})"
+    return s
+
+
+def _text(v) -> str:
+    return "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _headline(con) -> pd.DataFrame:
+    """headline() of the latest run of each case, with each row's commit."""
+    h = headline(data.latest(data.cases(con)))
+    if h.empty:
+        return h
+    commits = data.runs(con).set_index("run_id")["git_commit"].fillna("").str[:7]
+    return h.assign(commit=h["run_id"].map(commits).fillna("")).sort_values(["workload", "label", "recipe"])
+
+
+def headline_block(con) -> str:
+    """The fastest FP8 recipe per device · model and workload (whole layers, whole training steps)."""
+    h = _headline(con)
+    if h.empty:
+        return "No FP8 layer or training case with a speedup is recorded.\n"
+    best = h.loc[h.groupby(["label", "workload"])["speedup"].idxmax()].sort_values(["workload", "label"])
+    rows = [[r["label"], r["workload"], r["recipe"], _fmt_speedup(r), r["bound"] or "", f"`{r['run_id']}`",
+             r["commit"]] for _, r in best.iterrows()]
+    return _table(["device · model", "workload", "fastest FP8 recipe", "speedup vs BF16 (95% interval)", "bound",
+                   "run", "commit"], rows)
+
+
+def results_block(con) -> str:
+    """Every FP8 layer and training recipe's speedup, then the runs they come from."""
+    h = _headline(con)
+    rows = [[r["label"], r["workload"], r["recipe"], _fmt_speedup(r), r["bound"] or "", f"`{r['run_id']}`",
+             r["commit"]] for _, r in h.iterrows()]
+    out = "### Speedup over BF16 per recipe (whole layers and training steps)\n\n"
+    out += _table(["device · model", "workload", "recipe", "speedup (95% interval)", "bound", "run", "commit"], rows)
+    runs = data.runs(con).sort_values("started_at")
+    out += "\n### The runs\n\n"
+    out += _table(["run", "started (UTC)", "commit", "device", "cases", "ok", "failed"], [
+        [f"`{r['run_id']}`", pd.Timestamp(r["started_at"]).strftime("%Y-%m-%d %H:%M") if pd.notna(r["started_at"])
+         else "", _text(r["git_commit"])[:7] + ("+dirty" if r["git_dirty"] is True else ""), _text(r["device_name"]),
+         int(r["n_cases"]), int(r["n_ok"]), int(r["n_failed"])] for _, r in runs.iterrows()])
+    return out
+
+
+KINDS = {"headline": headline_block, "results": results_block}
+
+
+def render(text: str, con) -> str:
+    """`text` with the body of each generated block rewritten from `con`."""
+    cache: dict[str, str] = {}
+
+    def body(m: re.Match) -> str:
+        kind = m.group("kind")
+        if kind not in KINDS:
+            raise ValueError(f"generated block kind {kind!r} is unknown; choose one of {sorted(KINDS)}")
+        if kind not in cache:
+            cache[kind] = KINDS[kind](con)
+        return m.group(1) + cache[kind] + m.group(4)
+
+    return BLOCK.sub(body, text)
+
+
+def update(path: Path, con) -> int:
+    """Rewrite the generated blocks of `path`; the number of blocks (0: the file has none)."""
+    text = path.read_text(encoding="utf-8")
+    n = len(BLOCK.findall(text))
+    if n:
+        path.write_text(render(text, con), encoding="utf-8")
+    return n
