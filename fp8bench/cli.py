@@ -198,9 +198,13 @@ def cmd_run(args: list[str]) -> int:
 
 def _print_summary(records: list, run_id: str, run_dir: Path, seconds: float) -> None:
     from fp8bench.run.runner import format_duration
-    from fp8bench.run.summary import results_table, skip_reasons, summary_table
+    from fp8bench.run.summary import not_run, results_table, skip_reasons, summary_table
 
-    out.print(summary_table(records))
+    if any(r.status != "skipped" for r in records):
+        out.print(summary_table(records))
+    whole = not_run(records)
+    if whole:
+        out.print(whole, highlight=False, markup=False, soft_wrap=True)
     per_case = results_table(records)
     if per_case is not None:
         out.print(per_case)
@@ -519,8 +523,36 @@ def cmd_doctor(args: list[str]) -> int:
     return 0
 
 
+THIRD_PARTY_NOISE = (
+    # torchao tries its optional CUDA extensions at import and logs each that this machine cannot load
+    ("logger", "torchao"),
+    # torch's pytree deprecation notes about libraries' enum registrations (torchao's KernelPreference)
+    ("logger", "torch.utils._pytree"),
+    # torch on a CPU without an Intel GPU, at every oneDNN TF32 setting
+    ("warning", "TF32 acceleration on top of oneDNN"),
+    # Lightning's own use of torch's pytree API
+    ("warning", ".*treespec.*deprecated"),
+)
+"""Warnings of the libraries fp8bench drives that say nothing about the measurement; FP8BENCH_VERBOSE=1 shows
+them."""
+
+
+def quiet_third_party() -> None:
+    if os.environ.get("FP8BENCH_VERBOSE"):
+        return
+    import logging
+    import warnings
+
+    for kind, what in THIRD_PARTY_NOISE:
+        if kind == "logger":
+            logging.getLogger(what).setLevel(logging.ERROR)
+        else:
+            warnings.filterwarnings("ignore", message=what)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_third_party()
     if not argv or argv[0] in ("-h", "--help", "help"):
         out.print(USAGE, highlight=False)
         return 0

@@ -150,3 +150,17 @@ def test_paths_that_cannot_be_used_exit_2_with_one_line(cli, tmp_path, args):
     res = cli(*args, cwd=tmp_path)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "Traceback" not in res.stderr and res.stderr.count("error:") == 1 and "/proc/fp8bench" in res.stderr
+
+
+@pytest.mark.slow
+def test_third_party_noise_is_hidden_unless_asked_for(cli, tmp_path):
+    args = ["run", "workload=linear", "model=tiny", "backend=torchao", "format=hybrid", "scaling=current",
+            "workload.linears=[o]", f"results_dir={tmp_path}", "store.ingest=false"]
+    quiet = cli(*args)
+    assert quiet.returncode == 0, quiet.stderr
+    for noise in ("Failed to load", "UserWarning", "is deprecated", "_pytree"):
+        assert noise not in quiet.stderr, quiet.stderr
+    loud = cli(*args, env={"FP8BENCH_VERBOSE": "1"})
+    assert loud.returncode == 0
+    # what is hidden depends on the machine (torchao's CUDA extensions, oneDNN); on this one something was
+    assert len(loud.stderr.splitlines()) > len(quiet.stderr.splitlines())

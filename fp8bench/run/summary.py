@@ -13,12 +13,13 @@ from fp8bench.core.speedup import bound_label
 
 PER_CASE_ROWS = 30
 """A run with at most this many ok cases lists each; a sweep lists counts and median speedups per group."""
-REASON_ROWS = 8
-"""Skip reasons shown (the most frequent first); the report's Not measured list has all of them."""
+REASON_ROWS = 5
+"""Skip reasons shown (the most frequent first); `fp8bench plan` and the report's Not measured list have all."""
 
 
 def summary_table(records: list[CaseRecord]) -> Table:
-    """Per workload × backend: how many ok/skipped/failed, and the median speedup of the ok FP8 cases."""
+    """Per workload × backend that ran anything: how many ok/skipped/failed, and the median speedup of the ok
+    FP8 cases (groups skipped whole are named by `not_run`)."""
     table = Table(title="fp8bench run summary")
     statuses = ("ok", "skipped", "failed") + (("diverged",) if any(r.status == "diverged" for r in records) else ())
     for col in ("workload", "backend", *statuses, "median speedup vs BF16"):
@@ -29,11 +30,22 @@ def summary_table(records: list[CaseRecord]) -> Table:
         s = r.metric("speedup_vs_bf16")
         if r.status == "ok" and s is not None:
             speedups[(r.workload, r.backend)].append(s)
-    for wl, be in sorted({(r.workload, r.backend) for r in records}):
+    for wl, be in sorted({(r.workload, r.backend) for r in records if r.status != "skipped"}):
         s = speedups.get((wl, be))
         median = (f"{statistics.median(s):.2f}x ({min(s):.2f}-{max(s):.2f}, {len(s)} cases)" if s else "")
         table.add_row(wl, be, *(str(counts[(wl, be, st)]) for st in statuses), median)
     return table
+
+
+def not_run(records: list[CaseRecord]) -> str | None:
+    """'nothing ran for: te (gemm, linear), triton (gemm)': the workload × backend groups skipped whole."""
+    ran = {(r.workload, r.backend) for r in records if r.status != "skipped"}
+    whole: dict[str, list[str]] = defaultdict(list)
+    for wl, be in sorted({(r.workload, r.backend) for r in records} - ran):
+        whole[be].append(wl)
+    if not whole:
+        return None
+    return "nothing ran for: " + ", ".join(f"{be} ({', '.join(wls)})" for be, wls in sorted(whole.items()))
 
 
 def results_table(records: list[CaseRecord]) -> Table | None:
