@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ASV = shutil.which("asv", path=str(Path(sys.executable).parent)) or shutil.which("asv")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def conf(tmp_path_factory):
+    """A results and html folder per test: the quick CPU run's results must not join the H200 history's."""
     if ASV is None:
         if os.environ.get("CI"):
             raise RuntimeError("CI must have asv (the dev extra installs it)")
