@@ -47,13 +47,11 @@ results-page: $(STAMP)
 plan: $(STAMP)
 	$(BIN)/fp8bench plan sweep=$(SWEEP)
 
-# The import layering (.importlinter) is part of the tests: a change that breaks it fails here. Two pytest
-# workers run the suite, then the tests that compare times measured in separate processes run alone.
+# The import layering (.importlinter) is part of the tests: a change that breaks it fails here.
 test: $(STAMP)
 	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q -m "not gpu and not serial" -n 2
-	$(BIN)/python -m pytest -q -m "not gpu and serial"
+	$(BIN)/python -m pytest -q -m "not gpu"
 
 # The edit-test loop: lint, layering and every test not marked slow (about a minute on two cores).
 test-fast: $(STAMP)

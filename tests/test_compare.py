@@ -242,7 +242,6 @@ def test_change_points_ignore_noise_and_blips():
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_injected_slowdown_is_caught_end_to_end(tmp_path, cli):
     # The pipeline end to end (knob -> samples -> compare -> exit code). On a shared 2-core VM a ~3 ms eager
     # FP8 GEMM's samples spread by 25% or more (robust), so the floor is 50-100% there: inject +300%. The 3%/10%
@@ -261,7 +260,6 @@ def test_injected_slowdown_is_caught_end_to_end(tmp_path, cli):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_ten_identical_pairs_of_small_cpu_runs_call_no_change(tmp_path, cli):
     """The first comparison a user makes, on a shared two-core machine: a run of the base and a run of the head,
     each recorded once, with nothing before them. Ten such pairs of identical code, one after the other (the
