@@ -19,17 +19,22 @@ ASV_MACHINE ?= $(shell $(BIN)/python -c "import torch; print(torch.cuda.get_devi
 # wheels in ~/.cache on a disk that may be short (a CI run once failed on "No space left on device").
 PIP_INSTALL := $(BIN)/python -m pip install -q --no-cache-dir
 
+# pip's own notes (index mirrors, setuptools' editable-install banner) go to a log, shown only on failure.
+INSTALL_LOG := $(VENV)/install.log
+LOGGED = >>$(INSTALL_LOG) 2>&1 || { tail -40 $(INSTALL_LOG); exit 1; }
+
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(PIP_INSTALL) --upgrade pip
-	$(PIP_INSTALL) "$(TORCH)"
-	$(PIP_INSTALL) -e ".[dev,cpu-extras,integrations]"
-	touch $(STAMP)
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "installing fp8bench and its dependencies into $(VENV) (log: $(INSTALL_LOG))"
+	@$(PIP_INSTALL) --upgrade pip $(LOGGED)
+	@$(PIP_INSTALL) "$(TORCH)" $(LOGGED)
+	@$(PIP_INSTALL) -e ".[dev,cpu-extras,integrations]" $(LOGGED)
+	@touch $(STAMP)
 
 # The sweep on this machine, then everything under results/ (the committed H200 exports too) into one DuckDB.
 run: $(STAMP)
 	$(BIN)/fp8bench run sweep=$(SWEEP)
-	if [ -n "$(TRAIN_SWEEP)" ]; then $(BIN)/fp8bench run sweep=$(TRAIN_SWEEP); fi
+	@if [ -n "$(TRAIN_SWEEP)" ]; then echo "$(BIN)/fp8bench run sweep=$(TRAIN_SWEEP)"; $(BIN)/fp8bench run sweep=$(TRAIN_SWEEP); fi
 	$(BIN)/fp8bench ingest results
 	$(BIN)/fp8bench report --out results/site
 	@if command -v chromium >/dev/null 2>&1; then $(BIN)/python scripts/screenshot.py results/site docs/overview.png >/dev/null && echo "README picture: docs/overview.png (this site's overview)"; else echo "no chromium here: docs/overview.png left as it is"; fi
