@@ -524,17 +524,29 @@ def cmd_doctor(args: list[str]) -> int:
 
 
 THIRD_PARTY_NOISE = (
-    # torchao tries its optional CUDA extensions at import and logs each that this machine cannot load
-    ("logger", "torchao"),
-    # torch's pytree deprecation notes about libraries' enum registrations (torchao's KernelPreference)
-    ("logger", "torch.utils._pytree"),
+    # torchao tries its optional prebuilt CUDA extensions (_C_mxfp8, _C_cutlass_90a) and logs each it cannot load
+    # here; its warning that it skips *all* its C++ extensions (a torch it was not built for) is kept
+    ("torchao", "Failed to load "),
+    # torch's pytree note on libraries that register enums (torchao's KernelPreference)
+    ("torch.utils._pytree", "is an Enum subclass and is now natively supported"),
     # torch on a CPU without an Intel GPU, at every oneDNN TF32 setting
-    ("warning", "TF32 acceleration on top of oneDNN"),
+    ("warnings", "TF32 acceleration on top of oneDNN"),
     # Lightning's own use of torch's pytree API
-    ("warning", ".*treespec.*deprecated"),
+    ("warnings", ".*treespec.*deprecated"),
 )
-"""Warnings of the libraries fp8bench drives that say nothing about the measurement; FP8BENCH_VERBOSE=1 shows
-them."""
+"""Messages of the libraries fp8bench drives that say nothing about a measurement, by logger (or `warnings`)
+and the text they start with; FP8BENCH_VERBOSE=1 shows them."""
+
+
+class _DropMessages:
+    """A logging filter dropping the records whose message starts with one of `prefixes` (or contains them)."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def filter(self, record) -> bool:
+        message = record.getMessage()
+        return not any(message.startswith(t) or t in message for t in self.texts)
 
 
 def quiet_third_party() -> None:
@@ -543,11 +555,14 @@ def quiet_third_party() -> None:
     import logging
     import warnings
 
-    for kind, what in THIRD_PARTY_NOISE:
-        if kind == "logger":
-            logging.getLogger(what).setLevel(logging.ERROR)
+    by_logger: dict[str, list[str]] = {}
+    for where, text in THIRD_PARTY_NOISE:
+        if where == "warnings":
+            warnings.filterwarnings("ignore", message=text)
         else:
-            warnings.filterwarnings("ignore", message=what)
+            by_logger.setdefault(where, []).append(text)
+    for name, texts in by_logger.items():
+        logging.getLogger(name).addFilter(_DropMessages(texts))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -182,7 +182,7 @@ class Backend:
     """False for the emulator: its cases run once (their time is what emulation costs, not a kernel's)."""
     loop: str = "fp8bench"
     """Whose training loop runs its `train` cases: fp8bench's own (`prepare_training`), or a framework's
-    (`lightning`, `accelerate`: fp8bench.workloads.framework_train), as users of that framework run it."""
+    (`lightning`, `accelerate`: fp8bench.workloads.train.frameworks), as users of that framework run it."""
 
     def available(self) -> tuple[bool, str]:
         """Is the backend's software importable here? (ok, reason with the fix)."""

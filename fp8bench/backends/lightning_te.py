@@ -5,7 +5,7 @@ The plugin replaces every `nn.Linear` whose dimensions suit FP8 (the output head
 `te.fp8_autocast(recipe)` inside a BF16 `torch.autocast` fallback. Weights stay FP32 (`weights_dtype`), as in
 the `te` backend's runs, so the two differ only by what Lightning adds. Any TE recipe object passes through
 the plugin, so every recipe TE runs here runs here too. The BF16 baseline is Lightning's `bf16-mixed`.
-The training loop is Lightning's own (fp8bench.workloads.framework_train).
+The training loop is Lightning's own (fp8bench.workloads.train.frameworks).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Workloads: each module gives `run(case_input)`; the shapes of a sweep point are in `workloads.shapes`."""
+"""Workloads: each module gives `run(case_input)`; the shapes of a sweep point are in `fp8bench.models.shapes`."""
 
 from __future__ import annotations
 

@@ -74,9 +74,9 @@ def run(case: CaseInput) -> CaseOutput:
                                           "device": case.device.type, "work_dir": case.work_dir,
                                           "result": str(result)}))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={t.nproc}",
-               "-m", "fp8bench.workloads.train.distributed", str(payload)]
+               "-m", "fp8bench.workloads.train.rank", str(payload)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                              preexec_fn=die_with_parent)
+                              preexec_fn=die_with_parent)  # resolved before the fork
         if proc.returncode != 0 or not result.is_file():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
             raise RuntimeError(f"torchrun with {t.nproc} ranks exited {proc.returncode}: {tail}")
@@ -87,16 +87,22 @@ def run(case: CaseInput) -> CaseOutput:
     return out
 
 
-def die_with_parent() -> None:
-    """Have the kernel kill this process when its parent dies (Linux; elsewhere a no-op). torchrun starts its
-    ranks in sessions of their own: without this, a sweep killed mid-case leaves its ranks training on, and
-    they would finish and remove the checkpoint a resumed run is about to read."""
+def _parent_death_signal():
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) as a callable, looked up here in the parent: the child between fork and
+    exec runs only what was resolved before the fork (Linux; None elsewhere)."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    return lambda: prctl(1, signal.SIGKILL)
+
+
+die_with_parent = _parent_death_signal()
+"""Run in a child (preexec_fn, or first thing in a rank): the kernel kills it when its parent dies. torchrun
+starts its ranks in sessions of their own: without this, a sweep killed mid-case leaves its ranks training on,
+and they would finish and remove the checkpoint a resumed run is about to read."""
 
 
 # --------------------------------------------------------------------------- ranks
@@ -105,7 +111,7 @@ class RankWorld(World):
     """Losses and validation averaged over ranks, step times the slowest rank's, memory the largest's."""
 
     def __init__(self, world: int, device: torch.device) -> None:
-        self.size, self.device = world, device
+        self.size, self.device = world, device  # World.size: how many processes share a step
 
     def mean(self, t: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
@@ -117,6 +123,8 @@ class RankWorld(World):
     def slowest(self, values: list[float]) -> list[float]:
         import torch.distributed as dist
 
+        if not values:  # every rank has the same count: none of them reduces an empty tensor
+            return []
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # every rank timed the same steps
         return t.tolist()
@@ -187,18 +195,20 @@ def _engine(case: CaseInput, rank: int, world: RankWorld) -> Engine:
                   load_state=load_state, writes_checkpoint=rank == 0, coverage_model=setup.model)
 
 
-def _train(p: dict, rank: int, world_size: int, dev: torch.device) -> dict:
+def train_rank(p: dict, rank: int, world_size: int, dev: torch.device) -> dict:
+    """One rank's part of the case in payload `p`: the shared loop on this rank's engine."""
     from fp8bench.backends import get_backend
 
     case = CaseInput(config=p["config"], shape_name=p["shape_name"], shape=p["shape"], recipe=p["recipe"],
                      backend=get_backend(p["backend"]), device=dev, work_dir=p["work_dir"])
     world = RankWorld(world_size, dev)
     data = load_data(case.config.workload.train, case.shape, dev)
-    if dev.type == "cuda":
+    engine = _engine(case, rank, world)  # built, wrapped and sharded before the peak is reset, as it always was:
+    if dev.type == "cuda":  # under FSDP2 each rank first builds the whole model, which training never holds
         torch.cuda.reset_peak_memory_stats(dev)
     diverged = None
     try:
-        out = fit(case, _engine(case, rank, world), data)
+        out = fit(case, engine, data)
     except Diverged as e:
         out, diverged = e.output, str(e)
     tokens_per_s = next((m.value for m in out.metrics if m.name == "tokens_per_s"), None)
@@ -207,29 +217,3 @@ def _train(p: dict, rank: int, world_size: int, dev: torch.device) -> dict:
     if dev.type == "cuda":
         out.samples["peak_mem_rank_bytes"] = world.gather(torch.cuda.max_memory_allocated(dev))
     return {"metrics": {m.name: m.value for m in out.metrics}, "samples": out.samples, "diverged": diverged}
-
-
-def main(argv: list[str]) -> int:
-    import torch.distributed as dist
-
-    die_with_parent()
-    p = pickle.loads(Path(argv[0]).read_bytes())
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    if p["device"] == "cuda":
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
-        dist.init_process_group("nccl", device_id=dev)
-    else:
-        dev = torch.device("cpu")
-        dist.init_process_group("gloo")
-    try:
-        res = _train(p, rank, world, dev)
-        if rank == 0:
-            Path(p["result"]).write_text(json.dumps(res))
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -41,6 +41,8 @@ FINITE_CHECK_EVERY = 10
 class World:
     """Values combined over the processes of a run. One process: nothing to combine."""
 
+    size = 1
+
     def mean(self, t: torch.Tensor) -> torch.Tensor:
         return t
 
@@ -290,7 +292,8 @@ def _save_checkpoint(path: Path, state: dict) -> None:
 
 
 def _load_checkpoint(path: Path, engine: Engine, scaler, device: torch.device) -> Curve:
-    state = torch.load(path, map_location=device, weights_only=False)
+    # a full (unsharded) state goes to host memory first: every rank reads it, and only its shard is kept
+    state = torch.load(path, map_location="cpu" if engine.load_state else device, weights_only=False)
     if engine.load_state:
         engine.load_state(state)
     else:
@@ -415,7 +418,8 @@ def output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None 
         flops = model_flops(case.config.model, s["vocab"], s["batch"], s["seq"])
         run_peak = peak_memory_bytes(case.device)  # reset at the census step: the run's peak is the larger
         peak = None if run_peak is None else int(world.largest(max(run_peak, memory.get("run_peak_before", 0))))
-        metrics += speed_metrics(case, timing, flops, peak_bytes=peak)
+        # TFLOPS are the whole step's, over every process: a share of one GPU's peak only for one process
+        metrics += speed_metrics(case, timing, flops, pct_of_peak=world.size == 1, peak_bytes=peak)
         if case.backend.timed:
             metrics.append(Metric.of("tokens_per_s", s["tokens_per_step"] / (timing.median_ms / 1e3)))
     if curve.val_losses:
