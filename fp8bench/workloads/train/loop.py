@@ -303,57 +303,69 @@ def _load_checkpoint(path: Path, engine: Engine, scaler, device: torch.device) -
     return Curve(**state["curve"])
 
 
-def fit(case: CaseInput, engine: Engine, data: TrainData) -> CaseOutput:
-    """Train `case.shape["steps"]` steps from the checkpoint if one is there, validating on the schedule."""
-    cfg, dev, steps = case.config.workload.train, case.device, case.shape["steps"]
-    model, opt = engine.model, engine.opt
-    params = [p for p in model.parameters() if p.requires_grad]
-    val = [b[engine.rows] for b in data.val]
-    scaler = torch.amp.GradScaler(dev.type, enabled=cfg.dynamic_loss_scale)
-    clip = engine.clip or (lambda ps, norm: torch.nn.utils.clip_grad_norm_(ps, norm, foreach=True))
-    memory: dict[str, int] = {}
+class Stepper:
+    """The forward, validation and optimiser step of one run under its Engine, and the memory phases the census
+    step records."""
 
-    def forward_loss(tokens: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=engine.autocast), engine.forward_context():
-            logits = model(tokens[:, :-1])
+    def __init__(self, case: CaseInput, engine: Engine, data: TrainData) -> None:
+        self.case, self.engine, self.data = case, engine, data
+        self.cfg, self.dev = case.config.workload.train, case.device
+        self.params = [p for p in engine.model.parameters() if p.requires_grad]
+        self.val = [b[engine.rows] for b in data.val]
+        self.scaler = torch.amp.GradScaler(self.dev.type, enabled=self.cfg.dynamic_loss_scale)
+        self.clip = engine.clip or (lambda ps, norm: torch.nn.utils.clip_grad_norm_(ps, norm, foreach=True))
+        self.memory: dict[str, int] = {}
+
+    def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        e = self.engine
+        with torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=e.autocast), e.forward_context():
+            logits = e.model(tokens[:, :-1])
         return lm_loss(logits, tokens[:, 1:])
 
-    def evaluate() -> float:
-        with torch.no_grad(), engine.step_context():
-            return float(engine.world.mean(torch.stack([forward_loss(b).float() for b in val]).mean()))
+    def evaluate(self) -> float:
+        with torch.no_grad(), self.engine.step_context():
+            losses = torch.stack([self.forward_loss(b).float() for b in self.val])
+            return float(self.engine.world.mean(losses.mean()))
 
-    def train_step(step: int, census: SavedTensorCensus | None) -> torch.Tensor:
-        tokens = data.batch_at(step)[engine.rows]
+    def step(self, step: int, census: SavedTensorCensus | None) -> torch.Tensor:
+        cfg, e, opt, memory = self.cfg, self.engine, self.engine.opt, self.memory
+        tokens = self.data.batch_at(step)[e.rows]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        with engine.step_context():
+        with e.step_context():
             with torch.autograd.graph.saved_tensors_hooks(census.pack, census.unpack) if census \
                     else contextlib.nullcontext():
-                loss = forward_loss(tokens)
+                loss = self.forward_loss(tokens)
             if census:
-                memory["after_forward"] = allocated(dev)
-            engine.backward(scaler.scale(loss * cfg.loss_scale if cfg.loss_scale != 1.0 else loss))
-            scaler.unscale_(opt)
+                memory["after_forward"] = allocated(self.dev)
+            e.backward(self.scaler.scale(loss * cfg.loss_scale if cfg.loss_scale != 1.0 else loss))
+            self.scaler.unscale_(opt)
             if cfg.loss_scale != 1.0:
-                torch._foreach_div_([p.grad for p in params if p.grad is not None], cfg.loss_scale)
+                torch._foreach_div_([p.grad for p in self.params if p.grad is not None], cfg.loss_scale)
             if cfg.grad_clip:
-                clip(params, cfg.grad_clip)
+                self.clip(self.params, cfg.grad_clip)
             if census:
-                memory["grads"] = tensor_bytes(p.grad for p in params)
-            scaler.step(opt)
-            scaler.update()
-            engine.after_step()
+                memory["grads"] = tensor_bytes(p.grad for p in self.params)
+            self.scaler.step(opt)
+            self.scaler.update()
+            e.after_step()
             opt.zero_grad(set_to_none=True)
         return loss.detach()
 
+
+def fit(case: CaseInput, engine: Engine, data: TrainData) -> CaseOutput:
+    """Train `case.shape["steps"]` steps from the checkpoint if one is there, validating on the schedule."""
+    cfg, dev, steps = case.config.workload.train, case.device, case.shape["steps"]
+    run = Stepper(case, engine, data)
+    memory = run.memory
     ckpt = case.work_dir / "checkpoint.pt" if case.work_dir is not None and cfg.ckpt_every else None
     curve = Curve()
     if ckpt is not None and ckpt.is_file():
-        curve = _load_checkpoint(ckpt, engine, scaler, dev)
+        curve = _load_checkpoint(ckpt, engine, run.scaler, dev)
         curve.resumed_at.append(curve.step)
     if not curve.val_steps:
         curve.val_steps.append(0)
-        curve.val_losses.append(evaluate())
+        curve.val_losses.append(run.evaluate())
 
     def forget_checkpoint() -> None:  # a diverged run is a result: resuming it would only diverge again
         if ckpt is not None and engine.writes_checkpoint and ckpt.is_file():
@@ -363,27 +375,27 @@ def fit(case: CaseInput, engine: Engine, data: TrainData) -> CaseOutput:
     census_step = min(curve.step + 1, steps - 1) if engine.census else -1
     while curve.step < steps:
         k = curve.step
-        census = _begin_census(progress, params, memory, dev) if k == census_step else None
+        census = _begin_census(progress, run.params, memory, dev) if k == census_step else None
         begin = progress.timer.start()
-        loss = train_step(k, census)
+        loss = run.step(k, census)
         progress.timer.stop(begin)
         if census is not None:
             memory["step_peak"] = peak_memory_bytes(dev) or 0
             memory["saved_fp8"], memory["saved_hp"] = census.fp8, census.other
-        progress.step_ends(loss, evaluate)
+        progress.step_ends(loss, run.evaluate)
         if ckpt is not None and curve.step % cfg.ckpt_every == 0 and curve.step < steps:
             progress.sync()
-            state = _checkpoint_state(engine, scaler, curve)  # collective under FSDP2: every rank takes part
+            state = _checkpoint_state(engine, run.scaler, curve)  # collective under FSDP2: every rank takes part
             if engine.writes_checkpoint:
                 _save_checkpoint(ckpt, state)
     progress.sync()
     if engine.weights_and_state:
-        memory["weights"] = tensor_bytes(params)
-        memory["optimizer"] = optimizer_state_bytes(opt)
+        memory["weights"] = tensor_bytes(run.params)
+        memory["optimizer"] = optimizer_state_bytes(engine.opt)
     if ckpt is not None and engine.writes_checkpoint and ckpt.is_file():
         ckpt.unlink()  # the record now holds the run; checkpoints of large models are GBs
     out = output(case, curve, memory, world=engine.world)
-    out.metrics += linear_coverage(engine.coverage_model or model, case.recipe)
+    out.metrics += linear_coverage(engine.coverage_model or engine.model, case.recipe)
     return out
 
 
