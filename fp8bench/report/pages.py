@@ -322,26 +322,38 @@ WATERFALL_LINES = 24
 def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
     p = Page("modules.html", "Modules and layers: fwd+bwd time per backend and recipe")
     if falls is not None and not falls.empty:
-        p.h2("Why not 2x: the speedup waterfall, from measured kernel times")
-        p.note("Each stage swaps one more measured BF16 component for its FP8 one (fp8bench.analysis.waterfall): the 2x "
-               "promise; GEMMs 2x with everything else as BF16 (Amdahl); the FP8 GEMM kernels as measured; plus "
-               "the casts/transposes; plus the other kernels; plus idle time, which lands on the measured "
-               "speedup. kernels% is the FP8 step's kernel time over its separately timed step. Above 100% means the "
-               "profiled steps ran slower than the timed ones: runs timed before fp8bench settled the clocks "
-               "(MEASUREMENT_VERSION 2) read 109-115% for TE's Current and Block layers on the H200.")
-        f = falls.sort_values(["case_id", "order"])
-        for workload, fw in f.groupby(f["case_id"].str.split(".").str[0]):
-            n = fw["case_id"].nunique()
-            if n > WATERFALL_LINES:  # a chart of that many lines reads as noise: the table has each case
-                p.note(f"{workload}: {n} cases, each in the table below")
-                continue
-            p.figure(px.line(fw, x="stage", y="speedup", color="case_id", markers=True,
-                             height=min(700, max(PLOT_H, 14 * n + 200))),
-                     f"{workload}: speedup after each stage of the waterfall", "stage", "speedup vs BF16 (x)")
-        p.table(f.pivot_table(index="case_id", columns="stage", values="speedup")
-                .reindex(columns=list(f.drop_duplicates("stage").sort_values("order")["stage"]))
-                .join(f.groupby("case_id")["kernels_pct"].first()).reset_index(),
-                {c: 2 for c in f["stage"].unique()} | {"kernels_pct": 1})
+        _waterfall_section(p, falls)
+    _module_sections(p, df)
+    _gemm_casts_section(p, df)
+    p.h2("Not measured, and why")
+    p.table(not_measured(df, ("linear", "layer")))
+    return p
+
+
+def _waterfall_section(p: Page, falls: pd.DataFrame) -> None:
+    p.h2("Why not 2x: the speedup waterfall, from measured kernel times")
+    p.note("Each stage swaps one more measured BF16 component for its FP8 one (fp8bench.analysis.waterfall): the 2x "
+           "promise; GEMMs 2x with everything else as BF16 (Amdahl); the FP8 GEMM kernels as measured; plus "
+           "the casts/transposes; plus the other kernels; plus idle time, which lands on the measured "
+           "speedup. kernels% is the FP8 step's kernel time over its separately timed step. Above 100% means the "
+           "profiled steps ran slower than the timed ones: runs timed before fp8bench settled the clocks "
+           "(MEASUREMENT_VERSION 2) read 109-115% for TE's Current and Block layers on the H200.")
+    f = falls.sort_values(["case_id", "order"])
+    for workload, fw in f.groupby(f["case_id"].str.split(".").str[0]):
+        n = fw["case_id"].nunique()
+        if n > WATERFALL_LINES:  # a chart of that many lines reads as noise: the table has each case
+            p.note(f"{workload}: {n} cases, each in the table below")
+            continue
+        p.figure(px.line(fw, x="stage", y="speedup", color="case_id", markers=True,
+                         height=min(700, max(PLOT_H, 14 * n + 200))),
+                 f"{workload}: speedup after each stage of the waterfall", "stage", "speedup vs BF16 (x)")
+    p.table(f.pivot_table(index="case_id", columns="stage", values="speedup")
+            .reindex(columns=list(f.drop_duplicates("stage").sort_values("order")["stage"]))
+            .join(f.groupby("case_id")["kernels_pct"].first()).reset_index(),
+            {c: 2 for c in f["stage"].unique()} | {"kernels_pct": 1})
+
+
+def _module_sections(p: Page, df: pd.DataFrame) -> None:
     mods = _with_bf16(df[df["workload"].isin(["linear", "layer"])])
     mods = mods[mods["backend"] != "emulated"]
     for (device, workload), d in mods.groupby(["device", "workload"]):
@@ -373,6 +385,9 @@ def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
                "census. error: expected over measured total, in percent.")
         p.table(expect, {"saved_fp8_mib": 1, "expected_fp8_mib": 1, "saved_other_mib": 1, "expected_other_mib": 1,
                          "error_pct": 2})
+
+
+def _gemm_casts_section(p: Page, df: pd.DataFrame) -> None:
     g = df[(df["workload"] == "gemm") & (df["status"] == "ok") & df["time_ms_kernel"].notna()]
     if not g.empty:
         p.h2("Where an FP8 GEMM's time goes: the kernel vs the casts around it")
@@ -386,9 +401,7 @@ def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
         p.figure(px.bar(long, x="ms", y="label", color="part", orientation="h",
                         height=min(900, max(PLOT_H, 18 * long["label"].nunique() + 120))),
                  "FP8 GEMM time: the kernel and the casts around it, summed over each model's GEMMs", "time (ms)", "")
-    p.h2("Not measured, and why")
-    p.table(not_measured(df, ("linear", "layer")))
-    return p
+
 
 
 # --------------------------------------------------------------------------- training
