@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from fp8bench.core import markdown
+
 LEVELS = {"A": None, "slow3": "torch:0.03", "slow10": "torch:0.10"}
 
 
@@ -137,8 +139,7 @@ def _short(case_id: str) -> str:
 def table(files: list[Path]) -> str:
     """One row per judged trials file: A/A pairs, false verdicts, 'insufficient data', and per case how many
     3% and 10% slowdowns were called regressions."""
-    lines = ["| trials | A/A pairs | false regressions | false improvements | insufficient data (A/A) | "
-             "3% caught | 10% caught |", "|---|---|---|---|---|---|---|"]
+    rows = []
     for f in files:
         d = json.loads(f.read_text())
         cases = d["per_case"]
@@ -147,11 +148,12 @@ def table(files: list[Path]) -> str:
         def caught(level: str, cases: dict = cases) -> str:
             return "; ".join(f"{_short(k)} {c[f'detected_{level}']}/{c.get(f'compared_{level}', 0)}"
                              for k, c in sorted(cases.items()))
-        lines.append(f"| `{f.name}` | {d['pairs']} | {d['aa_false_regressions']} / {comparisons} | "
-                     f"{sum(c['aa_false_improvements'] for c in cases.values())} | "
-                     f"{sum(c.get('aa_insufficient_data', 0) for c in cases.values())} | {caught('slow3')} | "
-                     f"{caught('slow10')} |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"`{f.name}`", d["pairs"], f"{d['aa_false_regressions']} / {comparisons}",
+                     sum(c["aa_false_improvements"] for c in cases.values()),
+                     sum(c.get("aa_insufficient_data", 0) for c in cases.values()), caught("slow3"),
+                     caught("slow10")])
+    return markdown.table(["trials", "A/A pairs", "false regressions", "false improvements", "insufficient data (A/A)",
+                  "3% caught", "10% caught"], rows)
 
 
 def main() -> int:

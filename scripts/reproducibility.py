@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fp8bench.core.markdown import table  # noqa: E402
 from fp8bench.data import store  # noqa: E402
 
 SERIES = {"with quantization": "speedup_vs_bf16", "kernel only": "speedup_vs_bf16_kernel"}
@@ -66,18 +67,18 @@ COLUMNS = ("cases", "host-bound", "unlabelled", "not host-bound", "within box in
 
 def markdown(rows: dict, runs: tuple[str, str]) -> str:
     """The tally as a markdown table, with the totals over the Llama-size models and over all."""
-    lines = [f"Runs `{runs[0]}` and `{runs[1]}`; counts of speedups measured in both (emulator excluded).", "",
-             "| workload / model / speedup | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    head = f"Runs `{runs[0]}` and `{runs[1]}`; counts of speedups measured in both (emulator excluded).\n\n"
     llama: dict[str, int] = defaultdict(int)
     total: dict[str, int] = defaultdict(int)
+    lines = []
     for key, r in rows.items():
-        lines.append(f"| {key} | " + " | ".join(str(r.get(c, 0)) for c in COLUMNS) + " |")
+        lines.append([key, *(r.get(c, 0) for c in COLUMNS)])
         for c in COLUMNS:
             total[c] += r.get(c, 0)
             llama[c] += r.get(c, 0) if "gpt-125m" not in key else 0
     for name, t in (("Llama-size models", llama), ("all", total)):
-        lines.append(f"| **{name}** | " + " | ".join(str(t[c]) for c in COLUMNS) + " |")
-    return "\n".join(lines) + "\n"
+        lines.append([f"**{name}**", *(t[c] for c in COLUMNS)])
+    return head + table(["workload / model / speedup", *COLUMNS], lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy
 from scipy.stats import mannwhitneyu
 
+from fp8bench.core import markdown
 from fp8bench.core.records import METRICS, StoreError
 
 ALPHA = 0.01
@@ -341,14 +342,11 @@ def to_markdown(cmp: Comparison) -> str:
     shown = [c for c in cmp.changes if c.verdict in ("regression", "improvement")]
     lines.append(cmp.summary())
     if shown:
-        lines += ["", "| case | metric | base | usual | head | change | p | floor | verdict |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for c in shown:
-            p = f"{c.p_value:.2g}" if c.p_value is not None else ""
-            floor = f"{c.floor:.1%}" if c.floor is not None else ""
-            usual = f"{c.level:.4g}" if c.level is not None else ""
-            lines.append(f"| `{c.case_id}` | {c.metric} | {c.base:.4g} | {usual} | {c.head:.4g} | {c.rel_change:+.2%} | "
-                         f"{p} | {floor} | **{c.verdict}** |")
+        rows = [[f"`{c.case_id}`", c.metric, f"{c.base:.4g}", f"{c.level:.4g}" if c.level is not None else "",
+                 f"{c.head:.4g}", f"{c.rel_change:+.2%}", f"{c.p_value:.2g}" if c.p_value is not None else "",
+                 f"{c.floor:.1%}" if c.floor is not None else "", f"**{c.verdict}**"] for c in shown]
+        lines += ["", markdown.table(["case", "metric", "base", "usual", "head", "change", "p", "floor", "verdict"],
+                                     rows).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

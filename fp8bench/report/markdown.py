@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fp8bench.core.markdown import table
 from fp8bench.report import data
 from fp8bench.report.pages import headline
 
@@ -31,43 +32,38 @@ def _text(v) -> str:
     return "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-def _headline(con) -> pd.DataFrame:
-    """headline() of the latest run of each case, with each row's commit."""
+def _headline(con, runs: pd.DataFrame) -> pd.DataFrame:
+    """headline() of the latest run of each case, with each row's commit (from `runs`: data.runs)."""
     h = headline(data.latest(data.cases(con)))
     if h.empty:
         return h
-    commits = data.runs(con).set_index("run_id")["git_commit"].fillna("").str[:7]
+    commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
     return h.assign(commit=h["run_id"].map(commits).fillna("")).sort_values(["workload", "label", "recipe"])
 
 
 def headline_block(con) -> str:
     """The fastest FP8 recipe per device · model and workload (whole layers, whole training steps)."""
-    h = _headline(con)
+    h = _headline(con, data.runs(con))
     if h.empty:
         return "No FP8 layer or training case with a speedup is recorded.\n"
     best = h.loc[h.groupby(["label", "workload"])["speedup"].idxmax()].sort_values(["workload", "label"])
     rows = [[r["label"], r["workload"], r["recipe"], _fmt_speedup(r), r["bound"] or "", f"`{r['run_id']}`",
              r["commit"]] for _, r in best.iterrows()]
-    return _table(["device · model", "workload", "fastest FP8 recipe", "speedup vs BF16 (95% interval)", "bound",
+    return table(["device · model", "workload", "fastest FP8 recipe", "speedup vs BF16 (95% interval)", "bound",
                    "run", "commit"], rows)
 
 
 def results_block(con) -> str:
     """Every FP8 layer and training recipe's speedup, then the runs they come from."""
-    h = _headline(con)
+    runs = data.runs(con)
+    h = _headline(con, runs)
     rows = [[r["label"], r["workload"], r["recipe"], _fmt_speedup(r), r["bound"] or "", f"`{r['run_id']}`",
              r["commit"]] for _, r in h.iterrows()]
     out = "### Speedup over BF16 per recipe (whole layers and training steps)\n\n"
-    out += _table(["device · model", "workload", "recipe", "speedup (95% interval)", "bound", "run", "commit"], rows)
-    runs = data.runs(con).sort_values("started_at")
+    out += table(["device · model", "workload", "recipe", "speedup (95% interval)", "bound", "run", "commit"], rows)
+    runs = runs.sort_values("started_at")
     out += "\n### The runs\n\n"
-    out += _table(["run", "started (UTC)", "commit", "device", "cases", "ok", "failed"], [
+    out += table(["run", "started (UTC)", "commit", "device", "cases", "ok", "failed"], [
         [f"`{r['run_id']}`", pd.Timestamp(r["started_at"]).strftime("%Y-%m-%d %H:%M") if pd.notna(r["started_at"])
          else "", _text(r["git_commit"])[:7] + ("+dirty" if r["git_dirty"] is True else ""), _text(r["device_name"]),
          int(r["n_cases"]), int(r["n_ok"]), int(r["n_failed"])] for _, r in runs.iterrows()])
