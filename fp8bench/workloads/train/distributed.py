@@ -29,7 +29,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from fp8bench.backends import get_backend
+from fp8bench.core.measure import reset_peak_memory
 from fp8bench.core.records import Metric
 from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged
 from fp8bench.workloads.train.loop import Engine, World, fit, load_data, master_dtype, new_decoder, optimizer
@@ -114,15 +117,11 @@ class RankWorld(World):
         self.size, self.device = world, device  # World.size: how many processes share a step
 
     def mean(self, t: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
         t = t.detach().float().clone()
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t / self.size
 
     def slowest(self, values: list[float]) -> list[float]:
-        import torch.distributed as dist
-
         if not values:  # every rank has the same count: none of them reduces an empty tensor
             return []
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -133,8 +132,6 @@ class RankWorld(World):
         return max(self.gather(value))
 
     def gather(self, value: float) -> list[float]:
-        import torch.distributed as dist
-
         t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
         out = [torch.zeros_like(t) for _ in range(self.size)]
         dist.all_gather(out, t)
@@ -197,15 +194,12 @@ def _engine(case: CaseInput, rank: int, world: RankWorld) -> Engine:
 
 def train_rank(p: dict, rank: int, world_size: int, dev: torch.device) -> dict:
     """One rank's part of the case in payload `p`: the shared loop on this rank's engine."""
-    from fp8bench.backends import get_backend
-
     case = CaseInput(config=p["config"], shape_name=p["shape_name"], shape=p["shape"], recipe=p["recipe"],
                      backend=get_backend(p["backend"]), device=dev, work_dir=p["work_dir"])
     world = RankWorld(world_size, dev)
     data = load_data(case.config.workload.train, case.shape, dev)
     engine = _engine(case, rank, world)  # built, wrapped and sharded before the peak is reset, as it always was:
-    if dev.type == "cuda":  # under FSDP2 each rank first builds the whole model, which training never holds
-        torch.cuda.reset_peak_memory_stats(dev)
+    reset_peak_memory(dev)  # under FSDP2 each rank first builds the whole model, which training never holds
     diverged = None
     try:
         out = fit(case, engine, data)

@@ -124,8 +124,7 @@ def _accelerate(case: CaseInput) -> CaseOutput:
                     step_context=lambda: case.backend.step_context(case.recipe, dev), census=False,
                     coverage_model=model)
     try:
-        out = fit(case, engine, data)
+        return fit(case, engine, data)
     finally:
         accelerator.free_memory()
-    return out
 

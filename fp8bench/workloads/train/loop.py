@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from fp8bench.backends.base import RecipeLinear
 from fp8bench.core.measure import Timing, peak_memory_bytes
 from fp8bench.core.records import Metric
 from fp8bench.models import corpus as corpus_mod
@@ -193,8 +194,6 @@ FP8_LINEAR_CLASSES = {"Float8Linear", "FP8Linear"}
 def linear_coverage(model: torch.nn.Module, recipe) -> list[Metric]:
     """How many of the model's linears run the recipe (`linears_fp8`) out of all (`linears_total`): the
     backends and integrations differ here (the output head, Accelerate's first/last-layer filter)."""
-    from fp8bench.backends.base import RecipeLinear
-
     total = low = 0
     for m in model.modules():
         kind = type(m).__name__
