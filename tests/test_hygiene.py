@@ -1,17 +1,16 @@
-"""The software speaks of itself, not of how it was developed: no tracked file outside results/ mentions the
-project's numbered or relative rounds of development (a numbered session, the next one, this one's run).
-A result, a kernel or a docstring names the commit it came from instead.
+"""The software speaks of itself, not of how it was developed: no tracked file outside results/ numbers the
+project's rounds of development or places one relative to now. A result, a kernel or a docstring names the
+commit it came from instead.
 
-What counts (case-insensitive; DEV_ROUND below, with examples in the tests at the end of this file):
-- the word session, singular or plural, followed by a number, "#" and a number, "no." or "number" and one;
-- the word session placed relative to now by one of the words in _RELATIVE right before it;
+What counts (case-insensitive; `dev_round_pattern`, with WORD, the word for such a round):
+- WORD, singular or plural, followed by a number, "#" and a number, "no." or "number" and one;
+- WORD placed relative to now by one of the words in _RELATIVE right before it;
 - its possessive, singular or plural.
-A technical session is not a round of development: a match whose word right before "session" is in
-TECHNICAL (HTTP, torch, tmux and the like) is left alone, and so is a bare "session" (`requests.Session()`,
-a session object, a session id).
+A technical use is not a round of development: a match whose word right before WORD is in TECHNICAL (HTTP,
+torch, tmux and the like) is left alone, and so is the bare word (a client object, an id).
 
-This file passes its own check: its examples are built from pieces. results/ is left out: a result file
-records where and when it was measured, in the words of its day.
+The rules are tested on a stand-in word (the examples would otherwise be what they test). results/ is left out:
+a result file records where and when it was measured, in the words of its day.
 """
 
 from __future__ import annotations
@@ -26,13 +25,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 _RELATIVE = r"this|next|previous|prior|last|earlier|later|past|following|preceding"
-DEV_ROUND = re.compile(
-    r"\bsessions?(?:\s*#\s*|\s+(?:no\.\s*|number\s+)?)\d+"  # followed by a number
-    rf"|\b(?:{_RELATIVE})\s+sessions?\b"  # placed relative to now
-    r"|\bsession['\u2019]s\b|\bsessions['\u2019]",  # possessive
-    re.IGNORECASE,
-)
-# The word right before "session" that makes it a technical session rather than a round of development.
+WORD = "session"
+
+
+def dev_round_pattern(word: str) -> re.Pattern:
+    """`word` followed by a number, placed relative to now, or in the possessive (case-insensitive)."""
+    return re.compile(
+        rf"\b{word}s?(?:\s*#\s*|\s+(?:no\.\s*|number\s+)?)\d+"  # followed by a number
+        rf"|\b(?:{_RELATIVE})\s+{word}s?\b"  # placed relative to now
+        rf"|\b{word}['\u2019]s\b|\b{word}s['\u2019]",  # possessive
+        re.IGNORECASE,
+    )
+
+
+DEV_ROUND = dev_round_pattern(WORD)
+# The word right before WORD that makes it a technical use rather than a round of development.
 TECHNICAL = frozenset(
     "http https requests aiohttp httpx urllib3 web browser cookie login user client server ssh tmux screen "
     "shell terminal torch onnx onnxruntime ort inference tf tensorflow keras jupyter ipython kernel debug gdb "
@@ -48,12 +55,13 @@ MUST_SCAN = (".ci/run", "README.md", "Makefile", "pyproject.toml")
 MUST_SCAN_GLOBS = ("docs/*.md", "scripts/*.py")
 
 
-def dev_round_mentions(text: str) -> list[tuple[int, str]]:
+def dev_round_mentions(text: str, word: str = WORD) -> list[tuple[int, str]]:
     """(line number, matched words) for every mention of a round of development in `text`."""
+    pattern = DEV_ROUND if word == WORD else dev_round_pattern(word)
     found = []
     for lineno, line in enumerate(text.splitlines(), 1):
-        for m in DEV_ROUND.finditer(line):
-            at = line.lower().index("session", m.start())
+        for m in pattern.finditer(line):
+            at = line.lower().index(word, m.start())
             before = re.search(r"([A-Za-z][A-Za-z0-9]*)\W*$", line[:at])
             if before and before.group(1).lower() in TECHNICAL:
                 continue
@@ -106,29 +114,35 @@ def test_the_scan_reaches_ci_readme_docs_and_scripts():
     assert not missing, f"left out of the scan (untracked, or excluded by mistake): {missing}"
 
 
-S = "session"  # the examples are built from pieces so that this file passes its own check
+# The rules are tested on a stand-in word, so that the examples say nothing themselves; the scan's pattern is
+# the same pattern with its own word.
+W = "sprint"
+
+
+def test_the_scan_uses_the_tested_pattern():
+    assert dev_round_pattern(W).pattern.replace(W, WORD) == DEV_ROUND.pattern
 
 
 @pytest.mark.parametrize("text", [
-    f"measured in {S} 4 call D", f"{S.title()} 11 on the H200", f"{S} #7", f"{S}s 5 and 6",
-    f"{S} no. 3", f"as this {S} found", f"left for the next {S}", f"the previous {S} timed it",
-    f"since the last {S}", f"in earlier {S}s", f"THIS {S.upper()}", f"this {S}'s results",
-    f"the {S}\u2019s commits", f"the {S}s' runs", f"a prior {S}",
+    f"measured in {W} 4 call D", f"{W.title()} 11 on the H200", f"{W} #7", f"{W}s 5 and 6",
+    f"{W} no. 3", f"as this {W} found", f"left for the next {W}", f"the previous {W} timed it",
+    f"since the last {W}", f"in earlier {W}s", f"THIS {W.upper()}", f"this {W}'s results",
+    f"the {W}\u2019s commits", f"the {W}s' runs", f"a prior {W}",
 ])
 def test_a_round_of_development_is_found(text):
-    assert dev_round_mentions(text), text
+    assert dev_round_mentions(text, W), text
 
 
 @pytest.mark.parametrize("text", [
-    f"s = requests.{S.title()}()", f"opens an HTTP {S}", f"the HTTP {S}'s cookies",
-    f"ort.Inference{S.title()}(path)", f"a torch {S} object", f"tmux {S} 0", f"{S}_id = 4",
-    f"{S}2 = make()", f"a {S} of the report", "possession 4", "obsession's", f"{S}_state", f"{S}.get(url)",
-    f"professional {S}s",
+    f"s = requests.{W.title()}()", f"opens an HTTP {W}", f"the HTTP {W}'s cookies",
+    f"ort.Inference{W.title()}(path)", f"a torch {W} object", f"tmux {W} 0", f"{W}_id = 4",
+    f"{W}2 = make()", f"a {W} of the report", f"blue{W} 4", f"blue{W}'s", f"{W}_state", f"{W}.get(url)",
+    f"professional {W}s",
 ])
-def test_a_technical_session_is_left_alone(text):
-    assert not dev_round_mentions(text), text
+def test_a_technical_use_is_left_alone(text):
+    assert not dev_round_mentions(text, W), text
 
 
 def test_a_mention_is_reported_with_its_line():
-    text = f"first line\nsecond, from {S} 9\nthird: next {S}\n"
-    assert dev_round_mentions(text) == [(2, f"{S} 9"), (3, f"next {S}")]
+    text = f"first line\nsecond, from {W} 9\nthird: next {W}\n"
+    assert dev_round_mentions(text, W) == [(2, f"{W} 9"), (3, f"next {W}")]
