@@ -5,6 +5,7 @@ import torch
 
 from fp8bench.backends import Recipe, get_backend
 from fp8bench.backends.emulator import emulated_gemm
+from fp8bench.backends.te_reference import REFERENCE_MIN_DB
 from fp8bench.config.compose import expand
 from fp8bench.config.schema import BackendConfig, ScalingConfig
 from fp8bench.core.hardware import detect_device
@@ -147,6 +148,24 @@ def test_layer_workload(tmp_path, backend, fmt, sc):
     [rec] = execute(plan(points), tmp_path, "t", detect_device(), progress=False)
     assert rec.status == "ok", rec.reason
     assert rec.metric("time_ms") > 0
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "gpt-125m"])  # GQA with SwiGLU; multi-head with TE's tanh GELU
+def test_te_layer_reference_agrees_with_te_bf16_and_recipes_differ(tmp_path, model):
+    """TE's BF16 layer against our FP32 reference on its weights (fp8bench.backends.te_reference) clears
+    REFERENCE_MIN_DB, and the FP8 recipes score differently against it: one figure for every recipe would
+    point at the reference, not at FP8."""
+    pytest.importorskip("transformer_engine.pytorch")
+    points, _ = expand(["workload=layer", f"model={model}", "workload.seq=2048", "workload.batch=1", "backend=te",
+                        "format=bf16,e4m3", "scaling=none,delayed,current,blockwise", "measure.iters=5"],
+                       multirun=True)
+    recs = execute(plan(points), tmp_path, "t", detect_device(), progress=False)
+    assert len(recs) == 4 and all(r.status == "ok" for r in recs), [(r.case_id, r.reason) for r in recs]
+    agreement = {r.case_id: r.metric("reference_sqnr_db") for r in recs}
+    assert all(a >= REFERENCE_MIN_DB for a in agreement.values()), agreement
+    fp8 = {r.case_id: r.metric("sqnr_db") for r in recs if r.metric("sqnr_db") is not None}
+    assert len(fp8) == 3 and all(20.0 < v < min(agreement.values()) for v in fp8.values()), (fp8, agreement)
+    assert max(fp8.values()) - min(fp8.values()) > 0.05, fp8
 
 
 def test_blockwise_scaled_mm_reports_tflops_on_llama_shapes(tmp_path):

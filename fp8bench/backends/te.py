@@ -20,8 +20,10 @@ from fp8bench.backends.base import (
     module_op,
     swap_block_linears,
 )
+from fp8bench.backends.te_reference import block_from_te, load_te_layer
 from fp8bench.core.hardware import FP8, TENSORWISE, Rule
 from fp8bench.core.types import Format, Scaling
+from fp8bench.models.block import LlamaBlock
 
 
 def te_recipe(recipe: Recipe):
@@ -170,24 +172,44 @@ class TEBackend(Backend):
     def layer(self, model, x, dy, recipe):
         import transformer_engine.pytorch as te
 
+        # First, while the generator is where the other backends draw from: the weights their LlamaBlock gets
+        # from the case's seed (te_reference says why TE runs on them too).
+        weights = LlamaBlock(model, device=x.device, rope="half")
         layer = te.TransformerLayer(
             hidden_size=model.hidden, ffn_hidden_size=model.ffn, num_attention_heads=model.heads,
             num_gqa_groups=model.kv_heads, layernorm_epsilon=1e-5, hidden_dropout=0.0, attention_dropout=0.0,
             self_attn_mask_type="causal", normalization="RMSNorm",
             activation="swiglu" if model.mlp == "swiglu" else "gelu", bias=False, params_dtype=torch.bfloat16,
             device=x.device, attn_input_format="bshd", fuse_qkv_params=True)
+        load_te_layer(layer, weights, model)
+        del weights
         rope = _rope(model.head_dim, x.shape[1], x.device)
 
         def forward(inp):
             with autocast(recipe):
                 return layer(inp, rotary_pos_emb=rope)
 
-        def reference(inp):
-            return layer(inp, rotary_pos_emb=rope)
+        # The reference is our FP32 LlamaBlock with this layer's weights (te_reference), built only when asked,
+        # after timing and memory: scoring TE's FP8 layer against TE's own BF16 run would hide any mismatch
+        # both share. reference_check says how well the reference matches TE's BF16 layer.
+        cache: dict = {}
 
-        return module_op(list(layer.parameters()), forward, x, dy,
-                         reference_forward=reference if recipe.format is not Format.BF16 else None,
-                         notes={"rope": True})
+        def reference_output():
+            if "y" not in cache:
+                block = block_from_te(layer.state_dict(), model)
+                with torch.no_grad():
+                    cache["y"] = block(x.float())
+                del block
+            return cache["y"]
+
+        def reference_check():
+            with torch.no_grad():
+                return layer(x, rotary_pos_emb=rope).float(), reference_output()
+
+        op = module_op(list(layer.parameters()), forward, x, dy, notes={"rope": True})
+        op.reference_outputs = lambda: (reference_output(), None, None)
+        op.reference_check = reference_check
+        return op
 
 
 def _rope_class():

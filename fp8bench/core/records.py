@@ -64,6 +64,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "gpu_profiled_step_ms": ("ms", "lower"),
     "gpu_kernels_per_step": ("1", "lower"),
     "sqnr_db": ("dB", "higher"),
+    "reference_sqnr_db": ("dB", "higher"),
     "dgrad_sqnr_db": ("dB", "higher"),
     "wgrad_sqnr_db": ("dB", "higher"),
     "rel_err": ("1", "lower"),

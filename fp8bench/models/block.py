@@ -30,18 +30,33 @@ def rope_cache(seq: int, head_dim: int, device, base: float = 10000.0) -> tuple[
     return angles.cos(), angles.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (batch, heads, seq, head_dim); rotate pairs (even, odd) by the position angle."""
-    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+ROPE_STYLES = ("interleaved", "half")
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "interleaved") -> torch.Tensor:
+    """x: (batch, heads, seq, head_dim); rotate pairs of coordinates by the position angle. "interleaved"
+    pairs (even, odd) coordinates; "half" pairs coordinate i with i + head_dim/2 (rotate-half, as Transformer
+    Engine, Megatron and Hugging Face Llama do). Either is RoPE; they differ by a fixed permutation of the
+    q/k projection's output features, so a model's weights fit one of them only."""
+    if style == "interleaved":
+        x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    elif style == "half":
+        x1, x2 = x.float().chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    else:
+        raise ValueError(f"rope style {style!r}: expected one of {ROPE_STYLES}")
     return out.to(x.dtype)
 
 
 class LlamaBlock(nn.Module):
     """Pre-norm decoder block: x + attn(norm(x)); x + mlp(norm(x)). Input (batch, seq, hidden)."""
 
-    def __init__(self, model: ModelConfig, device=None, dtype=torch.bfloat16) -> None:
+    def __init__(self, model: ModelConfig, device=None, dtype=torch.bfloat16, rope: str = "interleaved") -> None:
         super().__init__()
+        if rope not in ROPE_STYLES:
+            raise ValueError(f"rope style {rope!r}: expected one of {ROPE_STYLES}")
+        self.rope = rope
         self.heads, self.kv_heads, self.head_dim = model.heads, model.kv_heads, model.head_dim
         kv = model.kv_heads * model.head_dim
         kw = dict(bias=False, device=device, dtype=dtype)
@@ -50,6 +65,7 @@ class LlamaBlock(nn.Module):
         self.o = nn.Linear(model.hidden, model.hidden, **kw)
         self.mlp_norm = RMSNorm(model.hidden, device=device, dtype=dtype)
         self.gated = model.mlp == "swiglu"
+        self.gelu_approximate = "none"  # "tanh" where a block stands in for TE's GELU, which is the tanh form
         self.gate_up = nn.Linear(model.hidden, (2 if self.gated else 1) * model.ffn, **kw)
         self.down = nn.Linear(model.ffn, model.hidden, **kw)
 
@@ -61,7 +77,7 @@ class LlamaBlock(nn.Module):
         k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = rope_cache(s, self.head_dim, x.device)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin, self.rope), apply_rope(k, cos, sin, self.rope)
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
         x = x + self.o(attn.transpose(1, 2).reshape(b, s, h))
         up = self.gate_up(self.mlp_norm(x))
@@ -69,7 +85,7 @@ class LlamaBlock(nn.Module):
             gate, up = up.chunk(2, dim=-1)
             act = F.silu(gate) * up
         else:
-            act = F.gelu(up)
+            act = F.gelu(up, approximate=self.gelu_approximate)
         return x + self.down(act)
 
 

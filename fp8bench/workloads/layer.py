@@ -2,7 +2,10 @@
 
 TE runs its `TransformerLayer` (RMSNorm, SwiGLU, GQA, causal attention); the other backends run the plain-torch
 `LlamaBlock` with their linears. Numerics: the block's output under the recipe against the same block's
-BF16 output (same weights), since a full-layer FP64 reference would dominate the case's time.
+BF16 output (same weights), since a full-layer FP64 reference would dominate the case's time. TE's layer is
+scored against our FP32 LlamaBlock carrying its weights (fp8bench.backends.te_reference), and every TE case
+records `reference_sqnr_db`, TE's BF16 layer against that reference: the check that the reference computes
+the same block (at least REFERENCE_MIN_DB).
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ def prepare(case: CaseInput) -> Prepared:
             y, _, _ = op.outputs()
             y_hp, _, _ = op.reference_outputs()
             out += [Metric.of("sqnr_db", sqnr_db(y_hp, y)), Metric.of("rel_err", rel_err(y_hp, y))]
+        if op.reference_check is not None:
+            own, ref = op.reference_check()
+            out.append(Metric.of("reference_sqnr_db", sqnr_db(ref, own)))
         return CaseOutput(out, {"time_ms": timing.samples_ms})
 
     return Prepared({"time_ms": op.step}, finish)

@@ -1,0 +1,110 @@
+"""Transformer Engine's `TransformerLayer` on the same weights as our `LlamaBlock`, and the reference it is
+judged against: that LlamaBlock in FP32, carrying the TE layer's own weights and TE's conventions.
+
+The `layer` workload scores an FP8 layer by SQNR against a reference with the same weights. The other
+backends run a LlamaBlock initialised from the case's seed; TE's layer gets those weights too
+(`te_state_from_block`), since the SQNR of a layer output depends on its weights' gains (how large the
+block's update is against the residual stream) and figures from two initialisations do not compare. Scoring
+TE's FP8 layer against the same TE layer run without FP8 would measure TE against itself, hiding any
+mismatch both share, and no check would say whether the reference computes the block it claims to. An
+independent reference does, and `reference_agreement` is that check: TE's BF16 layer against it must agree
+far above what FP8 costs (REFERENCE_MIN_DB), or a layer's FP8 SQNR measures the reference, not the recipe.
+
+TE's conventions (transformer_engine/pytorch/attention/multi_head_attention.py, rope.py, ops/basic/swiglu.py):
+
+- the fused QKV weight of `self_attention.layernorm_qkv` is interleaved per GQA group: its rows are
+  [group, (queries per group + 2), head_dim], the group's query heads first, then its key, then its value;
+  query head i attends with group i // (heads / groups), as grouped-query attention in torch does;
+- rotary embedding rotates coordinate i with i + head_dim/2 ("half"), base 10000;
+- `layernorm_mlp.fc1_weight` is [gate; up]: SwiGLU applies SiLU to the first half;
+- its GELU (models with a GELU MLP) is the tanh approximation;
+- RMSNorm weights are used as is (the layer is built without zero-centred gamma), softmax scale 1/sqrt(d).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from fp8bench.config.schema import ModelConfig
+from fp8bench.core.numerics import sqnr_db
+from fp8bench.models.block import LlamaBlock
+
+REFERENCE_MIN_DB = 40.0
+"""TE's BF16 layer against the FP32 reference must agree at least this well: BF16 rounding alone leaves the
+layer output about 50 dB clean, and E4M3 costs it 20 dB or more, so below 40 dB the reference (not FP8)
+would dominate an FP8 layer's SQNR."""
+
+TE_LAYER_WEIGHTS = {
+    "attn_norm.weight": "self_attention.layernorm_qkv.layer_norm_weight",
+    "qkv.weight": "self_attention.layernorm_qkv.weight",
+    "o.weight": "self_attention.proj.weight",
+    "mlp_norm.weight": "layernorm_mlp.layer_norm_weight",
+    "gate_up.weight": "layernorm_mlp.fc1_weight",
+    "down.weight": "layernorm_mlp.fc2_weight",
+}
+"""Our LlamaBlock's parameter name -> the TE TransformerLayer's (built with fuse_qkv_params=True)."""
+
+
+def qkv_from_te(fused: torch.Tensor, model: ModelConfig) -> torch.Tensor:
+    """TE's group-interleaved fused QKV weight -> ours: [all query heads; all key heads; all value heads]."""
+    groups, per_group, d = model.kv_heads, model.heads // model.kv_heads, model.head_dim
+    if fused.shape[0] != groups * (per_group + 2) * d:
+        raise ValueError(f"fused QKV weight has {fused.shape[0]} rows; {model.name} needs "
+                         f"{groups} groups x ({per_group} + 2) heads x {d}")
+    g = fused.reshape(groups, per_group + 2, d, fused.shape[-1])
+    q = g[:, :per_group].reshape(groups * per_group * d, -1)
+    k = g[:, per_group].reshape(groups * d, -1)
+    v = g[:, per_group + 1].reshape(groups * d, -1)
+    return torch.cat((q, k, v))
+
+
+def qkv_to_te(qkv: torch.Tensor, model: ModelConfig) -> torch.Tensor:
+    """Our QKV weight [all query heads; all key heads; all value heads] -> TE's group-interleaved layout."""
+    groups, per_group, d = model.kv_heads, model.heads // model.kv_heads, model.head_dim
+    q, k, v = qkv.split([model.heads * d, groups * d, groups * d])
+    g = torch.cat((q.reshape(groups, per_group, d, -1), k.reshape(groups, 1, d, -1), v.reshape(groups, 1, d, -1)),
+                  dim=1)
+    return g.reshape(qkv.shape)
+
+
+def te_state_from_block(block: LlamaBlock, model: ModelConfig) -> dict[str, torch.Tensor]:
+    """`block`'s weights under the TE layer's parameter names and layout (what block_from_te reads back)."""
+    ours = {name: p.detach() for name, p in block.named_parameters()}
+    ours["qkv.weight"] = qkv_to_te(ours["qkv.weight"], model)
+    return {te: ours[name] for name, te in TE_LAYER_WEIGHTS.items()}
+
+
+def load_te_layer(layer: torch.nn.Module, block: LlamaBlock, model: ModelConfig) -> None:
+    """Copy `block`'s weights into the TE layer; every weight the mapping names must exist there."""
+    params = dict(layer.named_parameters())
+    with torch.no_grad():
+        for name, w in te_state_from_block(block, model).items():
+            if name not in params or params[name].shape != w.shape:
+                raise KeyError(f"TE layer has no parameter {name} of shape {tuple(w.shape)}")
+            params[name].copy_(w)
+
+
+def block_from_te(state: Mapping[str, torch.Tensor], model: ModelConfig,
+                  dtype: torch.dtype = torch.float32) -> LlamaBlock:
+    """A LlamaBlock (rotate-half RoPE, `dtype`) computing what the TE layer whose state_dict is `state`
+    computes, on the weights' device."""
+    missing = [te for te in TE_LAYER_WEIGHTS.values() if te not in state]
+    if missing:
+        raise KeyError(f"not a TE TransformerLayer state (fuse_qkv_params=True, RMSNorm, no bias): "
+                       f"missing {missing}")
+    device = state[TE_LAYER_WEIGHTS["qkv.weight"]].device
+    with torch.device("meta"):
+        block = LlamaBlock(model, dtype=dtype, rope="half")
+    weights = {ours: state[te].detach().to(dtype) for ours, te in TE_LAYER_WEIGHTS.items()}
+    weights["qkv.weight"] = qkv_from_te(weights["qkv.weight"], model)
+    block.load_state_dict({k: v.to(device) for k, v in weights.items()}, assign=True)
+    block.gelu_approximate = "tanh"
+    return block.requires_grad_(False)
+
+
+def reference_agreement(module_out: torch.Tensor, reference_out: torch.Tensor) -> float:
+    """SQNR (dB) of a module's own high-precision output against the reference's: how far the reference is
+    from the module before any FP8."""
+    return sqnr_db(reference_out.float(), module_out.float())
