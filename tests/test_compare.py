@@ -20,7 +20,7 @@ N_CASES, N_SAMPLES = 40, 30
 
 
 def _run(root, run_id, commit, started, factor=1.0, seed=0, device="NVIDIA H200", torch_version="2.11.0",
-         sqnr=28.5, noise=0.01, version=4):
+         sqnr=28.5, noise=0.01, version=4, reference_sqnr=None):
     rng = random.Random(seed)
     run_dir = root / "runs" / run_id
     write_manifest(run_dir, {"run_id": run_id, "started_at": started, "git_commit": commit, "git_dirty": False,
@@ -34,7 +34,8 @@ def _run(root, run_id, commit, started, factor=1.0, seed=0, device="NVIDIA H200"
             w.write(CaseRecord(run_id=run_id, case_id=f"gemm.m.s{i}.e4m3.current.torch", workload="gemm", model="m",
                                format="e4m3", scaling="current", backend="torch", shape_name=f"s{i}", shape={},
                                status="ok", metrics=[Metric.of("time_ms", sorted(samples)[N_SAMPLES // 2]),
-                                                     Metric.of("sqnr_db", sqnr)],
+                                                     Metric.of("sqnr_db", sqnr)]
+                               + ([Metric.of("reference_sqnr_db", reference_sqnr)] if reference_sqnr else []),
                                samples={"time_ms": samples}))
 
 
@@ -194,6 +195,16 @@ def test_numerics_drop_is_a_regression_and_env_change_is_named(tmp_path):
     cmp = compare_runs(_db(tmp_path), "base", "latest")
     assert {c.verdict for c in cmp.changes if c.metric == "sqnr_db"} == {"regression"}
     assert cmp.env_changes == ["torch 2.11.0 → 2.12.0"]
+
+
+def test_a_reference_that_drifts_from_the_module_is_a_regression(tmp_path):
+    """reference_sqnr_db (TE's BF16 layer against its reference) is judged by value, like sqnr_db: a drop
+    means the reference no longer computes what the module does, even where sqnr_db held."""
+    _run(tmp_path, "base", "c0", 1.0e9, seed=1, reference_sqnr=52.4)
+    _run(tmp_path, "head", "c1", 1.1e9, seed=1, reference_sqnr=21.5)
+    changes = compare_runs(_db(tmp_path), "base", "head").changes
+    assert {c.verdict for c in changes if c.metric == "reference_sqnr_db"} == {"regression"}
+    assert {c.verdict for c in changes if c.metric == "sqnr_db"} == {"unchanged"}
 
 
 def test_different_gpus_and_unknown_runs_are_refused(tmp_path):

@@ -15,20 +15,24 @@ TRIALS = ["regression_trials.json", "regression_trials_feedback.json", "regressi
           "regression_trials_s6.json", "regression_trials_s7.json"]
 
 
-def generated_block(doc: str) -> str:
-    m = re.search(r"<!-- generated: [^>]*-->\n(.*?)<!-- end generated -->", (ROOT / "docs" / doc).read_text(), re.S)
-    assert m, f"docs/{doc} has no generated block"
+def generated_block(doc: str, command: str = "") -> str:
+    """The generated block of docs/`doc` whose header command contains `command` (the first one if empty)."""
+    m = re.search(r"<!-- generated: [^>]*" + re.escape(command) + r"[^>]*-->\n(.*?)<!-- end generated -->",
+                  (ROOT / "docs" / doc).read_text(), re.S)
+    assert m, f"docs/{doc} has no generated block for {command!r}"
     return m.group(1)
 
 
-def test_the_reproducibility_table_is_the_committed_runs(tmp_path):
+@pytest.mark.parametrize("result_set,runs", [("h200-hopper", ("hopper-a", "hopper-b")),
+                                             ("h200-hopper-labelled", ("hopper-c", "hopper-e"))])
+def test_the_reproducibility_table_is_the_committed_runs(tmp_path, result_set, runs):
     sys.path.insert(0, str(ROOT / "scripts"))
     import reproducibility
 
     con = store.connect(tmp_path / "db.duckdb")
-    store.ingest(con, [ROOT / "results" / "h200-hopper", ROOT / "results" / "spread"])
-    rows = reproducibility.tally(reproducibility._metrics(con, "hopper-a"), reproducibility._metrics(con, "hopper-b"))
-    assert generated_block("reproducibility.md") == reproducibility.markdown(rows, ("hopper-a", "hopper-b"))
+    store.ingest(con, [ROOT / "results" / result_set, ROOT / "results" / "spread"])
+    rows = reproducibility.tally(reproducibility._metrics(con, runs[0]), reproducibility._metrics(con, runs[1]))
+    assert generated_block("reproducibility.md", " ".join(runs)) == reproducibility.markdown(rows, runs)
 
 
 def test_the_regression_trials_table_is_the_committed_judgements():

@@ -289,14 +289,18 @@ def compare_runs(con, base_spec: str, head_spec: str, across_versions: bool = Fa
         cmp.changes.append(Change(case_id, metric, statistics.median(sb[key]), statistics.median(sh[key]), rel, p,
                                   floor, verdict, level, label))
     cmp.changes += _speedup_changes(con, base, head, label)
-    qb, qh = _values(con, base, ["sqnr_db"]), _values(con, head, ["sqnr_db"])
+    accuracy = ["sqnr_db", "reference_sqnr_db"]  # by value: deterministic on the same seeded inputs
+    qb, qh = _values(con, base, accuracy), _values(con, head, accuracy)
     for case_id in sorted(set(qb) & set(qh)):
-        b, h = qb[case_id]["sqnr_db"], qh[case_id]["sqnr_db"]
-        delta = h - b
-        verdict = ("unchanged" if abs(delta) <= SQNR_TOLERANCE_DB or delta != delta
-                   else "improvement" if delta > 0 else "regression")
-        cmp.changes.append(Change(case_id, "sqnr_db", b, h, delta / abs(b) if b else 0.0, None, None, verdict, None,
-                                  label))
+        for metric in accuracy:
+            b, h = qb[case_id][metric], qh[case_id][metric]
+            if b is None or h is None:
+                continue
+            delta = h - b
+            verdict = ("unchanged" if abs(delta) <= SQNR_TOLERANCE_DB or delta != delta
+                       else "improvement" if delta > 0 else "regression")
+            cmp.changes.append(Change(case_id, metric, b, h, delta / abs(b) if b else 0.0, None, None, verdict,
+                                      None, label))
     return cmp
 
 

@@ -10,7 +10,7 @@ from fp8bench.core.speedup import bound_label
 
 WIDE_METRICS = (
     "time_ms", "time_ms_kernel", "tflops", "tflops_kernel", "speedup_vs_bf16", "pct_of_peak", "gbps",
-    "peak_mem_bytes", "sqnr_db", "rel_err", "sqnr_vs_emulated_db", "tokens_per_s", "loss_initial", "loss_final",
+    "peak_mem_bytes", "sqnr_db", "reference_sqnr_db", "rel_err", "sqnr_vs_emulated_db", "tokens_per_s", "loss_initial", "loss_final",
     "loss_gap_vs_bf16", "loss_gap_allowed", "loss_area_gap_pct", "parity_pass", "quality_speedup",
     "mem_weights_bytes", "mem_optimizer_bytes", "mem_persistent_other_bytes", "mem_activations_bytes",
     "mem_saved_fp8_bytes", "mem_saved_hp_bytes", "mem_transient_bytes", "mem_step_peak_bytes", "linears_fp8",
