@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # asv: the machine name is the GPU model (or the CPU's), so histories of one GPU kind line up.
 ASV_MACHINE ?= $(shell $(BIN)/python -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '-') if torch.cuda.is_available() else 'cpu-' + __import__('platform').machine())" 2>/dev/null)
 
-.PHONY: run test test-fast lint plan clean asv results-page
+.PHONY: run test test-fast lint plan clean asv asv-gate asv-history publish results-page
 
 # The venv takes ~2.8 GB (triton ~1 GB, torch ~0.75 GB); --no-cache-dir keeps pip from adding copies of the
 # wheels in ~/.cache on a disk that may be short (a CI run once failed on "No space left on device").
@@ -54,13 +54,13 @@ plan: $(STAMP)
 
 # The import layering (.importlinter) is part of the tests: a change that breaks it fails here.
 test: $(STAMP)
-	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research
+	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research asv_plugins
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -m "not gpu"
 
 # The edit-test loop: lint, layering and every test not marked slow (about a minute on two cores).
 test-fast: $(STAMP)
-	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research
+	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research asv_plugins
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -m "not gpu and not slow"
 
@@ -70,6 +70,28 @@ asv: $(STAMP)
 	$(BIN)/asv run --python=same --machine $(ASV_MACHINE) --set-commit-hash $$(git rev-parse HEAD) --show-stderr
 	$(BIN)/asv publish
 	$(BIN)/python scripts/asv_offline.py
+
+# The CI gate: build BASE and HEAD into their own environments (asv_plugins/fp8bench_env.py: no package index
+# needed), run the suite's lower-is-better series on both and fail on a regression asv calls, then judge every
+# recorded series by its direction with fp8bench asv-compare. asv reads every series as lower-is-better, so
+# the gate runs only those (TFLOPS, speedup and SQNR are tracked as time, time_vs_bf16 and noise_power).
+BASE ?= HEAD~1
+HEAD ?= HEAD
+ASV_GATE := track_(time_ms|time_vs_bf16|noise_power|peak_mem_bytes)
+asv-gate: $(STAMP)
+	$(BIN)/asv machine --yes --machine $(ASV_MACHINE)
+	$(BIN)/asv continuous --machine $(ASV_MACHINE) --bench '$(ASV_GATE)' --factor 1.1 --show-stderr $(BASE) $(HEAD)
+	$(BIN)/fp8bench asv-compare $$(git rev-parse $(BASE)) $$(git rev-parse $(HEAD)) --machine $(ASV_MACHINE)
+
+# A history in one command: every commit of RANGE (e.g. v1..main), each in its own environment.
+RANGE ?= HEAD~3..HEAD
+asv-history: $(STAMP)
+	$(BIN)/asv machine --yes --machine $(ASV_MACHINE)
+	$(BIN)/asv run --machine $(ASV_MACHINE) --show-stderr $(RANGE)
+
+# fp8bench's site with asv's inside it, committed to the gh-pages branch (push it, or PUSH=--push).
+publish: $(STAMP)
+	$(BIN)/python scripts/publish.py $(PUSH)
 
 clean:
 	rm -rf $(VENV) results/runs results/hydra results/*.duckdb results/site

@@ -1,10 +1,15 @@
-"""The asv suite: `asv check` and a quick CPU `asv run` on a throwaway results folder (both must pass)."""
+"""The asv suite: `asv check`; `asv continuous` building two commits of a scratch clone into their own
+environments (asv_plugins/fp8bench_env.py) and failing on a planted slowdown; `make publish`'s script
+writing a gh-pages branch that Chromium renders offline; the committed H200 history's asv site; the
+direction-aware `fp8bench asv-compare`."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +27,7 @@ def conf(tmp_path_factory):
         pytest.skip("asv is not installed (pip install asv)")
     tmp = tmp_path_factory.mktemp("asv")
     cfg = json.loads((ROOT / "asv.conf.json").read_text())
-    assert cfg["environment_type"] == "existing" and cfg["launch_method"] == "spawn"
+    assert cfg["environment_type"] == "derived" and cfg["launch_method"] == "spawn"
     assert cfg["results_dir"] == "results/asv" and cfg["html_dir"] == "results/site/asv"
     cfg.update(repo=str(ROOT), benchmark_dir=str(ROOT / "benchmarks"), results_dir=str(tmp / "results"),
                html_dir=str(tmp / "html"))
@@ -43,22 +48,88 @@ def test_asv_check(conf):
     assert "No problems found" in res.stdout
 
 
+def _git(repo, *args):
+    return subprocess.run(["git", "-c", "user.name=fp8bench-test", "-c", "user.email=test@fp8bench", *args],
+                          cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def gated_clone(tmp_path_factory):
+    """A clone of this repository's HEAD plus one commit that sets the test-only slowdown knob (torch's every
+    timed iteration 50% longer) in the CPU suite's preset, and `asv continuous HEAD~1 HEAD` run in it as
+    the Makefile's asv-gate runs it (its ASV_GATE series; --quick: each case is measured once anyway)."""
+    if ASV is None:
+        pytest.skip("asv is not installed (pip install asv)")
+    clone = tmp_path_factory.mktemp("gate") / "repo"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    preset = clone / "conf" / "sweep" / "asv-cpu.yaml"
+    preset.write_text(preset.read_text() + 'slowdown: "torch:0.5"\n')
+    _git(clone, "commit", "--quiet", "-am", "plant a 50% slowdown of the torch backend in the CPU suite")
+    gate = re.search(r"^ASV_GATE := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    assert subprocess.run([ASV, "machine", "--yes", "--machine", "ci-cpu"], cwd=clone, env=env,
+                          capture_output=True).returncode == 0
+    start = time.monotonic()
+    res = subprocess.run([ASV, "continuous", "--machine", "ci-cpu", "--bench", gate, "--factor", "1.1", "--quick",
+                          "--show-stderr", "HEAD~1", "HEAD"], cwd=clone, env=env, capture_output=True, text=True,
+                         timeout=1200)
+    print(f"asv continuous HEAD~1 HEAD: {time.monotonic() - start:.0f} s, exit {res.returncode}")
+    return clone, res
+
+
+def _recorded(clone, commit):
+    """{benchmark: {case: value}} asv recorded for `commit` on machine ci-cpu."""
+    [path] = [p for p in (clone / "results" / "asv" / "ci-cpu").glob(f"{commit[:8]}-*.json")]
+    out = {}
+    for name, entry in json.loads(path.read_text())["results"].items():
+        out[name.split(".")[-1]] = dict(zip((p.strip("'") for p in entry[1][0]), entry[0], strict=True))
+    return out
+
+
 @pytest.mark.slow
-def test_quick_cpu_asv_run_records_cpu_cases_and_skips_gpu_ones(conf):
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    assert _asv("machine", "--yes", "--machine", "ci-cpu", "--config", str(conf)).returncode == 0
-    res = _asv("run", "--python=same", "--quick", "--machine", "ci-cpu", "--set-commit-hash", commit,
-               "--config", str(conf))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    [result_file] = [p for p in (conf.parent / "results" / "ci-cpu").glob("*.json") if p.name != "machine.json"]
-    results = json.loads(result_file.read_text())["results"]
-    values, params = results["suite.FP8Cases.track_time_ms"][0], results["suite.FP8Cases.track_time_ms"][1][0]
-    by_case = dict(zip((p.strip("'") for p in params), values, strict=True))
-    assert by_case["gemm.tiny.fprop_gate_up.e4m3.current.torch"] > 0
-    gpu = by_case["gemm.llama2-7b.fprop_qkv.e4m3.blockwise.torch"]
+def test_asv_continuous_builds_both_commits_offline_and_fails_on_a_planted_slowdown(gated_clone):
+    clone, res = gated_clone
+    assert res.returncode != 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "PERFORMANCE DECREASED" in res.stdout
+    assert "Installing" in res.stdout  # each commit installed into the derived environment, not the tree
+    base, head = _git(clone, "rev-parse", "HEAD~1"), _git(clone, "rev-parse", "HEAD")
+    before, after = _recorded(clone, base), _recorded(clone, head)
+    assert set(before) == set(after) == {"track_time_ms", "track_time_vs_bf16", "track_noise_power",
+                                         "track_peak_mem_bytes"}
+    case = "gemm.tiny.fprop_gate_up.e4m3.current.torch"
+    assert before["track_time_ms"][case] > 0 and after["track_time_ms"][case] > 1.2 * before["track_time_ms"][case]
+    gpu = before["track_time_ms"]["gemm.llama2-7b.fprop_qkv.e4m3.blockwise.torch"]
     assert gpu is None or gpu != gpu  # a GPU case: skipped here (asv records null/NaN)
-    sqnr = dict(zip((p.strip("'") for p in params), results["suite.FP8Cases.track_sqnr_db"][0], strict=True))
-    assert 25 < sqnr["gemm.tiny.fprop_gate_up.e4m3.current.torch"] < 33
+    # noise power 10^(-SQNR/10) of an E4M3 GEMM: SQNR between 25 and 33 dB, unchanged by the slowdown
+    noise = before["track_noise_power"][case]
+    assert 10 ** -3.3 < noise < 10 ** -2.5 and after["track_noise_power"][case] == pytest.approx(noise)
+
+
+@pytest.mark.slow
+def test_publish_writes_a_gh_pages_branch_that_renders_offline(gated_clone, tmp_path):
+    from fp8bench.report.browser import check_asv_site, check_site, chromium_path
+
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed")
+    clone, _ = gated_clone
+    res = subprocess.run([sys.executable, "scripts/publish.py"], cwd=clone, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert _git(clone, "log", "-1", "--format=%s", "gh-pages") == f"fp8bench site at {_git(clone, 'rev-parse', '--short', 'HEAD')}"
+    assert _git(clone, "status", "--porcelain") == ""  # the working tree and index are untouched
+    site = tmp_path / "gh-pages"
+    site.mkdir()
+    archive = subprocess.run(["git", "archive", "gh-pages"], cwd=clone, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "x", "-C", str(site)], input=archive, check=True)
+    assert (site / ".nojekyll").is_file() and (site / "asv" / "index.html").is_file()
+    checks = check_site(site)
+    assert {c.page for c in checks} >= {"index.html", "history.html", "runs.html"}
+    for c in checks:
+        assert c.errors == [] and c.external_requests == [] and c.broken_links == [], c
+    assert 'href="asv/index.html"' in (site / "index.html").read_text()  # asv's site is in the navigation
+    asv = check_asv_site(site / "asv", "suite.FP8Cases.track_time_ms",
+                         "case_id=%27gemm.tiny.fprop_gate_up.e4m3.current.torch%27")
+    assert asv.errors == [] and asv.external_requests == [] and asv.graph_drawn
 
 
 @pytest.mark.slow

@@ -9,6 +9,10 @@ from pathlib import Path
 from fp8bench.report import data, pages
 
 
+ASV_NAV = (("asv/index.html", "asv suite"),)
+"""The navigation entry of asv's own site, where `asv publish` wrote it into the site's asv/ folder."""
+
+
 def plotly_asset() -> Path:
     import plotly
 
@@ -36,6 +40,6 @@ def build_site(con, out: Path) -> list[Path]:
     written = []
     for page in built:
         path = out / page.filename
-        path.write_text(page.render(), encoding="utf-8")
+        path.write_text(page.render(ASV_NAV if asv.is_file() else ()), encoding="utf-8")
         written.append(path)
     return written

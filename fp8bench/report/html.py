@@ -124,8 +124,10 @@ class Page:
         self.parts.append(f'<div class="tbl"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
                           f"</table></div>{more}")
 
-    def render(self) -> str:
-        nav = "".join(f'<a href="{f}"{" class=on" if f == self.filename else ""}>{esc(t)}</a>' for f, t in PAGES)
+    def render(self, extra_nav: tuple[tuple[str, str], ...] = ()) -> str:
+        """The page; `extra_nav` (href, title) pairs join the navigation (asv's site, where it is inside)."""
+        nav = "".join(f'<a href="{f}"{" class=on" if f == self.filename else ""}>{esc(t)}</a>'
+                      for f, t in (*PAGES, *extra_nav))
         return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>fp8bench · {esc(self.title)}'
                 f'</title><meta name="viewport" content="width=device-width, initial-scale=1">'
                 f'<style>{CSS}</style><script src="assets/plotly.min.js"></script></head><body><header>'
