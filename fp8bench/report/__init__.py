@@ -8,7 +8,6 @@ from pathlib import Path
 
 from fp8bench.report import data, pages
 
-
 ASV_NAV = (("asv/index.html", "asv suite"),)
 """The navigation entry of asv's own site, where `asv publish` wrote it into the site's asv/ folder."""
 
