@@ -11,7 +11,7 @@ import contextlib
 import os
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from rich.console import Console
@@ -205,9 +205,13 @@ def _print_summary(records: list, run_id: str, run_dir: Path, seconds: float) ->
     whole = not_run(records)
     if whole:
         out.print(whole, highlight=False, markup=False, soft_wrap=True)
-    per_case = results_table(records)
-    if per_case is not None:
-        out.print(per_case)
+    from fp8bench.analysis.parity import derive_parity
+
+    derived: dict[str, dict[str, float]] = defaultdict(dict)
+    for rec, metrics, _ in derive_parity(records):  # the loss-parity verdicts `fp8bench ingest` also derives
+        derived[rec.case_id].update({m.name: m.value for m in metrics})
+    for table in results_table(records, derived):
+        out.print(table)
     reasons = skip_reasons(records)
     if reasons:
         out.print("skipped, by reason:", highlight=False)

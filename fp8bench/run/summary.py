@@ -3,6 +3,7 @@ case's figures when there are few, and why the rest were skipped, grouped by rea
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter, defaultdict
 
@@ -48,21 +49,55 @@ def not_run(records: list[CaseRecord]) -> str | None:
     return "nothing ran for: " + ", ".join(f"{be} ({', '.join(wls)})" for be, wls in sorted(whole.items()))
 
 
-def results_table(records: list[CaseRecord]) -> Table | None:
-    """Each ok case's median time, speedup with its 95% interval, SQNR and host-boundness; None for a sweep
-    with more than PER_CASE_ROWS ok cases (the summary and the report carry those)."""
+def results_table(records: list[CaseRecord], derived: dict[str, dict[str, float]] | None = None) -> list[Table]:
+    """For a run with at most PER_CASE_ROWS ok cases: each non-training case's median time, speedup with its
+    95% interval, SQNR and host-boundness, and each training recipe over its seeds (`training_table`, which
+    reads the parity verdicts in `derived`: {case_id: {metric: value}} computed from the run's records).
+    Empty for a sweep with more (the summary and the report carry those)."""
     ok = [r for r in records if r.status == "ok"]
     if not ok or len(ok) > PER_CASE_ROWS:
-        return None
-    table = Table(title="results (median time; speedup vs the BF16 twin with its 95% interval over rounds)")
-    for col in ("case", "time_ms", "speedup", "95% interval", "sqnr_db", "bound"):
-        table.add_column(col, justify="left" if col in ("case", "bound") else "right")
-    for r in sorted(ok, key=lambda r: r.case_id):
-        t, s, sqnr = r.metric("time_ms"), r.metric("speedup_vs_bf16"), r.metric("sqnr_db")
-        lo, hi, bound = r.metric("speedup_vs_bf16_lo"), r.metric("speedup_vs_bf16_hi"), r.metric("host_bound")
-        table.add_row(r.case_id, "" if t is None else f"{t:.4g}", "" if s is None else f"{s:.2f}x",
-                      "" if lo is None else f"{lo:.2f}-{hi:.2f}", "" if sqnr is None else f"{sqnr:.1f}",
-                      bound_label(bound))
+        return []
+    tables = []
+    timed = [r for r in ok if r.workload != "train"]
+    if timed:
+        table = Table(title="results (median time; speedup vs the BF16 twin with its 95% interval over rounds)")
+        for col in ("case", "time_ms", "speedup", "95% interval", "sqnr_db", "bound"):
+            table.add_column(col, justify="left" if col in ("case", "bound") else "right")
+        for r in sorted(timed, key=lambda r: r.case_id):
+            t, s, sqnr = r.metric("time_ms"), r.metric("speedup_vs_bf16"), r.metric("sqnr_db")
+            lo, hi, bound = r.metric("speedup_vs_bf16_lo"), r.metric("speedup_vs_bf16_hi"), r.metric("host_bound")
+            table.add_row(r.case_id, "" if t is None else f"{t:.4g}", "" if s is None else f"{s:.2f}x",
+                          "" if lo is None else f"{lo:.2f}-{hi:.2f}", "" if sqnr is None else f"{sqnr:.1f}",
+                          bound_label(bound))
+        tables.append(table)
+    trained = [r for r in ok if r.workload == "train"]
+    if trained:
+        tables.append(training_table(trained, derived or {}))
+    return tables
+
+
+def training_table(records: list[CaseRecord], derived: dict[str, dict[str, float]]) -> Table:
+    """One row per training recipe, its seeds pooled: median step time, final loss (median, and the range
+    over seeds), the median gap to BF16's final loss and on how many seeds the parity verdict passed."""
+    by_recipe: dict[str, list[CaseRecord]] = defaultdict(list)
+    for r in records:
+        by_recipe[re.sub(r"\.seed\d+\.", ".", r.case_id)].append(r)
+    table = Table(title="training (per recipe over its seeds: median step time, final loss, gap to BF16)")
+    for col in ("recipe", "seeds", "step ms", "final loss", "gap vs BF16", "parity passed"):
+        table.add_column(col, justify="left" if col == "recipe" else "right")
+
+    def values(rs, name, source=None):
+        got = [(source or {}).get(r.case_id, {}).get(name) if source is not None else r.metric(name) for r in rs]
+        return [v for v in got if v is not None]
+
+    for recipe, rs in sorted(by_recipe.items()):
+        step, loss = values(rs, "time_ms"), values(rs, "loss_final")
+        gap, passed = values(rs, "loss_gap_vs_bf16", derived), values(rs, "parity_pass", derived)
+        table.add_row(recipe, str(len(rs)), f"{statistics.median(step):.4g}" if step else "",
+                      (f"{statistics.median(loss):.3f}" + (f" ({min(loss):.3f}-{max(loss):.3f})" if len(loss) > 1
+                                                           else "")) if loss else "",
+                      f"{statistics.median(gap):+.3f}" if gap else "",
+                      f"{int(sum(passed))} of {len(passed)}" if passed else "")
     return table
 
 
