@@ -197,20 +197,22 @@ def cmd_run(args: list[str]) -> int:
 
 
 def _print_summary(records: list, run_id: str, run_dir: Path, seconds: float) -> None:
+    from fp8bench.analysis.parity import derive_parity
     from fp8bench.run.runner import format_duration
     from fp8bench.run.summary import not_run, results_table, skip_reasons, summary_table
-
-    if any(r.status != "skipped" for r in records):
-        out.print(summary_table(records))
-    whole = not_run(records)
-    if whole:
-        out.print(whole, highlight=False, markup=False, soft_wrap=True)
-    from fp8bench.analysis.parity import derive_parity
 
     derived: dict[str, dict[str, float]] = defaultdict(dict)
     for rec, metrics, _ in derive_parity(records):  # the loss-parity verdicts `fp8bench ingest` also derives
         derived[rec.case_id].update({m.name: m.value for m in metrics})
-    for table in results_table(records, derived):
+    per_case = results_table(records, derived)
+    # A few cases, all ok or skipped: their own rows say it all, and the closing line has the counts.
+    if any(r.status != "skipped" for r in records) and (
+            not per_case or any(r.status not in ("ok", "skipped") for r in records)):
+        out.print(summary_table(records))
+    whole = not_run(records)
+    if whole:
+        out.print(whole, highlight=False, markup=False, soft_wrap=True)
+    for table in per_case:
         out.print(table)
     reasons = skip_reasons(records)
     if reasons:
