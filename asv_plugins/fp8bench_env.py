@@ -47,6 +47,10 @@ def inherited_paths(paths: list[str] | None = None) -> list[str]:
         if under_stdlib or real in out:
             continue
         if any((Path(real) / name).is_dir() for name in PROJECT_PACKAGES):
+            if "site-packages" in real or "dist-packages" in real:  # leaving it out would leave torch out too
+                raise environment.EnvironmentUnavailable(
+                    f"{real} holds a copy of fp8bench installed without -e; it would shadow each commit asv "
+                    "installs: uninstall it, or install the project with pip install -e")
             continue
         out.append(real)
     return out

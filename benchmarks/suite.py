@@ -16,16 +16,19 @@ from pathlib import Path
 from fp8bench.core.records import MEASUREMENT_VERSION
 
 TRACKED_SWEEPS = ("asv-cpu", "asv-hopper-gemm", "asv-hopper-te", "asv-hopper-torchao", "asv-hopper-train")
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _tracked_case_ids() -> list[str]:
     """Expand the tracked sweeps (Hydra compose, ~1 s). asv imports this module in a fresh process for every
     benchmark and parameter, so the list is cached on disk under a hash of conf/ and of fp8bench's shapes."""
+    import fp8bench
     from fp8bench.models import shapes as shapes_module
 
+    # the conf/ that expand() reads: the installed commit's (asv installs each commit beside its own conf/),
+    # which need not be this working tree's
+    installed_conf = Path(fp8bench.__file__).resolve().parents[1] / "conf"
     digest = hashlib.sha256(repr(TRACKED_SWEEPS).encode())
-    for f in sorted(CONF.rglob("*.yaml")) + [Path(shapes_module.__file__)]:
+    for f in sorted(installed_conf.rglob("*.yaml")) + [Path(shapes_module.__file__)]:
         digest.update(f.read_bytes())
     cache = Path(tempfile.gettempdir()) / f"fp8bench-asv-cases-{digest.hexdigest()[:16]}.json"
     if cache.is_file():

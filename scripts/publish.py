@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", type=Path, default=ROOT / "results" / "published.duckdb")
     ap.add_argument("--push", action="store_true", help="push the branch to origin afterwards (ghp-import -p)")
     ns = ap.parse_args(argv)
-    site = ns.site.resolve()
+    site, db = ns.site.resolve(), ns.db.resolve()  # the tools below run in the repository root
     if site.exists():
         shutil.rmtree(site)  # a stale page or a removed run must not survive into the published tree
     conf = json.loads((ROOT / "asv.conf.json").read_text())
@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         _run(sys.executable, str(ROOT / "scripts" / "asv_offline.py"), str(site / "asv"))
     else:
         print(f"no asv results under {conf['results_dir']}: the site is published without asv's", flush=True)
-    ns.db.unlink(missing_ok=True)
+    db.unlink(missing_ok=True)
     fp8bench = [sys.executable, "-m", "fp8bench"]
-    _run(*fp8bench, "ingest", *map(str, committed_result_sets()), "--db", str(ns.db))
-    _run(*fp8bench, "report", "--db", str(ns.db), "--out", str(site))
+    _run(*fp8bench, "ingest", *map(str, committed_result_sets()), "--db", str(db))
+    _run(*fp8bench, "report", "--db", str(db), "--out", str(site))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
     ghp = [_tool("ghp-import"), "--no-jekyll", "--branch", ns.branch, "--message", f"fp8bench site at {commit}"]

@@ -190,17 +190,12 @@ class TEBackend(Backend):
                 return layer(inp, rotary_pos_emb=rope)
 
         # The reference is our FP32 LlamaBlock with this layer's weights (te_reference), built only when asked,
-        # after timing and memory: scoring TE's FP8 layer against TE's own BF16 run would hide any mismatch
-        # both share. reference_check says how well the reference matches TE's BF16 layer.
-        cache: dict = {}
-
+        # after timing and memory, and freed at once: scoring TE's FP8 layer against TE's own BF16 run would
+        # hide any mismatch both share. reference_check says how well the reference matches TE's BF16 layer.
         def reference_output():
-            if "y" not in cache:
-                block = block_from_te(layer.state_dict(), model)
-                with torch.no_grad():
-                    cache["y"] = block(x.float())
-                del block
-            return cache["y"]
+            block = block_from_te(layer.state_dict(), model)
+            with torch.no_grad():
+                return block(x.float())
 
         def reference_check():
             with torch.no_grad():

@@ -31,12 +31,13 @@ from fp8bench.config.schema import ModelConfig
 from fp8bench.core.numerics import sqnr_db
 from fp8bench.models.block import LlamaBlock
 
-REFERENCE_MIN_DB = 40.0
-"""TE's BF16 layer against the FP32 reference must agree at least this well. The mismatches planted in
-tests/test_te_reference.py (a QKV layout, a RoPE convention, the SwiGLU halves) score below it; a correct
-reference leaves only BF16 rounding, well above an FP8 layer's SQNR (results/h200-hopper-labelled). Read
-`reference_sqnr_db` beside a case's `sqnr_db`: only a reference agreement well above it makes that SQNR the
-recipe's."""
+REFERENCE_MIN_DB = 48.0
+"""TE's BF16 layer against the FP32 reference must agree at least this well. Rounding the layer's output to
+BF16 alone caps the agreement near 52 dB (what a correct reference scores, on the H200 and in
+tests/test_te_reference.py). The residual stream dilutes a wrong convention inside the block: at a
+1024-wide, 1024-token shape RoPE by pairs instead of halves still scores about 41 dB, and about 45 dB at
+Llama-3-8B width, more than an FP8 layer's SQNR, so a floor of 40 dB would let it through; the QKV layout and
+the SwiGLU halves score lower. Below this floor the layer workload records no FP8 SQNR for the case."""
 
 TE_LAYER_WEIGHTS = {
     "attn_norm.weight": "self_attention.layernorm_qkv.layer_norm_weight",
