@@ -64,15 +64,16 @@ class QuantizeOp:
 @dataclass
 class LinearOp:
     """A prepared module: `step()` runs forward and backward once; `outputs()` gives (y, dx, dw) as float32
-    (dw None for a whole layer); `reference_outputs()` the reference's outputs where it has them (the same module in BF16, or for TE's
-    layer an FP32 re-implementation: `reference_check`)."""
+    (dw None for a whole layer); `reference_outputs()` the same module's BF16 outputs where it has them;
+    `reference_check` where the reference is another implementation (TE's layer)."""
 
     step: Callable[[], object]
     outputs: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
     reference_outputs: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None = None
     reference_check: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
     """(the module's own output without FP8, the reference's output) where the reference is not that module
-    itself: their agreement bounds what an FP8 SQNR against the reference can mean."""
+    itself: their agreement bounds what an FP8 SQNR against the reference can mean, and the reference's output
+    is what the FP8 output is scored against."""
     notes: dict = field(default_factory=dict)
     params: list = field(default_factory=list)
     """The module's parameters (what a memory breakdown counts as weights)."""

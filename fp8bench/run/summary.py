@@ -86,13 +86,15 @@ def training_table(records: list[CaseRecord], derived: dict[str, dict[str, float
     for col in ("recipe", "seeds", "step ms", "final loss", "gap vs BF16", "parity passed"):
         table.add_column(col, justify="left" if col == "recipe" else "right")
 
-    def values(rs, name, source=None):
-        got = [(source or {}).get(r.case_id, {}).get(name) if source is not None else r.metric(name) for r in rs]
-        return [v for v in got if v is not None]
+    def measured(rs, name):
+        return [v for v in (r.metric(name) for r in rs) if v is not None]
+
+    def verdicts(rs, name):  # derived from several cases at once, so not in a record's metrics
+        return [v for v in (derived.get(r.case_id, {}).get(name) for r in rs) if v is not None]
 
     for recipe, rs in sorted(by_recipe.items()):
-        step, loss = values(rs, "time_ms"), values(rs, "loss_final")
-        gap, passed = values(rs, "loss_gap_vs_bf16", derived), values(rs, "parity_pass", derived)
+        step, loss = measured(rs, "time_ms"), measured(rs, "loss_final")
+        gap, passed = verdicts(rs, "loss_gap_vs_bf16"), verdicts(rs, "parity_pass")
         table.add_row(recipe, str(len(rs)), f"{statistics.median(step):.4g}" if step else "",
                       (f"{statistics.median(loss):.3f}" + (f" ({min(loss):.3f}-{max(loss):.3f})" if len(loss) > 1
                                                            else "")) if loss else "",
