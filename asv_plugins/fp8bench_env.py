@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from asv import environment, util
@@ -32,22 +33,21 @@ def _this_python() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def inherited_paths(paths: list[str] | None = None) -> list[str]:
+def inherited_paths() -> list[str]:
     """The import path entries of this interpreter that a derived environment should see: existing folders
     and archives, without the standard library (the venv has its own) and without any that hold the
     project."""
-    stdlib = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)}
+    stdlib = os.path.realpath(sysconfig.get_path("stdlib"))  # site-packages may lie inside it (no venv)
     out: list[str] = []
-    for p in (sys.path if paths is None else paths):
+    for p in sys.path:
         if not p or not os.path.exists(p):
             continue
         real = os.path.realpath(p)
-        under_stdlib = any(real.startswith(os.path.join(s, "lib")) and "site-packages" not in real
-                           and "dist-packages" not in real for s in stdlib)
-        if under_stdlib or real in out:
+        site_dir = "site-packages" in real or "dist-packages" in real
+        if real in out or (real.startswith(stdlib) and not site_dir):
             continue
         if any((Path(real) / name).is_dir() for name in PROJECT_PACKAGES):
-            if "site-packages" in real or "dist-packages" in real:  # leaving it out would leave torch out too
+            if site_dir:  # leaving it out would leave torch out too
                 raise environment.EnvironmentUnavailable(
                     f"{real} holds a copy of fp8bench installed without -e; it would shadow each commit asv "
                     "installs: uninstall it, or install the project with pip install -e")
