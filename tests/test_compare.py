@@ -286,3 +286,20 @@ def test_ten_identical_pairs_of_small_cpu_runs_call_no_change(tmp_path, cli):
             assert res.returncode == 0, res.stderr[-2000:]
         res = cli("compare", "base", "head", "--db", str(results / "fp8bench.duckdb"))
         assert res.returncode == 0 and "0 regression, 0 improvement" in res.stdout, res.stdout
+
+
+def test_piped_compare_keeps_every_cell_whole(tmp_path):
+    """Piped (no terminal), rich would cut the case column to fit 80 columns ('gemm.m.s3…'): it stays whole."""
+    import os
+    import subprocess
+    import sys
+
+    _run(tmp_path, "base", "c0", 1.0e9, seed=1)
+    _run(tmp_path, "head", "c1", 1.1e9, seed=1, sqnr=26.0)  # every case's SQNR drops: a row per case
+    _db(tmp_path).close()
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    res = subprocess.run([sys.executable, "-m", "fp8bench", "compare", "base", "head", "--db",
+                          str(tmp_path / "db.duckdb")], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=300)
+    assert res.returncode == 1, res.stderr  # the SQNR regressions
+    assert "…" not in res.stdout and "gemm.m.s39.e4m3.current.torch" in res.stdout
