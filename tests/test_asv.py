@@ -19,8 +19,22 @@ ROOT = Path(__file__).resolve().parents[1]
 ASV = shutil.which("asv", path=str(Path(sys.executable).parent)) or shutil.which("asv")
 
 
+@pytest.fixture(scope="module")
+def asv_env(tmp_path_factory):
+    """The environment every asv command here runs in: a HOME of its own, so that asv's machine file
+    (~/.asv-machine.json) holds one machine, ci-cpu, whatever the user's own file holds (asv picks the only
+    entry there when no --machine is given, and refuses when there are several)."""
+    if ASV is None:
+        pytest.skip("asv is not installed (pip install asv)")
+    home = tmp_path_factory.mktemp("asv-home")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HOME=str(home))
+    assert subprocess.run([ASV, "machine", "--yes", "--machine", "ci-cpu"], cwd=ROOT, env=env,
+                          capture_output=True).returncode == 0
+    return env
+
+
 @pytest.fixture
-def conf(tmp_path_factory):
+def conf(tmp_path_factory, asv_env):
     """A results and html folder per test: the quick CPU run's results must not join the H200 history's."""
     if ASV is None:
         if os.environ.get("CI"):
@@ -28,7 +42,7 @@ def conf(tmp_path_factory):
         pytest.skip("asv is not installed (pip install asv)")
     tmp = tmp_path_factory.mktemp("asv")
     cfg = json.loads((ROOT / "asv.conf.json").read_text())
-    assert cfg["environment_type"] == "derived" and cfg["launch_method"] == "spawn"
+    assert cfg["environment_type"] == "derived" and cfg["launch_method"] == "forkserver"
     assert cfg["results_dir"] == "results/asv" and cfg["html_dir"] == "results/site/asv"
     cfg.update(repo=str(ROOT), benchmark_dir=str(ROOT / "benchmarks"), results_dir=str(tmp / "results"),
                html_dir=str(tmp / "html"))
@@ -38,14 +52,13 @@ def conf(tmp_path_factory):
     return path
 
 
-def _asv(*args, timeout=900):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _asv(env, *args, timeout=900):
     return subprocess.run([ASV, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
 
 
 @pytest.mark.slow
-def test_asv_check(conf):
-    res = _asv("check", "--python=same", "--config", str(conf))
+def test_asv_check(conf, asv_env):
+    res = _asv(asv_env, "check", "--python=same", "--config", str(conf))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "No problems found" in res.stdout
 
@@ -56,21 +69,17 @@ def _git(repo, *args):
 
 
 @pytest.fixture(scope="module")
-def gated_clone(tmp_path_factory):
+def gated_clone(tmp_path_factory, asv_env):
     """A clone of this repository's HEAD plus one commit that sets the test-only slowdown knob (torch's every
     timed iteration 50% longer) in the CPU suite's preset, and `asv continuous HEAD~1 HEAD` run in it as
     the Makefile's asv-gate runs it (its ASV_GATE series; --quick: each case is measured once anyway)."""
-    if ASV is None:
-        pytest.skip("asv is not installed (pip install asv)")
     clone = tmp_path_factory.mktemp("gate") / "repo"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
     preset = clone / "conf" / "sweep" / "asv-cpu.yaml"
     preset.write_text(preset.read_text() + 'slowdown: "torch:0.5"\n')
     _git(clone, "commit", "--quiet", "-am", "plant a 50% slowdown of the torch backend in the CPU suite")
     gate = re.search(r"^ASV_GATE := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    assert subprocess.run([ASV, "machine", "--yes", "--machine", "ci-cpu"], cwd=clone, env=env,
-                          capture_output=True).returncode == 0
+    env = asv_env
     start = time.monotonic()
     res = subprocess.run([ASV, "continuous", "--machine", "ci-cpu", "--bench", gate, "--factor", "1.1", "--quick",
                           "--show-stderr", "HEAD~1", "HEAD"], cwd=clone, env=env, capture_output=True, text=True,
@@ -112,7 +121,7 @@ def test_asv_continuous_builds_both_commits_offline_and_fails_on_a_planted_slowd
 
 
 @pytest.mark.slow
-def test_publish_writes_a_gh_pages_branch_that_renders_offline(gated_clone, tmp_path):
+def test_publish_writes_a_gh_pages_branch_that_renders_offline(gated_clone, asv_env, tmp_path):
     from fp8bench.report.browser import check_asv_site, check_site, chromium_path
 
     if chromium_path() is None:
@@ -120,7 +129,7 @@ def test_publish_writes_a_gh_pages_branch_that_renders_offline(gated_clone, tmp_
     clone, _ = gated_clone
     status = _git(clone, "status", "--porcelain")  # asv continuous refreshed results/asv/benchmarks.json
     res = subprocess.run([sys.executable, "scripts/publish.py"], cwd=clone, capture_output=True, text=True,
-                         timeout=600)
+                         env=asv_env, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert _git(clone, "log", "-1", "--format=%s", "gh-pages") == f"fp8bench site at {_git(clone, 'rev-parse', '--short', 'HEAD')}"
     assert _git(clone, "status", "--porcelain") == status  # publishing leaves the working tree and index alone
@@ -140,7 +149,7 @@ def test_publish_writes_a_gh_pages_branch_that_renders_offline(gated_clone, tmp_
 
 
 @pytest.mark.slow
-def test_committed_h200_history_publishes_and_renders_offline(conf):
+def test_committed_h200_history_publishes_and_renders_offline(conf, asv_env):
     """results/asv/h200 holds real H200 runs of several commits; `asv publish` plus scripts/asv_offline.py
     must give a site that Chromium renders from file:// with no console error and nothing fetched."""
     from fp8bench.report.browser import check_asv_site, chromium_path
@@ -152,7 +161,7 @@ def test_committed_h200_history_publishes_and_renders_offline(conf):
     assert len(commits) >= 3
     results = conf.parent / "results"
     shutil.copytree(h200, results / "h200", dirs_exist_ok=True)
-    assert _asv("run", "--python=same", "--bench", "just-discover", "--config", str(conf)).returncode == 0
+    assert _asv(asv_env, "run", "--python=same", "--bench", "just-discover", "--config", str(conf)).returncode == 0
     # asv publishes a result only under the benchmark version it was recorded with; the committed H200 runs
     # predate measurement version 4, so describe the suite as it was when they were recorded
     recorded = {}
@@ -165,7 +174,7 @@ def test_committed_h200_history_publishes_and_renders_offline(conf):
     for name, version in recorded.items():
         described[name]["version"] = version
     (results / "benchmarks.json").write_text(json.dumps(described))
-    res = _asv("publish", "--config", str(conf))
+    res = _asv(asv_env, "publish", "--config", str(conf))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     html = conf.parent / "html"
     off = subprocess.run([sys.executable, str(ROOT / "scripts" / "asv_offline.py"), str(html)], capture_output=True,
