@@ -19,8 +19,9 @@ TRACKED_SWEEPS = ("asv-cpu", "asv-hopper-gemm", "asv-hopper-te", "asv-hopper-tor
 
 
 def _tracked_case_ids() -> list[str]:
-    """Expand the tracked sweeps (Hydra compose, ~1 s). asv imports this module in a fresh process for every
-    benchmark and parameter, so the list is cached on disk under a hash of conf/ and of fp8bench's shapes."""
+    """Expand the tracked sweeps (Hydra compose, ~1 s). asv imports this module in every process it starts
+    (discovery, `asv check`, each environment's forkserver), so the list is cached on disk under a hash of
+    the installed conf/ and of fp8bench's shapes."""
     import fp8bench
     from fp8bench.models import shapes as shapes_module
 

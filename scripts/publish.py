@@ -22,10 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fp8bench.data.store import committed_result_sets
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-NOT_RESULTS = ("runs", "hydra", "site")
-"""Folders of results/ that are this checkout's own (as the Makefile's COMMITTED leaves them out)."""
 
 
 def _tool(name: str) -> str:
@@ -35,10 +35,6 @@ def _tool(name: str) -> str:
 def _run(*cmd: str) -> None:
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
-
-
-def committed_result_sets() -> list[Path]:
-    return sorted(p for p in (ROOT / "results").iterdir() if p.is_dir() and p.name not in NOT_RESULTS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no asv results under {conf['results_dir']}: the site is published without asv's", flush=True)
     db.unlink(missing_ok=True)
     fp8bench = [sys.executable, "-m", "fp8bench"]
-    _run(*fp8bench, "ingest", *map(str, committed_result_sets()), "--db", str(db))
+    _run(*fp8bench, "ingest", *map(str, committed_result_sets(ROOT / "results")), "--db", str(db))
     _run(*fp8bench, "report", "--db", str(db), "--out", str(site))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()

@@ -46,8 +46,7 @@ def test_the_regression_trials_table_is_the_committed_judgements():
 def committed_db(tmp_path):
     """A DuckDB of the committed result sets only (what `make results-page` ingests)."""
     con = store.connect(tmp_path / "committed.duckdb")
-    store.ingest(con, sorted(p for p in (ROOT / "results").iterdir()
-                             if p.is_dir() and p.name not in ("runs", "hydra", "site")))
+    store.ingest(con, store.committed_result_sets(ROOT / "results"))
     return con
 
 

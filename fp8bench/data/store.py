@@ -114,6 +114,16 @@ class IngestReport:
     problems: list[ShardProblem] = field(default_factory=list)
 
 
+LOCAL_RESULT_DIRS = ("runs", "hydra", "site")
+"""Folders of results/ that are a checkout's own (its runs, Hydra's job folders, the built site): never a
+committed result set. The Makefile's COMMITTED leaves the same three out."""
+
+
+def committed_result_sets(results: Path) -> list[Path]:
+    """The committed result sets under `results` (what `make results-page` and `make publish` ingest)."""
+    return sorted(p for p in results.iterdir() if p.is_dir() and p.name not in LOCAL_RESULT_DIRS)
+
+
 CALIBRATION_DIR = "calibration"
 SPREAD_DIR = "spread"
 """results/spread/<device>.json: how far speedups move between boxes of one GPU model (scripts/speedup_spread.py)."""
