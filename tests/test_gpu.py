@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from fp8bench.backends import Recipe, get_backend
+from fp8bench.backends.base import REFERENCE_MIN_DB
 from fp8bench.backends.emulator import emulated_gemm
-from fp8bench.backends.te_reference import REFERENCE_MIN_DB
 from fp8bench.config.compose import expand
 from fp8bench.config.schema import BackendConfig, ScalingConfig
 from fp8bench.core.hardware import detect_device

@@ -12,14 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8bench.backends.te_reference import (
-    REFERENCE_MIN_DB,
-    TE_LAYER_WEIGHTS,
-    block_from_te,
-    qkv_from_te,
-    reference_agreement,
-    te_state_from_block,
-)
+from fp8bench.backends.base import REFERENCE_MIN_DB, reference_agreement
+from fp8bench.backends.te_reference import TE_LAYER_WEIGHTS, block_from_te, qkv_from_te, te_state_from_block
 from fp8bench.config.schema import ModelConfig
 from fp8bench.models.block import LlamaBlock, apply_rope, rope_cache
 

@@ -15,7 +15,7 @@ import torch
 
 from fp8bench.config.schema import BackendConfig, ScalingConfig
 from fp8bench.core.hardware import DeviceInfo, Rule, rule_verdict
-from fp8bench.core.numerics import DelayedScale, QuantOptions
+from fp8bench.core.numerics import DelayedScale, QuantOptions, sqnr_db
 from fp8bench.core.types import Format, GemmRole, Scaling
 
 
@@ -59,6 +59,22 @@ class QuantizeOp:
     dequantized: Callable[[], torch.Tensor]
     bytes_moved: int
     """Bytes the algorithm must move: input read once, quantized output and scales written once."""
+
+
+REFERENCE_MIN_DB = 48.0
+"""A module's own BF16 output against its `reference_check` reference (for TE's layer, the FP32
+LlamaBlock of fp8bench.backends.te_reference) must agree at least this well. Rounding the layer's output to BF16
+alone caps the agreement near 52 dB (what a correct reference scores, on the H200 and in
+tests/test_te_reference.py). The residual stream dilutes a wrong convention inside the block: at a
+1024-wide, 1024-token shape RoPE by pairs instead of halves still scores about 41 dB, and about 45 dB at
+Llama-3-8B width, more than an FP8 layer's SQNR, so a floor of 40 dB would let it through; the QKV layout and
+the SwiGLU halves score lower. Below this floor the layer workload records no FP8 SQNR for the case."""
+
+
+def reference_agreement(module_out: torch.Tensor, reference_out: torch.Tensor) -> float:
+    """SQNR (dB) of a module's own high-precision output against the reference's: how far the reference is
+    from the module before any FP8."""
+    return sqnr_db(reference_out.float(), module_out.float())
 
 
 @dataclass

@@ -7,8 +7,9 @@ backends run a LlamaBlock initialised from the case's seed; TE's layer gets thos
 block's update is against the residual stream) and figures from two initialisations do not compare. Scoring
 TE's FP8 layer against the same TE layer run without FP8 would measure TE against itself, hiding any
 mismatch both share, and no check would say whether the reference computes the block it claims to. An
-independent reference does, and `reference_agreement` is that check: TE's BF16 layer against it must agree
-well above FP8's SQNR (REFERENCE_MIN_DB), or a layer's FP8 SQNR measures the reference, not the recipe.
+independent reference does, and `reference_agreement` (fp8bench.backends.base, the contract of every
+`reference_check`) is that check: TE's BF16 layer against it must agree well above FP8's SQNR
+(REFERENCE_MIN_DB), or a layer's FP8 SQNR measures the reference, not the recipe.
 
 TE's conventions (transformer_engine/pytorch/attention/multi_head_attention.py, rope.py, ops/basic/swiglu.py):
 
@@ -28,16 +29,7 @@ from collections.abc import Mapping
 import torch
 
 from fp8bench.config.schema import ModelConfig
-from fp8bench.core.numerics import sqnr_db
 from fp8bench.models.block import LlamaBlock
-
-REFERENCE_MIN_DB = 48.0
-"""TE's BF16 layer against the FP32 reference must agree at least this well. Rounding the layer's output to
-BF16 alone caps the agreement near 52 dB (what a correct reference scores, on the H200 and in
-tests/test_te_reference.py). The residual stream dilutes a wrong convention inside the block: at a
-1024-wide, 1024-token shape RoPE by pairs instead of halves still scores about 41 dB, and about 45 dB at
-Llama-3-8B width, more than an FP8 layer's SQNR, so a floor of 40 dB would let it through; the QKV layout and
-the SwiGLU halves score lower. Below this floor the layer workload records no FP8 SQNR for the case."""
 
 TE_LAYER_WEIGHTS = {
     "attn_norm.weight": "self_attention.layernorm_qkv.layer_norm_weight",
@@ -105,9 +97,3 @@ def block_from_te(state: Mapping[str, torch.Tensor], model: ModelConfig,
     block.load_state_dict({k: v.to(device) for k, v in weights.items()}, assign=True)
     block.gelu_approximate = "tanh"
     return block.requires_grad_(False)
-
-
-def reference_agreement(module_out: torch.Tensor, reference_out: torch.Tensor) -> float:
-    """SQNR (dB) of a module's own high-precision output against the reference's: how far the reference is
-    from the module before any FP8."""
-    return sqnr_db(reference_out.float(), module_out.float())

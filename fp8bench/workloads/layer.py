@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.backends.te_reference import REFERENCE_MIN_DB, reference_agreement
+from fp8bench.backends.base import REFERENCE_MIN_DB, reference_agreement
 from fp8bench.core.measure import peak_memory_bytes, reset_peak_memory, steady_peak_bytes
 from fp8bench.core.numerics import rel_err, sqnr_db
 from fp8bench.core.records import Metric
