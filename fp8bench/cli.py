@@ -471,7 +471,7 @@ def cmd_compare(args: list[str]) -> int:
     out.print(cmp.summary())
     if any(c.verdict == "insufficient data" for c in cmp.changes):
         out.print("insufficient data: the samples moved, but with one run per side and under 5 earlier runs of "
-                  "the case on this GPU the spread between processes is unknown; record the base or head commit "
+                  "the case on this device the spread between processes is unknown; record the base or head commit "
                   "twice (or keep a history) to judge them", highlight=False)
     if ns.markdown:
         ns.markdown.write_text(to_markdown(cmp))
