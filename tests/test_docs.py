@@ -43,35 +43,39 @@ def test_the_regression_trials_table_is_the_committed_judgements():
     assert generated_block("regression.md") == res.stdout
 
 
-def committed_db(tmp_path):
-    """A DuckDB of the committed result sets only (what `make results-page` ingests)."""
-    con = store.connect(tmp_path / "committed.duckdb")
+@pytest.fixture(scope="module")
+def committed_db(tmp_path_factory):
+    """A DuckDB file of the committed result sets only (what `make results-page` ingests), built once here."""
+    path = tmp_path_factory.mktemp("committed") / "committed.duckdb"
+    con = store.connect(path)
     store.ingest(con, store.committed_result_sets(ROOT / "results"))
-    return con
+    con.close()
+    return path
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/results.md"])
-def test_the_generated_results_tables_are_the_committed_results(tmp_path, page):
+def test_the_generated_results_tables_are_the_committed_results(committed_db, page):
     from fp8bench.report import markdown
 
     text = (ROOT / page).read_text()
     assert markdown.BLOCK.search(text), f"{page} has no generated block"
-    assert markdown.render(text, committed_db(tmp_path)) == text, f"{page} is stale: run `make results-page`"
+    with store.connect(committed_db, read_only=True) as con:
+        assert markdown.render(text, con) == text, f"{page} is stale: run `make results-page`"
 
 
-def test_a_stale_generated_block_is_told_apart(tmp_path):
+def test_a_stale_generated_block_is_told_apart(committed_db):
     from fp8bench.report import markdown
 
     text = (ROOT / "README.md").read_text().replace("| layer |", "| layer (typed) |", 1)
-    assert markdown.render(text, committed_db(tmp_path)) != text
+    with store.connect(committed_db, read_only=True) as con:
+        assert markdown.render(text, con) != text
 
 
-def test_markdown_without_a_generated_block_is_a_clear_error(tmp_path, capsys):
+def test_markdown_without_a_generated_block_is_a_clear_error(committed_db, tmp_path, capsys):
     from fp8bench.cli import main
 
-    committed_db(tmp_path).close()
     page = tmp_path / "page.md"
     page.write_text("# no block here\n")
-    assert main(["report", "--markdown", str(page), "--db", str(tmp_path / "committed.duckdb")]) == 2
+    assert main(["report", "--markdown", str(page), "--db", str(committed_db)]) == 2
     assert "has no generated block" in capsys.readouterr().err
     assert page.read_text() == "# no block here\n"
