@@ -196,7 +196,8 @@ TRAIN = ["workload=train", "model=tiny", "device=cuda", "workload.train.steps=40
                                             ("te", "e4m3", "current"), ("te", "e4m3", "blockwise"),
                                             ("torchao", "hybrid", "current"), ("torchao", "e4m3", "rowwise"),
                                             ("torch", "e4m3", "current"), ("torch", "e4m3", "rowwise"),
-                                            ("torch", "hybrid", "delayed")])
+                                            ("torch", "hybrid", "delayed"), ("te-layer", "bf16", "none"),
+                                            ("te-layer", "hybrid", "delayed"), ("te-layer", "e4m3", "blockwise")])
 def test_training_runs_real_fp8_and_learns(tmp_path, backend, fmt, sc):
     points, _ = expand([*TRAIN, f"backend={backend}", f"format={fmt}", f"scaling={sc}", f"results_dir={tmp_path}"])
     [rec] = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
@@ -234,3 +235,44 @@ def test_layer_memory_breakdown_accounts_for_the_peak(tmp_path, fmt, sc):
     assert rec.metric("mem_step_peak_bytes") >= 0.9 * rec.metric("peak_mem_bytes")
     if fmt != "bf16":
         assert rec.metric("mem_saved_fp8_bytes") > 0
+
+
+def test_te_layer_decoder_computes_the_decoder_it_replaces():
+    """te-layer's blocks carry the decoder's weights: with the decoder's own blocks on TE's rotate-half RoPE, the
+    TE decoder's BF16 logits agree with the FP32 decoder's far above FP8's SQNR, and every linear of every
+    block is TE's (four per block, the head stays torch's)."""
+    import copy
+
+    from fp8bench.models.decoder import LlamaDecoder
+    from fp8bench.workloads.train.loop import linear_coverage
+
+    [point], _ = expand(["model=llama3-8b", "model.layers=2", "model.hidden=512", "model.ffn=1024",
+                         "model.heads=8", "model.kv_heads=2"])
+    model = point.model
+    torch.manual_seed(0)
+    ours = LlamaDecoder(model, 256, device="cuda")
+    for block in ours.blocks:
+        block.rope = "half"
+    te_model = get_backend("te-layer").prepare_training(copy.deepcopy(ours), recipe("bf16", "none", "te-layer")).model
+    tokens = torch.randint(0, 256, (2, 128), device="cuda")
+    with torch.no_grad():
+        reference = ours(tokens)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            got = te_model(tokens).float()
+    assert sqnr_db(reference, got) > 35.0  # BF16 compute through two blocks and the head; FP8 scores ~25-30 dB
+    coverage = {m.name: m.value for m in linear_coverage(te_model, recipe("hybrid", "delayed", "te-layer"))}
+    assert coverage == {"linears_fp8": 8, "linears_total": 9}
+
+
+def test_a_training_step_is_split_into_kernel_categories_that_add_up(tmp_path):
+    """The whole-step waterfall's inputs: a training case records its kernels by category, the optimizer's
+    among them, and the profiled steps run like the timed ones."""
+    points, _ = expand([*TRAIN, "backend=te", "format=hybrid", "scaling=delayed", f"results_dir={tmp_path}"])
+    [rec] = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
+    assert rec.status == "ok", rec.reason
+    parts = sum(rec.metric(f"gpu_{p}_ms") for p in ("gemm", "quantize", "attention", "communication",
+                                                    "optimizer", "other"))
+    assert rec.metric("gpu_gemm_ms") > 0 and rec.metric("gpu_optimizer_ms") > 0
+    assert rec.metric("gpu_communication_ms") == 0  # one process
+    assert rec.metric("gpu_busy_ms") <= parts + 1e-6  # kernels may overlap; busy counts the union once
+    assert rec.metric("gpu_profiled_step_ms") == pytest.approx(rec.metric("time_ms"), rel=0.25)

@@ -47,6 +47,13 @@ def test_the_last_stage_is_the_measured_speedup_whatever_the_components():
     ("_amax_kernel", "quantize"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "other"),
     ("void transformer_engine::normalization::rmsnorm_fwd_tuned_kernel<__nv_bfloat16>", "other"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+     "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, "
+     "(at::native::ADAM_MODE)1, false>>", "optimizer"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+     "TensorListMetadata<1>, at::native::(anonymous namespace)::LpNormFunctor<float, 2>>", "optimizer"),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("void multi_tensor_apply_kernel<TensorListMetadata<3>, ComputeScaleAndScaleInvFunctor>", "quantize"),
 ])
 def test_kernel_names_fall_in_their_category(name, expected):
     assert category(name) == expected

@@ -98,7 +98,10 @@ def from_db(con) -> list[CaseWaterfall]:
                  max(m.value) FILTER (WHERE m.metric = 'gpu_gemm_ms') AS gemm,
                  max(m.value) FILTER (WHERE m.metric = 'gpu_quantize_ms') AS quantize,
                  max(m.value) FILTER (WHERE m.metric = 'gpu_attention_ms') AS attention,
-                 max(m.value) FILTER (WHERE m.metric = 'gpu_other_ms') AS other,
+                 -- a training step's optimizer and communication kernels are non-GEMM time like the rest
+                 max(m.value) FILTER (WHERE m.metric = 'gpu_other_ms')
+                   + coalesce(max(m.value) FILTER (WHERE m.metric = 'gpu_optimizer_ms'), 0)
+                   + coalesce(max(m.value) FILTER (WHERE m.metric = 'gpu_communication_ms'), 0) AS other,
                  max(m.value) FILTER (WHERE m.metric = 'gpu_busy_ms') AS busy
           FROM cases c JOIN runs r USING (run_id) JOIN measurements m USING (run_id, case_id)
           WHERE c.workload IN ('linear', 'layer', 'train') AND c.status = 'ok' GROUP BY ALL)

@@ -158,9 +158,12 @@ class RecipeLinear(torch.nn.Module):
         self.recipe = recipe
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_autocast_enabled(x.device.type):
+        autocast = torch.is_autocast_enabled(x.device.type)
+        if autocast:
             x = x.to(torch.get_autocast_dtype(x.device.type))
         y = self.gemms(x.reshape(-1, x.shape[-1]))
+        if not autocast:  # BF16 master weights: the next layer takes what an nn.Linear would give it
+            y = y.to(x.dtype)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def gemms(self, x2d: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from fp8bench.backends.base import (
     module_op,
     swap_block_linears,
 )
-from fp8bench.backends.te_reference import block_from_te, load_te_layer
+from fp8bench.backends.te_reference import block_from_te, load_te_layer, transformer_layer_kwargs
 from fp8bench.core.hardware import FP8, TENSORWISE, Rule
 from fp8bench.core.types import Format, Scaling
 from fp8bench.models.block import LlamaBlock
@@ -175,12 +175,7 @@ class TEBackend(Backend):
         # First, while the generator is where the other backends draw from: the weights their LlamaBlock gets
         # from the case's seed (te_reference says why TE runs on them too).
         weights = LlamaBlock(model, device=x.device, rope="half")
-        layer = te.TransformerLayer(
-            hidden_size=model.hidden, ffn_hidden_size=model.ffn, num_attention_heads=model.heads,
-            num_gqa_groups=model.kv_heads, layernorm_epsilon=1e-5, hidden_dropout=0.0, attention_dropout=0.0,
-            self_attn_mask_type="causal", normalization="RMSNorm",
-            activation="swiglu" if model.mlp == "swiglu" else "gelu", bias=False, params_dtype=torch.bfloat16,
-            device=x.device, attn_input_format="bshd", fuse_qkv_params=True)
+        layer = te.TransformerLayer(**transformer_layer_kwargs(model, torch.bfloat16), device=x.device)
         load_te_layer(layer, weights, model)
         del weights
         rope = _rope(model.head_dim, x.shape[1], x.device)

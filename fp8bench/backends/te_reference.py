@@ -42,6 +42,17 @@ TE_LAYER_WEIGHTS = {
 """Our LlamaBlock's parameter name -> the TE TransformerLayer's (built with fuse_qkv_params=True)."""
 
 
+def transformer_layer_kwargs(model: ModelConfig, dtype: torch.dtype) -> dict:
+    """te.TransformerLayer's arguments for one block of `model`: what the `layer` workload builds too, no
+    dropout (the decoder has none), causal self-attention over (batch, seq, hidden) inputs."""
+    return dict(
+        hidden_size=model.hidden, ffn_hidden_size=model.ffn, num_attention_heads=model.heads,
+        num_gqa_groups=model.kv_heads, layernorm_epsilon=1e-5, hidden_dropout=0.0, attention_dropout=0.0,
+        self_attn_mask_type="causal", normalization="RMSNorm",
+        activation="swiglu" if model.mlp == "swiglu" else "gelu", bias=False, params_dtype=dtype,
+        attn_input_format="bshd", fuse_qkv_params=True)
+
+
 def qkv_from_te(fused: torch.Tensor, model: ModelConfig) -> torch.Tensor:
     """TE's group-interleaved fused QKV weight -> ours: [all query heads; all key heads; all value heads]."""
     groups, per_group, d = model.kv_heads, model.heads // model.kv_heads, model.head_dim

@@ -60,6 +60,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "gpu_quantize_ms": ("ms", "lower"),
     "gpu_attention_ms": ("ms", "lower"),
     "gpu_other_ms": ("ms", "lower"),
+    "gpu_communication_ms": ("ms", "lower"),
+    "gpu_optimizer_ms": ("ms", "lower"),
     "gpu_busy_ms": ("ms", "lower"),
     "gpu_profiled_step_ms": ("ms", "lower"),
     "gpu_kernels_per_step": ("1", "lower"),

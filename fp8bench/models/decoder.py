@@ -20,6 +20,7 @@ from fp8bench.models.block import LlamaBlock, RMSNorm, block_flops
 class LlamaDecoder(nn.Module):
     def __init__(self, model: ModelConfig, vocab: int, device=None, dtype=torch.float32) -> None:
         super().__init__()
+        self.config = model  # the preset's dimensions, for a backend that rebuilds whole blocks (te-layer)
         self.embed = nn.Embedding(vocab, model.hidden, device=device, dtype=dtype)
         self.blocks = nn.ModuleList(LlamaBlock(model, device=device, dtype=dtype) for _ in range(model.layers))
         self.norm = RMSNorm(model.hidden, device=device, dtype=dtype)

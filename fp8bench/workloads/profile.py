@@ -1,10 +1,14 @@
 """Where a step's GPU time goes, from the kernels themselves (torch.profiler's CUDA activity), in the categories
 the speedup waterfall needs (fp8bench.analysis.waterfall): the linears' GEMMs, FP8 casts/transposes/amax/scale
-bookkeeping, attention, and everything else (norms, RoPE, activations, elementwise, copies).
+bookkeeping, attention, and, in a training step, collective communication (NCCL) and the optimizer step
+(AdamW, gradient clipping: torch's multi-tensor kernels), and everything else (norms, RoPE, activations,
+elementwise, copies, the loss).
 
 Kernel names are matched, in this order, against the libraries' naming: cuBLAS/cuBLASLt (`sm90_xmma_gemm`,
 `nvjet`, `cutlass`), Triton GEMMs (`_gemm_kernel`), attention (flash/fmha/cuDNN SDPA), then casts (TE's
-`cast_transpose`, `quantize`, `amax`, `scale` kernels, torch's FP8 conversions, fp8bench's triton casts).
+`cast_transpose`, `quantize`, `amax`, `scale` kernels, torch's FP8 conversions, fp8bench's triton casts), then
+NCCL's kernels, then torch's multi-tensor and fused-Adam kernels (TE's multi-tensor scale updates match the
+casts first).
 Unmatched kernels count as `other`, so the categories always sum to the kernels' total.
 """
 
@@ -21,6 +25,8 @@ CATEGORIES: list[tuple[str, re.Pattern]] = [
     ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|cudnn", re.I)),
     ("gemm", re.compile(r"gemm|xmma|nvjet|cutlass|wgmma|matmul|_gemm_kernel|splitk", re.I)),
     ("quantize", re.compile(r"cast|transpose|quantiz|amax|scale|fp8|float8|e4m3|e5m2|_to_copy.*float8", re.I)),
+    ("communication", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter", re.I)),
+    ("optimizer", re.compile(r"adam|multi_tensor_apply|foreach", re.I)),
 ]
 
 
@@ -47,7 +53,7 @@ def kernel_times(step: Callable[[], object], steps: int = 5) -> dict[str, float]
             step()
         end_ev.record()
         torch.cuda.synchronize()
-    totals = {"gemm": 0.0, "quantize": 0.0, "attention": 0.0, "other": 0.0}
+    totals = dict.fromkeys([name for name, _ in CATEGORIES] + ["other"], 0.0)
     intervals = []
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
@@ -74,10 +80,10 @@ def kernel_times(step: Callable[[], object], steps: int = 5) -> dict[str, float]
     return out
 
 
-def kernel_metrics(step: Callable[[], object], device: torch.device) -> list[Metric]:
+def kernel_metrics(step: Callable[[], object], device: torch.device, steps: int = 5) -> list[Metric]:
     """The per-step kernel breakdown as metrics (CUDA only: the CPU has no kernels to attribute)."""
     if device.type != "cuda":
         return []
-    t = kernel_times(step)
+    t = kernel_times(step, steps)
     kernels = t.pop("kernels")
     return [Metric.of(f"gpu_{k}_ms", v) for k, v in t.items()] + [Metric.of("gpu_kernels_per_step", kernels)]

@@ -34,6 +34,10 @@ from fp8bench.workloads.memory import (
     optimizer_state_bytes,
     tensor_bytes,
 )
+from fp8bench.workloads.profile import kernel_metrics
+
+PROFILED_STEPS = 3
+"""Steps after the run recorded under torch.profiler on a GPU (fp8bench.workloads.profile)."""
 
 FINITE_CHECK_EVERY = 10
 """Steps between NaN/Inf checks of the loss (each check synchronises the GPU once)."""
@@ -188,20 +192,26 @@ def optimizer(model: torch.nn.Module, cfg, make=None, **implementation) -> torch
 
 FP8_LINEAR_CLASSES = {"Float8Linear", "FP8Linear"}
 """torchao's and COAT's low-precision linears, by name (neither library need be installed); fp8bench's own
-(torch, emulated, and their delayed-scaling variant) are RecipeLinears; te.Linear is told by its module."""
+(torch, emulated, and their delayed-scaling variant) are RecipeLinears; TE's modules are told by their module."""
+
+TE_LINEARS = {"Linear": 1, "LayerNormLinear": 1, "LayerNormMLP": 2}
+"""Transformer Engine's modules and the linears each holds (LayerNormMLP: fc1 and fc2)."""
 
 
 def linear_coverage(model: torch.nn.Module, recipe) -> list[Metric]:
     """How many of the model's linears run the recipe (`linears_fp8`) out of all (`linears_total`): the
     backends and integrations differ here (the output head, Accelerate's first/last-layer filter)."""
     total = low = 0
+    fp8 = recipe.format.value != "bf16"
     for m in model.modules():
         kind = type(m).__name__
-        is_te = kind == "Linear" and type(m).__module__.startswith("transformer_engine")
-        is_low = is_te or kind in FP8_LINEAR_CLASSES or isinstance(m, RecipeLinear)
-        if isinstance(m, torch.nn.Linear) or is_low:
+        te_linears = TE_LINEARS.get(kind, 0) if type(m).__module__.startswith("transformer_engine") else 0
+        if te_linears:
+            total, low = total + te_linears, low + fp8 * te_linears
+        elif kind in FP8_LINEAR_CLASSES or isinstance(m, RecipeLinear):
+            total, low = total + 1, low + fp8
+        elif isinstance(m, torch.nn.Linear):
             total += 1
-            low += recipe.format.value != "bf16" and is_low
     return [Metric.of("linears_fp8", low), Metric.of("linears_total", total)]
 
 
@@ -395,6 +405,11 @@ def fit(case: CaseInput, engine: Engine, data: TrainData) -> CaseOutput:
         ckpt.unlink()  # the record now holds the run; checkpoints of large models are GBs
     out = output(case, curve, memory, world=engine.world)
     out.metrics += linear_coverage(engine.coverage_model or engine.model, case.recipe)
+    if case.backend.timed and curve.step_ms:
+        # After the curve is recorded: a few more steps under the profiler, whose kernels say where a step's
+        # time goes (the whole-step waterfall); their batches come after the run's, so the record is unchanged.
+        extra = iter(range(steps, steps + 100))
+        out.metrics += kernel_metrics(lambda: run.step(next(extra), None), dev, steps=PROFILED_STEPS)
     return out
 
 

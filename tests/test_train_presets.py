@@ -1,0 +1,63 @@
+"""The whole-step training presets (depth, sequence length, torchtitan's setting) and the te-layer path on a
+CPU: what they declare, that every point is a case of its own, and that they run at toy size."""
+
+import pytest
+
+from fp8bench.backends import get_backend
+from fp8bench.config.compose import expand, load
+from fp8bench.core.hardware import DeviceInfo, detect_device
+from fp8bench.run.plan import plan
+from fp8bench.run.runner import execute
+
+H200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), "13.0")
+
+
+def test_the_depth_preset_holds_1_4_and_32_layers_of_llama2_7b_in_bf16_with_both_te_paths():
+    cfg = load(["sweep=hopper-train-depth"]).config
+    assert (cfg.workload.batch, cfg.workload.seq, cfg.workload.train.master_weights) == (2, 4096, "bf16")
+    points, _ = expand(["sweep=hopper-train-depth"], multirun=True)
+    assert sorted({(p.model.name, p.model.layers) for p in points}) == [
+        ("llama2-7b", 32), ("llama2-7b-1l", 1), ("llama2-7b-4l", 4)]
+    assert {p.model.hidden for p in points} == {4096} and {p.model.ffn for p in points} == {11008}
+    cases = plan(points, H200)
+    assert len({c.case_id for c in cases}) == len(cases)
+    assert {c.config.backend.name for c in cases} == {"te", "te-layer", "torchao"}
+    # one case id per depth and path: the per-linear and per-block TE runs of one recipe are told apart
+    ids = {c.case_id for c in cases}
+    for model in ("llama2-7b-1l", "llama2-7b-4l", "llama2-7b"):
+        assert f"train.{model}.b2s4096n20.seed0.hybrid.delayed.te" in ids
+        assert f"train.{model}.b2s4096n20.seed0.hybrid.delayed.te-layer" in ids
+
+
+def test_the_sequence_and_torchtitan_presets():
+    points, _ = expand(["sweep=hopper-train-seq"], multirun=True)
+    assert {p.workload.seq for p in points} == {1024, 2048, 8192} and {p.model.layers for p in points} == {4}
+    assert {c.shape_name for c in plan(points, H200)} == {f"b2s{s}n20.seed0" for s in (1024, 2048, 8192)}
+    points, _ = expand(["sweep=hopper-train-torchtitan"], multirun=True)
+    assert {(p.model.name, p.model.layers, p.model.kv_heads, p.model.ffn) for p in points} == {
+        ("llama3-8b-8l", 8, 8, 14336), ("llama3-8b-16l", 16, 8, 14336)}
+    assert {p.backend.compile for p in points} == {True}
+
+
+def test_te_layer_is_planned_as_a_training_backend_and_says_why_it_cannot_run_here():
+    [point], _ = expand(["workload=train", "model=tiny", "backend=te-layer", "format=hybrid", "scaling=delayed"])
+    [case] = plan([point])
+    assert case.case_id.endswith(".hybrid.delayed.te-layer")
+    if not detect_device().is_cuda:
+        assert not case.runnable and "Transformer Engine" in case.reason
+    ok, why = get_backend("te-layer").supports("layer", case.recipe, H200.torch_device)
+    assert not ok and "does not implement workload 'layer'" in why
+
+
+@pytest.mark.slow
+def test_the_depth_preset_runs_at_toy_size_on_cpu(tmp_path):
+    """The preset's own settings (BF16 parameters, fused-AdamW-free CPU, steps and warm-up) at the tiny model's
+    size, under the emulator and torch's CPU path: every case trains and records its steps."""
+    points, _ = expand(["sweep=hopper-train-depth", "device=cpu", "model=tiny", "backend=emulated",
+                        "format=bf16,e4m3", "scaling=none,current", "workload.seq=32", "workload.train.steps=8",
+                        "measure.warmup=2", f"results_dir={tmp_path}"], multirun=True)
+    records = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
+    assert {r.format for r in records} == {"bf16", "e4m3"}
+    for rec in records:
+        assert rec.status == "ok", rec.reason
+        assert len(rec.samples["time_ms"]) == 8 - 2 and len(rec.samples["loss"]) == 8
