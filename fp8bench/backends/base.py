@@ -274,7 +274,13 @@ def swap_block_linears(model: torch.nn.Module, make: Callable[[torch.nn.Linear],
 
 
 def compile_blocks(model: torch.nn.Module) -> None:
-    """Regional compilation: each block compiled in place (identical blocks share one compiled graph)."""
+    """Regional compilation: each block compiled in place (identical blocks share one compiled graph).
+
+    Dynamo's caches are cleared first: the cases of a sweep run in one process, and the graphs the earlier
+    ones compiled (other sequence lengths, BF16 and FP8 linears, training and validation) count against
+    dynamo's recompile limit, past which it runs the block eagerly without a word: on the H200 the torchao
+    cases at seq 8192 of a sweep over three lengths did (commit 8bbde37)."""
+    torch._dynamo.reset()
     for block in model.blocks:
         block.compile()
 
