@@ -41,13 +41,13 @@ run: $(STAMP)
 	@echo "DuckDB file: $(CURDIR)/results/fp8bench.duckdb"
 	@echo "report: $(CURDIR)/results/site/index.html"
 
-# README's headline table and docs/results.md's tables, from the committed result sets only (never this
+# README's headline table, docs/results.md's and docs/training.md's tables, from the committed result sets only (never this
 # checkout's own runs: fp8bench.data.store.LOCAL_RESULT_DIRS); tests/test_docs.py fails when either is stale.
 COMMITTED := $(filter-out results/runs/ results/hydra/ results/site/,$(wildcard results/*/))
 results-page: $(STAMP)
 	rm -f results/committed.duckdb
 	$(BIN)/fp8bench ingest $(COMMITTED) --db results/committed.duckdb
-	$(BIN)/fp8bench report --markdown README.md docs/results.md --db results/committed.duckdb
+	$(BIN)/fp8bench report --markdown README.md docs/results.md docs/training.md --db results/committed.duckdb
 
 plan: $(STAMP)
 	$(BIN)/fp8bench plan sweep=$(SWEEP)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 DATA_SIDE = ["test_advisor.py", "test_compare.py", "test_docs.py", "test_launch.py", "test_memory_model.py",
              "test_report.py", "test_report_selection.py", "test_roofline.py", "test_runner.py", "test_store.py",
-             "test_waterfall.py"]
+             "test_training_steps_report.py", "test_waterfall.py"]
 """Test modules of the data side (DuckDB, the plotly report). A GPU box needs neither library (`fp8bench run`
 writes shards there; ingest and report run elsewhere), so where one is missing these are not collected and
 the header says so; none holds a GPU test."""

@@ -53,7 +53,7 @@ def committed_db(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/results.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/results.md", "docs/training.md"])
 def test_the_generated_results_tables_are_the_committed_results(committed_db, page):
     from fp8bench.report import markdown
 

@@ -12,6 +12,7 @@ from fp8bench.run.runner import execute
 H200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), "13.0")
 
 
+@pytest.mark.slow
 def test_the_depth_preset_holds_1_4_and_32_layers_of_llama2_7b_in_bf16_with_both_te_paths():
     cfg = load(["sweep=hopper-train-depth"]).config
     assert (cfg.workload.batch, cfg.workload.seq, cfg.workload.train.master_weights) == (2, 4096, "bf16")
@@ -29,6 +30,7 @@ def test_the_depth_preset_holds_1_4_and_32_layers_of_llama2_7b_in_bf16_with_both
         assert f"train.{model}.b2s4096n20.seed0.hybrid.delayed.te-layer" in ids
 
 
+@pytest.mark.slow
 def test_the_sequence_and_torchtitan_presets():
     points, _ = expand(["sweep=hopper-train-seq"], multirun=True)
     assert {p.workload.seq for p in points} == {1024, 2048, 8192} and {p.model.layers for p in points} == {4}
@@ -61,3 +63,29 @@ def test_the_depth_preset_runs_at_toy_size_on_cpu(tmp_path):
     for rec in records:
         assert rec.status == "ok", rec.reason
         assert len(rec.samples["time_ms"]) == 8 - 2 and len(rec.samples["loss"]) == 8
+
+
+def test_the_two_gpu_llama3_8b_preset_is_torchtitans_setting_and_says_why_not_here():
+    points, _ = expand(["sweep=h200x2-llama3-8b-fsdp2"], multirun=True)
+    assert {(p.model.name, p.model.layers, p.workload.train.nproc, p.workload.train.strategy) for p in points} == {
+        ("llama3-8b", 32, 2, "fsdp2")}
+    cases = plan(points, H200)
+    ids = {c.case_id for c in cases}
+    assert "train.llama3-8b.b2s4096n20.seed0.fsdp2x2.bf16.none.torchao+compile" in ids
+    assert "train.llama3-8b.b2s4096n20.seed0.fsdp2x2fp8ag.hybrid.current.torchao+compile" in ids
+    if not detect_device().is_cuda:  # here every point names what it lacks
+        assert all(not c.runnable and c.reason for c in cases)
+
+
+@pytest.mark.slow
+def test_the_two_gpu_preset_runs_its_bf16_baseline_with_gloo_at_toy_size(tmp_path):
+    """The preset's own distributed settings (FSDP2 over 2 ranks, FP32 master weights) at the tiny model's size
+    on two CPU processes: what a two-GPU host runs at full size, minus FP8 (gloo has no FP8 GEMMs)."""
+    points, _ = expand(["sweep=h200x2-llama3-8b-fsdp2", "device=cpu", "model=tiny", "backend=torch", "format=bf16",
+                        "scaling=none", "workload.train.fp8_all_gather=false", "workload.seq=32",
+                        "workload.train.steps=6", "workload.train.eval_every=6", "measure.warmup=2",
+                        f"results_dir={tmp_path}"])
+    [rec] = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
+    assert rec.status == "ok", rec.reason
+    assert rec.case_id.endswith(".fsdp2x2.bf16.none.torch")
+    assert rec.shape["nproc"] == 2 and len(rec.samples["loss"]) == 6 and rec.metric("tokens_per_s") > 0

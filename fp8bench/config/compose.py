@@ -71,6 +71,13 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
+def model_preset(name: str) -> dict | None:
+    """conf/model/<name>.yaml as a dict (the dimensions a recorded case's model name stands for), or None
+    where no preset has that name (a model a plugin or an older checkout defined)."""
+    path = conf_dir() / "model" / f"{name}.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
+
+
 _KEY_RE = re.compile(r"^[~+]*([\w.\-/@]+?)(@[\w.]+)?=(.*)$", re.S)
 
 

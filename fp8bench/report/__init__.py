@@ -33,7 +33,7 @@ def build_site(con, out: Path) -> list[Path]:
     falls = data.waterfalls(con)
     roof, roof_quant = data.roofline(con), data.roofline(con, with_quant=True)
     built = [pages.overview(head, runs, falls), pages.gemm_page(head, roof, roof_quant),
-             pages.modules_page(head, falls), pages.training_page(head, data.train_curves(con)),
+             pages.modules_page(head, falls), pages.training_page(head, data.train_curves(con), falls),
              pages.numerics_page(head), pages.history_page(df, asv if asv.is_file() else None, history_steps(con)),
              pages.runs_page(runs)]
     written = []

@@ -16,7 +16,9 @@ WIDE_METRICS = (
     "mem_saved_fp8_bytes", "mem_saved_hp_bytes", "mem_transient_bytes", "mem_step_peak_bytes", "linears_fp8",
     "linears_total", "speedup_vs_bf16_lo", "speedup_vs_bf16_hi", "speedup_vs_bf16_box_lo", "speedup_vs_bf16_box_hi",
     "speedup_vs_bf16_kernel", "speedup_vs_bf16_kernel_lo", "speedup_vs_bf16_kernel_hi",
-    "speedup_vs_bf16_kernel_box_lo", "speedup_vs_bf16_kernel_box_hi", "gpu_busy_pct", "host_bound")
+    "speedup_vs_bf16_kernel_box_lo", "speedup_vs_bf16_kernel_box_hi", "gpu_busy_pct", "host_bound",
+    "gpu_gemm_ms", "gpu_quantize_ms", "gpu_attention_ms", "gpu_optimizer_ms", "gpu_communication_ms", "gpu_other_ms",
+    "gpu_busy_ms", "gpu_profiled_step_ms")
 """The measurements the report reads, one column each (named after the metric, speedup_vs_bf16... as
 speedup...: speedup, speedup_lo, speedup_box_hi, speedup_kernel, ...)."""
 _COLUMNS = ",\n".join(f"    max(value) FILTER (WHERE metric = '{m}') AS {m.replace('speedup_vs_bf16', 'speedup')}"

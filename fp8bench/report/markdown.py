@@ -15,7 +15,7 @@ import pandas as pd
 
 from fp8bench.core.markdown import table
 from fp8bench.report import data
-from fp8bench.report.pages import headline
+from fp8bench.report.pages import headline, llama_steps, step_parts
 
 BLOCK = re.compile(r"(<!-- generated: fp8bench report --markdown (?P<kind>[a-z-]+) -->\n)(.*?)(<!-- end generated -->)",
                    re.S)
@@ -70,7 +70,35 @@ def results_block(con) -> str:
     return out
 
 
-KINDS = {"headline": headline_block, "results": results_block}
+def steps_block(con) -> str:
+    """The whole-step study at Llama scale: the fastest FP8 recipe of each path per model and sequence length,
+    then where the deepest model's step goes, BF16 against that recipe, per path."""
+    runs = data.runs(con)
+    head = data.latest(data.cases(con))
+    steps = llama_steps(head[head["workload"] == "train"])
+    if steps.empty:
+        return "No Llama-scale training step is recorded.\n"
+    commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
+    best = steps.sort_values("speedup").groupby(["device", "model", "seq", "path"]).tail(1)
+    best = best.sort_values(["device", "hidden", "layers", "seq", "speedup"], ascending=[True, True, True, True, False])
+    out = table(["device · model", "layers", "seq", "path", "fastest FP8 recipe", "speedup vs BF16", "tokens/s",
+                 "BF16 tokens/s", "peak GiB (vs BF16)", "run", "commit"],
+                [[f"{r['device']} · {r['model']}", int(r["layers"]), int(r["seq"]), r["path"], r["recipe_only"],
+                  f"{r['speedup']:.2f}x", f"{r['tokens_per_s']:,.0f}", f"{r['bf16_tokens_per_s']:,.0f}",
+                  f"{r['peak_gib']:.1f} ({r['mem_change_pct']:+.0f}%)", f"`{r['run_id']}`", commits.get(r["run_id"], "")]
+                 for _, r in best.iterrows()])
+    deepest = best[best["layers"] == best.groupby(["device", "hidden"])["layers"].transform("max")]
+    parts = step_parts(head[head["workload"] == "train"], deepest)
+    if not parts.empty:
+        out += "\nWhere the deepest model's step goes (ms per step; idle: the step minus the time any kernel ran):\n\n"
+        cols = ["time_ms", "gemm", "casts", "attention", "optimizer", "communication", "other", "idle"]
+        out += table(["device · model", "path", "recipe", *cols, "profiled / measured"],
+                     [[f"{r['device']} · {r['model']}", r["path"], r["recipe_only"], *(f"{r[c]:.1f}" for c in cols),
+                       f"{r['profiled_pct']:.1f}%"] for _, r in parts.iterrows()])
+    return out
+
+
+KINDS = {"headline": headline_block, "results": results_block, "steps": steps_block}
 
 
 def render(text: str, con) -> str:

@@ -41,6 +41,8 @@ class Case:
                      margin=c.scaling.margin)
         if c.scaling.pow2_scales:
             p["pow2_scales"] = True
+        if c.workload.name == "train":  # what a whole-step figure depends on beyond the case id
+            p.update(layers=c.model.layers, master_weights=c.workload.train.master_weights)
         return p
 
 
