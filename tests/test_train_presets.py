@@ -89,3 +89,30 @@ def test_the_two_gpu_preset_runs_its_bf16_baseline_with_gloo_at_toy_size(tmp_pat
     assert rec.status == "ok", rec.reason
     assert rec.case_id.endswith(".fsdp2x2.bf16.none.torch")
     assert rec.shape["nproc"] == 2 and len(rec.samples["loss"]) == 6 and rec.metric("tokens_per_s") > 0
+
+
+def test_te_layer_hands_each_block_its_dimensions_and_weights():
+    """What te-layer gives te.TransformerLayer for each decoder block, checked on a CPU (TE needs a GPU: the
+    built layers are checked against the decoder they replace on the H200, tests/test_gpu.py): the model's
+    dimensions with grouped-query heads, SwiGLU, RMSNorm, causal attention over (batch, seq, hidden), a fused
+    QKV weight, no bias or dropout; every weight of the block under a TE parameter name, in TE's layout."""
+    import torch
+
+    from fp8bench.backends.te_reference import TE_LAYER_WEIGHTS, te_state_from_block, transformer_layer_kwargs
+    from fp8bench.models.decoder import LlamaDecoder
+
+    [point], _ = expand(["model=llama3-8b", "model.layers=2", "model.hidden=256", "model.ffn=512", "model.heads=8",
+                         "model.kv_heads=2"])
+    m = point.model
+    kw = transformer_layer_kwargs(m, torch.bfloat16)
+    assert (kw["hidden_size"], kw["ffn_hidden_size"], kw["num_attention_heads"], kw["num_gqa_groups"]) == (256, 512, 8, 2)
+    assert (kw["normalization"], kw["activation"], kw["self_attn_mask_type"], kw["attn_input_format"]) == (
+        "RMSNorm", "swiglu", "causal", "bshd")
+    assert kw["fuse_qkv_params"] and not kw["bias"] and kw["hidden_dropout"] == kw["attention_dropout"] == 0.0
+    assert kw["params_dtype"] is torch.bfloat16
+    decoder = LlamaDecoder(m, 256)
+    assert decoder.config is m  # what te-layer reads the dimensions from
+    state = te_state_from_block(decoder.blocks[0], m)
+    assert set(state) == set(TE_LAYER_WEIGHTS.values())
+    assert state["self_attention.layernorm_qkv.weight"].shape == (2 * (4 + 2) * 32, 256)  # groups x (q/group + k + v)
+    assert state["layernorm_mlp.fc1_weight"].shape == (2 * 512, 256)  # [gate; up]
