@@ -42,7 +42,7 @@ run: $(STAMP)
 	@echo "report: $(CURDIR)/results/site/index.html"
 
 # README's headline table, docs/results.md's and docs/training.md's tables, from the committed result sets only (never this
-# checkout's own runs: fp8bench.data.store.LOCAL_RESULT_DIRS); tests/test_docs.py fails when either is stale.
+# checkout's own runs: fp8bench.data.store.LOCAL_RESULT_DIRS); tests/test_docs.py fails when any is stale.
 COMMITTED := $(filter-out results/runs/ results/hydra/ results/site/,$(wildcard results/*/))
 results-page: $(STAMP)
 	rm -f results/committed.duckdb

@@ -274,5 +274,7 @@ def test_a_training_step_is_split_into_kernel_categories_that_add_up(tmp_path):
                                                     "optimizer", "other"))
     assert rec.metric("gpu_gemm_ms") > 0 and rec.metric("gpu_optimizer_ms") > 0
     assert rec.metric("gpu_communication_ms") == 0  # one process
-    assert rec.metric("gpu_busy_ms") <= parts + 1e-6  # kernels may overlap; busy counts the union once
+    # one stream, one process: kernels hardly overlap, so the union of their intervals is nearly their sum
+    # (equal in every training case of results/h200-train-steps), and with the host gaps it is the step
+    assert 0.95 * parts <= rec.metric("gpu_busy_ms") <= parts + 1e-6
     assert rec.metric("gpu_profiled_step_ms") == pytest.approx(rec.metric("time_ms"), rel=0.25)

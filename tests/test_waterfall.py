@@ -53,6 +53,7 @@ def test_the_last_stage_is_the_measured_speedup_whatever_the_components():
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
      "TensorListMetadata<1>, at::native::(anonymous namespace)::LpNormFunctor<float, 2>>", "optimizer"),
     ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),  # not a cast
     ("void multi_tensor_apply_kernel<TensorListMetadata<3>, ComputeScaleAndScaleInvFunctor>", "quantize"),
 ])
 def test_kernel_names_fall_in_their_category(name, expected):

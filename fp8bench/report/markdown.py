@@ -1,4 +1,4 @@
-"""The results tables that README.md and docs/results.md quote, generated from a DuckDB of recorded runs
+"""The results tables that README.md, docs/results.md and docs/training.md quote, generated from a DuckDB of recorded runs
 (`fp8bench report --markdown FILE`): every figure with the run it comes from and that run's commit.
 
 A file holds one or more blocks between `<!-- generated: fp8bench report --markdown KIND -->` and
@@ -15,7 +15,7 @@ import pandas as pd
 
 from fp8bench.core.markdown import table
 from fp8bench.report import data
-from fp8bench.report.pages import headline, llama_steps, step_parts
+from fp8bench.report.pages import STEP_GROUP, headline, llama_steps, step_parts
 
 BLOCK = re.compile(r"(<!-- generated: fp8bench report --markdown (?P<kind>[a-z-]+) -->\n)(.*?)(<!-- end generated -->)",
                    re.S)
@@ -79,19 +79,21 @@ def steps_block(con) -> str:
     if steps.empty:
         return "No Llama-scale training step is recorded.\n"
     commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
-    best = steps.sort_values("speedup").groupby(["device", "model", "seq", "path"]).tail(1)
+    best = steps.sort_values("speedup").groupby(["device", "model", "setting", "path"]).tail(1)
     best = best.sort_values(["device", "hidden", "layers", "seq", "speedup"], ascending=[True, True, True, True, False])
-    out = table(["device · model", "layers", "seq", "path", "fastest FP8 recipe", "speedup vs BF16", "tokens/s",
-                 "BF16 tokens/s", "peak GiB (vs BF16)", "run", "commit"],
-                [[f"{r['device']} · {r['model']}", int(r["layers"]), int(r["seq"]), r["path"], r["recipe_only"],
+    out = table(["device · model", "layers", "batch x seq, master weights, GPUs", "path", "fastest FP8 recipe",
+                 "speedup vs BF16", "tokens/s", "BF16 tokens/s", "peak GiB (vs BF16)", "run", "commit"],
+                [[f"{r['device']} · {r['model']}", int(r["layers"]), r["setting"], r["path"], r["recipe_only"],
                   f"{r['speedup']:.2f}x", f"{r['tokens_per_s']:,.0f}", f"{r['bf16_tokens_per_s']:,.0f}",
                   f"{r['peak_gib']:.1f} ({r['mem_change_pct']:+.0f}%)", f"`{r['run_id']}`", commits.get(r["run_id"], "")]
                  for _, r in best.iterrows()])
-    deepest = best[best["layers"] == best.groupby(["device", "hidden"])["layers"].transform("max")]
+    held = best.assign(master_weights=best["master_weights"].fillna("?"))
+    deepest = best[best["layers"] == held.groupby(STEP_GROUP)["layers"].transform("max")]
     parts = step_parts(head[head["workload"] == "train"], deepest)
     if not parts.empty:
-        out += "\nWhere the deepest model's step goes (ms per step; idle: the step minus the time any kernel ran):\n\n"
-        cols = ["time_ms", "gemm", "casts", "attention", "optimizer", "communication", "other", "idle"]
+        out += ("\nWhere the deepest model's step goes (ms per step; idle: the step minus the time any kernel ran; "
+                "overlap: kernels running at once; parts + idle - overlap = the step):\n\n")
+        cols = ["time_ms", "gemm", "casts", "attention", "optimizer", "communication", "other", "idle", "overlap"]
         out += table(["device · model", "path", "recipe", *cols, "profiled / measured"],
                      [[f"{r['device']} · {r['model']}", r["path"], r["recipe_only"], *(f"{r[c]:.1f}" for c in cols),
                        f"{r['profiled_pct']:.1f}%"] for _, r in parts.iterrows()])

@@ -519,43 +519,72 @@ PATHS = {"te": "per linear (te.Linear)", "te-layer": "per block (te.TransformerL
 
 
 def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
-    """Each FP8 training case of a Llama-scale model with its BF16 twin: layers and width from the model's
-    preset, seq from the shape, the path (backend and variant) and the figures a step is judged by."""
+    """Each FP8 training case of a Llama-scale model with its BF16 twin (same run, model, shape, backend and
+    variant; an FP8 all-gather run's twin is BF16 FSDP2 on as many GPUs), and what the step depends on: layers
+    and master weights as the case recorded them (older records: the model's preset, the run's config), the
+    width of the preset (`dims`), batch, seq and processes from the shape, the path (backend and variant)."""
     from fp8bench.config.compose import model_preset
+    from fp8bench.core.types import FP8_ALL_GATHER_TAG
 
-    t = _with_bf16(_real(train), ("time_ms", "peak_mem_bytes", "tokens_per_s"))
-    presets = {m: model_preset(m) or {} for m in t["model"].unique()}
-    t = t.assign(layers=t["model"].map(lambda m: presets[m].get("layers")),
-                 hidden=t["model"].map(lambda m: presets[m].get("hidden")),
-                 seq=t["shape_json"].map(lambda j: json.loads(j).get("seq")),
-                 path=(t["backend"] + t["variant"].map(lambda v: f"+{v}" if v else "")).map(lambda b: PATHS.get(b, b)))
-    t = t[(t["hidden"].fillna(0) >= LLAMA_SCALE_HIDDEN) & (t["format"] != "bf16") & t["speedup"].notna()]
+    ok = _real(train)
+    if ok.empty:
+        return ok
+    presets = {m: model_preset(m) or {} for m in ok["model"].unique()}
+    params = ok["params_json"].map(lambda j: json.loads(j) if isinstance(j, str) else {})
+    shape = ok["shape_json"].map(lambda j: json.loads(j) if isinstance(j, str) else {})
+    ok = ok.assign(
+        layers=[p.get("layers", presets[m].get("layers")) for p, m in zip(params, ok["model"], strict=True)],
+        master_weights=[p.get("master_weights", r) for p, r in zip(params, ok["run_master_weights"], strict=True)],
+        hidden=ok["model"].map(lambda m: presets[m].get("hidden")),
+        dims=ok["model"].map(lambda m: "hidden {hidden}, ffn {ffn}, {heads}/{kv_heads} heads".format(**presets[m])
+                             if presets[m] else m),
+        batch=shape.map(lambda s: s.get("batch")), seq=shape.map(lambda s: s.get("seq")),
+        nproc=shape.map(lambda s: s.get("nproc", 1)),
+        twin_shape=ok["shape_name"].str.replace(FP8_ALL_GATHER_TAG, "", regex=False),
+        path=(ok["backend"] + ok["variant"].map(lambda v: f"+{v}" if v else "")).map(lambda b: PATHS.get(b, b))
+        + shape.map(lambda s: f" · {s['strategy']} x{s['nproc']}" + (" FP8 all-gather" if s.get("fp8_all_gather")
+                                                                        else "") if s.get("nproc", 1) > 1 else ""))
+    key = ["run_id", "model", "twin_shape", "backend", "variant"]
+    cols = ("time_ms", "peak_mem_bytes", "tokens_per_s")
+    base = ok[ok["format"] == "bf16"][key + list(cols)].rename(columns={c: f"bf16_{c}" for c in cols})
+    t = ok[(ok["format"] != "bf16") & ok["speedup"].notna() & (ok["hidden"].fillna(0) >= LLAMA_SCALE_HIDDEN)]
+    t = t.merge(base, on=key, how="left")
     return t.assign(recipe_only=t["format"] + "/" + t["scaling"], peak_gib=t["peak_mem_bytes"] / 2**30,
                     bf16_peak_gib=t["bf16_peak_mem_bytes"] / 2**30,
-                    mem_change_pct=(t["peak_mem_bytes"] / t["bf16_peak_mem_bytes"] - 1) * 100)
+                    mem_change_pct=(t["peak_mem_bytes"] / t["bf16_peak_mem_bytes"] - 1) * 100,
+                    setting=t["batch"].astype(str) + " x " + t["seq"].astype(str) + ", "
+                    + t["master_weights"].fillna("?").str.upper() + " master weights, " + t["nproc"].astype(str)
+                    + " GPU" + t["nproc"].map(lambda n: "s" if n > 1 else ""))
+
+
+STEP_GROUP = ["device", "dims", "batch", "master_weights", "nproc"]
+"""What a depth or sequence-length line holds fixed besides the other axis: one study's setting."""
 
 
 def _llama_steps_section(p: Page, steps: pd.DataFrame) -> None:
     p.h2("Whole training steps at Llama scale: depth, sequence length and the TE path")
-    p.note("Whole steps (forward, backward, AdamW) of the decoder at Llama-2-7B / Llama-3-8B dimensions on one GPU, "
-           "each FP8 recipe against the BF16 run of the same path: TE per linear (each block linear a te.Linear, "
-           "norms, RoPE and attention torch's), TE per block (each block a te.TransformerLayer, as Megatron-Core "
-           "builds it) and compiled torchao. The model's layers are its preset's; batch and seq the shape's.")
-    cols = ["model", "layers", "seq", "path", "recipe_only", "tokens_per_s", "bf16_tokens_per_s", "speedup",
-            "peak_gib", "bf16_peak_gib", "mem_change_pct", "run_id"]
-    p.table(steps.sort_values(["hidden", "layers", "seq", "path", "speedup"])[cols],
+    p.note("Whole steps (forward, backward, AdamW) of the decoder at Llama-2-7B / Llama-3-8B dimensions, each FP8 "
+           "recipe against the BF16 run of the same path in the same run: TE per linear (each block linear a "
+           "te.Linear; norms, RoPE and attention torch's), TE per block (each block a te.TransformerLayer, as "
+           "Megatron-Core builds it) and compiled torchao. Setting: batch x seq, master weights, GPUs.")
+    cols = ["device", "model", "layers", "seq", "setting", "path", "recipe_only", "tokens_per_s", "bf16_tokens_per_s",
+            "speedup", "peak_gib", "bf16_peak_gib", "mem_change_pct", "run_id"]
+    p.table(steps.sort_values(["device", "dims", "setting", "layers", "seq", "path", "speedup"])[cols],
             {"tokens_per_s": 0, "bf16_tokens_per_s": 0, "speedup": 2, "peak_gib": 1, "bf16_peak_gib": 1,
              "mem_change_pct": 0})
-    label = steps["recipe_only"] + " · " + steps["path"]
+    d0 = steps.assign(label=steps["recipe_only"] + " · " + steps["path"], master_weights=steps["master_weights"].fillna("?"))
     for key, what in (("layers", "depth (layers)"), ("seq", "sequence length")):
         other = "seq" if key == "layers" else "layers"
-        # a line per recipe and path where the study varies `key` with the rest held
-        g = steps.assign(label=label).groupby(["device", "hidden", other, "label"])[key].transform("nunique")
-        d = steps.assign(label=label)[g >= 2].sort_values(key)
-        for (device, hidden, held), dd in d.groupby(["device", "hidden", other]):
+        # a line per recipe and path where one study's setting varies `key` with the rest held
+        group = [*STEP_GROUP, other]
+        n = d0.groupby([*group, "label"])[key].transform("nunique")
+        d = d0[n >= 2].sort_values(key)
+        for values, dd in d.groupby(group):
+            where = dict(zip(group, values, strict=True))
             p.figure(px.line(dd, x=key, y="speedup", color="label", markers=True, log_x=key == "layers",
                              hover_data=["model", "run_id"], height=PLOT_H),
-                     f"{device}: step speedup over BF16 by {what}, hidden {hidden}, {other} {held}", what,
+                     f"{where['device']}: step speedup over BF16 by {what}; {where['dims']}, batch {where['batch']}, "
+                     f"{where['master_weights']} master weights, {where['nproc']} GPU, {other} {where[other]}", what,
                      "speedup vs BF16 (x)")
 
 
@@ -564,14 +593,13 @@ def _anchors_section(p: Page, steps: pd.DataFrame) -> None:
 
     p.h2("Against the published figures")
     p.note(f"The claim under test: FP8 training +30-40% end to end, Llama-2-7B {CLAIM:.2f}x. fp8bench's rows: the "
-           "fastest FP8 recipe of each path per model and sequence length (one GPU, BF16 parameters with fused "
-           "AdamW, byte-level vocabulary: the output head is negligible here, a 32k-128k head is not). The "
-           "published rows keep their own settings; 'derived' is our ratio of the two throughputs a source gives.")
-    best = steps.sort_values("speedup").groupby(["device", "model", "seq", "path"]).tail(1)
+           "fastest FP8 recipe of each path per model and setting (byte-level vocabulary: the output head is "
+           "negligible here, a 32k-128k head is not). The published rows keep their own settings; 'derived' is "
+           "our ratio of the two throughputs a source gives.")
+    best = steps.sort_values("speedup").groupby(["device", "model", "setting", "path"]).tail(1)
     ours = pd.DataFrame({
         "source": "fp8bench, run " + best["run_id"], "model": best["model"] + " (" + best["layers"].astype(str) + " layers)",
-        "setting": best["device"] + ", 1 GPU, batch x seq " + best["shape_name"].str.extract(r"b(\d+)s(\d+)")
-        .agg(" x ".join, axis=1),
+        "setting": best["device"] + ", batch x seq " + best["setting"],
         "recipe": best["recipe_only"] + " · " + best["path"], "baseline": "BF16, same path", "speedup": best["speedup"],
         "how": "measured"})
     theirs = pd.DataFrame([{"source": a.source, "model": a.model, "setting": a.setting, "recipe": a.recipe,
@@ -584,19 +612,25 @@ def _anchors_section(p: Page, steps: pd.DataFrame) -> None:
 
 def step_parts(train: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Where each step of `steps` (FP8 cases, llama_steps) and of its BF16 twin goes, in ms per step, from the
-    kernels of the steps profiled after the run: the categories of fp8bench.workloads.profile, idle = the
-    measured step minus the time any kernel ran, and the profiled steps' wall time over the measured step."""
-    key = ["run_id", "model", "shape_name", "backend", "variant"]
+    kernels of the steps profiled after the run: the categories of fp8bench.workloads.profile; idle = the
+    measured step minus the time any kernel ran; overlap = the categories' sum minus that time (kernels running
+    at once: communication beside compute); and the profiled steps' wall time over the measured step."""
+    from fp8bench.core.types import FP8_ALL_GATHER_TAG
+
+    key = ["run_id", "model", "twin_shape", "backend", "variant"]
     twins = _real(train)
     twins = twins[twins["gpu_busy_ms"].notna()]
-    d = twins.merge(steps[key].drop_duplicates(), on=key)
+    twins = twins.assign(twin_shape=twins["shape_name"].str.replace(FP8_ALL_GATHER_TAG, "", regex=False))
+    wanted = steps.assign(twin_shape=steps["shape_name"].str.replace(FP8_ALL_GATHER_TAG, "", regex=False))
+    d = twins.merge(wanted[key].drop_duplicates(), on=key)
     d = d[d["case_id"].isin(steps["case_id"]) | (d["format"] == "bf16")]
     if d.empty:
         return d
     ms = {"gemm": "gpu_gemm_ms", "casts": "gpu_quantize_ms", "attention": "gpu_attention_ms",
           "optimizer": "gpu_optimizer_ms", "communication": "gpu_communication_ms", "other": "gpu_other_ms"}
+    parts = sum(d[v].fillna(0) for v in ms.values())
     return d.assign(**{k: d[v] for k, v in ms.items()}, idle=d["time_ms"] - d["gpu_busy_ms"],
-                    profiled_pct=100 * d["gpu_profiled_step_ms"] / d["time_ms"],
+                    overlap=(parts - d["gpu_busy_ms"]).clip(lower=0), profiled_pct=100 * d["gpu_profiled_step_ms"] / d["time_ms"],
                     path=(d["backend"] + d["variant"].map(lambda v: f"+{v}" if v else "")).map(lambda b: PATHS.get(b, b)),
                     recipe_only=d["format"] + "/" + d["scaling"]).sort_values(
         ["device", "model", "shape_name", "path", "time_ms"], ascending=[True, True, True, True, False])
@@ -611,12 +645,13 @@ def _step_time_section(p: Page, train: pd.DataFrame, steps: pd.DataFrame, falls:
     p.note("From the kernels of 3 steps profiled after each run's timed steps (fp8bench.workloads.profile): GEMMs, "
            "FP8 casts and scale updates, attention, the optimizer (AdamW and gradient clipping), communication "
            "(NCCL), everything else (norms, activations, RoPE, elementwise, loss), and idle = the measured step "
-           "minus the time any kernel ran (host gaps). The parts add up to the measured step by construction; "
-           "'profiled / measured' says whether the profiled steps ran like the timed ones (100% = alike). "
+           "minus the time any kernel ran (host gaps). The parts plus idle, minus overlap (kernels running at "
+           "once, e.g. communication beside compute), are the measured step; 'profiled / measured' says whether "
+           "the profiled steps ran like the timed ones (100% = alike). "
            "Kernel names decide the category: BF16 steps show 'casts' too (dtype conversions and transposes "
            "of RoPE and attention match the same names), so the waterfall's +casts stage is the difference.")
     cols = ["model", "shape_name", "path", "recipe_only", "time_ms", "gemm", "casts", "attention", "optimizer",
-            "communication", "other", "idle", "profiled_pct"]
+            "communication", "other", "idle", "overlap", "profiled_pct"]
     p.table(d[cols], {c: 1 for c in cols[4:]})
     if falls is not None and not falls.empty:
         _waterfall_section(p, falls[falls["case_id"].isin(set(steps["case_id"]))])
@@ -646,7 +681,7 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | 
                 "loss_final", "loss_gap_vs_bf16", "loss_gap_allowed", "loss_area_gap_pct"]
         digits = {"tokens_per_s": 0, "speedup": 2, "quality_speedup": 2, "peak_gib": 2, "mem_change_pct": 0,
                   "loss_final": 4, "loss_gap_vs_bf16": 4, "loss_gap_allowed": 4, "loss_area_gap_pct": 2}
-        if model in set(steps["model"]) and run_id in set(steps["run_id"]):
+        if (model, run_id) in set(zip(steps["model"], steps["run_id"], strict=True)):
             # a whole-step speed run (tens of steps): the study above holds its figures; its loss says nothing
             p.raw(f"<details><summary>{esc(device)}: {esc(model)} (run {esc(run_id)}), each case</summary>")
             p.table(d.sort_values(["format", "label"])[cols], digits)

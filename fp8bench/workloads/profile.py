@@ -4,12 +4,12 @@ bookkeeping, attention, and, in a training step, collective communication (NCCL)
 (AdamW, gradient clipping: torch's multi-tensor kernels), and everything else (norms, RoPE, activations,
 elementwise, copies, the loss).
 
-Kernel names are matched, in this order, against the libraries' naming: cuBLAS/cuBLASLt (`sm90_xmma_gemm`,
-`nvjet`, `cutlass`), Triton GEMMs (`_gemm_kernel`), attention (flash/fmha/cuDNN SDPA), then casts (TE's
-`cast_transpose`, `quantize`, `amax`, `scale` kernels, torch's FP8 conversions, fp8bench's triton casts), then
-NCCL's kernels, then torch's multi-tensor and fused-Adam kernels (TE's multi-tensor scale updates match the
-casts first).
-Unmatched kernels count as `other`, so the categories always sum to the kernels' total.
+Kernel names are matched, in this order, against the libraries' naming: NCCL's kernels, attention
+(flash/fmha/cuDNN SDPA), cuBLAS/cuBLASLt (`sm90_xmma_gemm`, `nvjet`, `cutlass`) and Triton GEMMs
+(`_gemm_kernel`), casts (TE's `cast_transpose`, `quantize`, `amax`, `scale` kernels, torch's FP8 conversions,
+fp8bench's triton casts; TE's multi-tensor scale updates match here), then torch's multi-tensor and fused-Adam
+kernels (AdamW, gradient clipping; torchao's FP8 all-gather scale precompute, a multi-tensor norm, lands here
+too: names cannot tell it from clipping's). Unmatched kernels count as `other`, so the categories always sum to the kernels' total.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import torch
 from fp8bench.core.records import Metric
 
 CATEGORIES: list[tuple[str, re.Pattern]] = [
+    ("communication", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter", re.I)),  # ncclDevKernel_Broadcast
     ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|cudnn", re.I)),
     ("gemm", re.compile(r"gemm|xmma|nvjet|cutlass|wgmma|matmul|_gemm_kernel|splitk", re.I)),
     ("quantize", re.compile(r"cast|transpose|quantiz|amax|scale|fp8|float8|e4m3|e5m2|_to_copy.*float8", re.I)),
-    ("communication", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter", re.I)),
     ("optimizer", re.compile(r"adam|multi_tensor_apply|foreach", re.I)),
 ]
 
