@@ -21,6 +21,7 @@ BAD_INPUTS = [
     (["export", "nope", "--out", "x", "--db", "/no/such.duckdb"], "--db"),
     (["frobnicate"], "command"),
     (["run", "model.hidden=0"], "model.hidden"),
+    (["run", "model=tiny,gpt-125m"], "run -m"),  # a sweep of one key without -m
 ]
 
 

@@ -164,6 +164,10 @@ def _translate(exc: Exception) -> ConfigError:
     if m:
         full = re.search(r"full_key: ([\w.]+)", msg)
         return ConfigError(f"{full.group(1) if full else 'value'}={m.group(1)!r} must be of type {m.group(2)}")
+    m = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", msg)
+    if m:  # Hydra reads a,b,c as a sweep only in a multirun
+        return ConfigError(f"{m.group(1)}={m.group(2)!r} lists several values; `fp8bench run -m` sweeps them, "
+                           "otherwise give one")
     first = msg.splitlines()[0] if msg else type(exc).__name__
     return ConfigError(first)
 
