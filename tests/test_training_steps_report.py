@@ -63,9 +63,9 @@ def test_each_depth_and_te_path_has_its_step_speedup_memory_and_tokens(training_
     # per block 640/400 = 1.60x, per linear 800/600 = 1.33x, at 4 and 32 layers alike
     # columns: device, model, layers, seq, setting, path, recipe, tokens/s, BF16 tokens/s, speedup, peak GiB,
     # BF16 peak GiB, change %, run
-    assert re.search(r"Planted GPU llama2-7b-4l 4 4096 2 x 4096, BF16 master weights, 1 GPU per block "
+    assert re.search(r"Planted GPU llama2-7b-4l 4 4096 2x4096 BF16-master 1GPU per block "
                      r"\(te.TransformerLayer\) hybrid/delayed 20480 12800 1\.60 8\.0 8\.0 0 steps", text), text
-    assert re.search(r"llama2-7b 32 4096 2 x 4096, BF16 master weights, 1 GPU per linear \(te.Linear\) "
+    assert re.search(r"llama2-7b 32 4096 2x4096 BF16-master 1GPU per linear \(te.Linear\) "
                      r"hybrid/delayed \d+ \d+ 1\.33", text)
 
 
@@ -73,8 +73,8 @@ def test_the_published_figures_sit_beside_the_best_measured_step(training_html):
     section = training_html.split("Against the published figures")[1].split("Where a whole step")[0]
     text = " ".join(section.split())
     assert "1.34x" in text  # the claim under test is named
-    best = re.search(r"fp8bench, run steps llama2-7b \(32 layers\) Planted GPU, batch x seq 2 x 4096, BF16 master "
-                     r"weights, 1 GPU hybrid/delayed · per block \(te.TransformerLayer\) "
+    best = re.search(r"fp8bench, run steps llama2-7b \(32 layers\) Planted GPU, 2x4096 BF16-master 1GPU"
+                     r" hybrid/delayed · per block \(te.TransformerLayer\) "
                      r"BF16, same path (\d\.\d\d)", text)
     assert best and best.group(1) == "1.60"
     for anchor in ANCHORS:
@@ -95,5 +95,5 @@ def test_a_steps_parts_add_up_to_the_measured_step(training_html):
 def test_an_fp8_all_gather_run_is_its_own_path_against_bf16_fsdp2_on_as_many_gpus(training_html):
     section = " ".join(training_html.split("Whole training steps at Llama scale")[1].split("Against the")[0].split())
     # 8192 tokens per step: 10240 tokens/s against BF16 FSDP2's 8192, 1.25x, on 2 GPUs
-    assert re.search(r"llama3-8b 32 4096 2 x 4096, BF16 master weights, 2 GPUs torchao · fsdp2 x2 FP8 all-gather "
+    assert re.search(r"llama3-8b 32 4096 2x4096 BF16-master 2GPU torchao · fsdp2 x2 FP8 all-gather "
                      r"hybrid/current 10240 8192 1\.25", section), section

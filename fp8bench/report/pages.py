@@ -552,9 +552,8 @@ def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
     return t.assign(recipe_only=t["format"] + "/" + t["scaling"], peak_gib=t["peak_mem_bytes"] / 2**30,
                     bf16_peak_gib=t["bf16_peak_mem_bytes"] / 2**30,
                     mem_change_pct=(t["peak_mem_bytes"] / t["bf16_peak_mem_bytes"] - 1) * 100,
-                    setting=t["batch"].astype(str) + " x " + t["seq"].astype(str) + ", "
-                    + t["master_weights"].fillna("?").str.upper() + " master weights, " + t["nproc"].astype(str)
-                    + " GPU" + t["nproc"].map(lambda n: "s" if n > 1 else ""))
+                    setting=t["batch"].astype(str) + "x" + t["seq"].astype(str) + " "
+                    + t["master_weights"].fillna("?").str.upper() + "-master " + t["nproc"].astype(str) + "GPU")
 
 
 STEP_GROUP = ["device", "dims", "batch", "master_weights", "nproc"]
@@ -566,26 +565,49 @@ def _llama_steps_section(p: Page, steps: pd.DataFrame) -> None:
     p.note("Whole steps (forward, backward, AdamW) of the decoder at Llama-2-7B / Llama-3-8B dimensions, each FP8 "
            "recipe against the BF16 run of the same path in the same run: TE per linear (each block linear a "
            "te.Linear; norms, RoPE and attention torch's), TE per block (each block a te.TransformerLayer, as "
-           "Megatron-Core builds it) and compiled torchao. Setting: batch x seq, master weights, GPUs.")
+           "Megatron-Core builds it) and compiled torchao. Setting: batch x seq, master weights' precision, GPUs.")
     cols = ["device", "model", "layers", "seq", "setting", "path", "recipe_only", "tokens_per_s", "bf16_tokens_per_s",
             "speedup", "peak_gib", "bf16_peak_gib", "mem_change_pct", "run_id"]
-    p.table(steps.sort_values(["device", "dims", "setting", "layers", "seq", "path", "speedup"])[cols],
+    p.table(steps.sort_values(["device", "dims", "layers", "seq", "setting", "path", "speedup"])[cols],
             {"tokens_per_s": 0, "bf16_tokens_per_s": 0, "speedup": 2, "peak_gib": 1, "bf16_peak_gib": 1,
              "mem_change_pct": 0})
-    d0 = steps.assign(label=steps["recipe_only"] + " · " + steps["path"], master_weights=steps["master_weights"].fillna("?"))
-    for key, what in (("layers", "depth (layers)"), ("seq", "sequence length")):
-        other = "seq" if key == "layers" else "layers"
-        # a line per recipe and path where one study's setting varies `key` with the rest held
-        group = [*STEP_GROUP, other]
-        n = d0.groupby([*group, "label"])[key].transform("nunique")
-        d = d0[n >= 2].sort_values(key)
-        for values, dd in d.groupby(group):
-            where = dict(zip(group, values, strict=True))
-            p.figure(px.line(dd, x=key, y="speedup", color="label", markers=True, log_x=key == "layers",
-                             hover_data=["model", "run_id"], height=PLOT_H),
-                     f"{where['device']}: step speedup over BF16 by {what}; {where['dims']}, batch {where['batch']}, "
-                     f"{where['master_weights']} master weights, {where['nproc']} GPU, {other} {where[other]}", what,
-                     "speedup vs BF16 (x)")
+    fig = _scaling_figure(steps)
+    if fig is not None:
+        p.figure(fig, "Step speedup over BF16 by depth (left, at the setting's seq) and by sequence length (right), "
+                 "one line per recipe, path and setting", None, "speedup vs BF16 (x)")
+
+
+def _scaling_figure(steps: pd.DataFrame) -> go.Figure | None:
+    """Depth and sequence-length lines side by side: a line per recipe, path and setting (the width, batch,
+    master weights and GPUs held; the other axis held too), where the study varies the axis."""
+    from plotly.subplots import make_subplots
+
+    d0 = steps.assign(master_weights=steps["master_weights"].fillna("?"))
+    d0 = d0.assign(label=d0["recipe_only"] + " · " + d0["path"] + " · " + d0["dims"].str.split(",").str[0]
+                   + ", batch " + d0["batch"].astype(str))
+    panels = []
+    for key, other in (("layers", "seq"), ("seq", "layers")):
+        group = [*STEP_GROUP, other, "label"]
+        n = d0.groupby(group)[key].transform("nunique")
+        panels.append((key, other, d0[n >= 2].sort_values(key)))
+    if all(d.empty for _, _, d in panels):
+        return None
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("by depth (layers)", "by sequence length"))
+    shown: set[str] = set()
+    colors = px.colors.qualitative.Dark24
+    palette = {lab: colors[i % len(colors)] for i, lab in enumerate(sorted(d0["label"].unique()))}
+    for col, (key, other, d) in enumerate(panels, start=1):
+        for keys, line in d.groupby([*STEP_GROUP, other, "label"]):
+            label = keys[-1]
+            name = f"{label}, {other} {keys[-2]}"
+            fig.add_trace(go.Scatter(x=line[key], y=line["speedup"], mode="lines+markers", name=label,
+                                     legendgroup=label, showlegend=label not in shown, hovertext=name,
+                                     line={"color": palette[label]}), row=1, col=col)
+            shown.add(label)
+    fig.update_xaxes(type="log", title="layers", row=1, col=1)
+    fig.update_xaxes(type="log", title="sequence length (tokens)", row=1, col=2)
+    fig.update_layout(height=PLOT_H + 60)
+    return fig
 
 
 def _anchors_section(p: Page, steps: pd.DataFrame) -> None:
@@ -593,21 +615,20 @@ def _anchors_section(p: Page, steps: pd.DataFrame) -> None:
 
     p.h2("Against the published figures")
     p.note(f"The claim under test: FP8 training +30-40% end to end, Llama-2-7B {CLAIM:.2f}x. fp8bench's rows: the "
-           "fastest FP8 recipe of each path per model and setting (byte-level vocabulary: the output head is "
-           "negligible here, a 32k-128k head is not). The published rows keep their own settings; 'derived' is "
-           "our ratio of the two throughputs a source gives.")
-    best = steps.sort_values("speedup").groupby(["device", "model", "setting", "path"]).tail(1)
+           "fastest FP8 recipe of each path at the deepest model of each setting (byte-level vocabulary: the "
+           "output head is negligible here, a 32k-128k head is not); every depth is in the table above. The "
+           "published rows keep their own settings; 'derived' is our ratio of the two throughputs a source gives.")
+    best = deepest_steps(steps).sort_values("speedup").groupby(["device", "model", "setting", "path"]).tail(1)
     ours = pd.DataFrame({
         "source": "fp8bench, run " + best["run_id"], "model": best["model"] + " (" + best["layers"].astype(str) + " layers)",
-        "setting": best["device"] + ", batch x seq " + best["setting"],
+        "setting": best["device"] + ", " + best["setting"],
         "recipe": best["recipe_only"] + " · " + best["path"], "baseline": "BF16, same path", "speedup": best["speedup"],
-        "how": "measured"})
+        "how": "measured", "url": ""})
     theirs = pd.DataFrame([{"source": a.source, "model": a.model, "setting": a.setting, "recipe": a.recipe,
                             "baseline": a.baseline, "speedup": a.speedup, "how": a.how,
                             "url": a.url.removeprefix("https://")}  # the site links nothing outside itself
                            for a in ANCHORS])
-    p.table(ours.sort_values("speedup", ascending=False), {"speedup": 2})
-    p.table(theirs, {"speedup": 2})
+    p.table(pd.concat([ours.sort_values("speedup", ascending=False), theirs], ignore_index=True), {"speedup": 2})
 
 
 def step_parts(train: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -630,15 +651,22 @@ def step_parts(train: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
           "optimizer": "gpu_optimizer_ms", "communication": "gpu_communication_ms", "other": "gpu_other_ms"}
     parts = sum(d[v].fillna(0) for v in ms.values())
     return d.assign(**{k: d[v] for k, v in ms.items()}, idle=d["time_ms"] - d["gpu_busy_ms"],
-                    overlap=(parts - d["gpu_busy_ms"]).clip(lower=0), profiled_pct=100 * d["gpu_profiled_step_ms"] / d["time_ms"],
+                    overlap=(parts - d["gpu_busy_ms"]).round(3).clip(lower=0) + 0.0, profiled_pct=100 * d["gpu_profiled_step_ms"] / d["time_ms"],
                     path=(d["backend"] + d["variant"].map(lambda v: f"+{v}" if v else "")).map(lambda b: PATHS.get(b, b)),
                     recipe_only=d["format"] + "/" + d["scaling"]).sort_values(
         ["device", "model", "shape_name", "path", "time_ms"], ascending=[True, True, True, True, False])
 
 
+def deepest_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The cases of `steps` at the most layers of their setting (STEP_GROUP)."""
+    held = steps.assign(master_weights=steps["master_weights"].fillna("?"))
+    return steps[steps["layers"] == held.groupby(STEP_GROUP)["layers"].transform("max")]
+
+
 def _step_time_section(p: Page, train: pd.DataFrame, steps: pd.DataFrame, falls: pd.DataFrame | None) -> None:
-    """Where a whole step's time goes, BF16 and FP8 side by side, from the kernels of profiled steps."""
-    d = step_parts(train, steps)
+    """Where a whole step's time goes, BF16 and FP8 side by side, from the kernels of profiled steps: the
+    deepest model of each setting here (`fp8bench waterfall` lists every case)."""
+    d = step_parts(train, deepest_steps(steps))
     if d.empty:
         return
     p.h2("Where a whole step's time goes: the step's waterfall")
@@ -655,6 +683,24 @@ def _step_time_section(p: Page, train: pd.DataFrame, steps: pd.DataFrame, falls:
     p.table(d[cols], {c: 1 for c in cols[4:]})
     if falls is not None and not falls.empty:
         _waterfall_section(p, falls[falls["case_id"].isin(set(steps["case_id"]))])
+
+
+def _loss_figure(c: pd.DataFrame) -> go.Figure:
+    """A run's curves side by side, one colour per recipe in both: validation points, and the training loss
+    as a 20-step running mean."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("validation", "training, 20-step mean"))
+    colors = px.colors.qualitative.Plotly
+    for i, (label, lc) in enumerate(c.sort_values("step").groupby("label", sort=True)):
+        color = colors[i % len(colors)]
+        val, tr = lc[lc["kind"] == "validation"], lc[lc["kind"] == "train"]
+        fig.add_trace(go.Scatter(x=val["step"], y=val["loss"], mode="lines+markers", name=label, legendgroup=label,
+                                 line={"color": color}), row=1, col=1)
+        fig.add_trace(go.Scatter(x=tr["step"], y=tr["loss"].rolling(20, min_periods=1).mean(), mode="lines",
+                                 name=label, legendgroup=label, showlegend=False, line={"color": color}), row=1, col=2)
+    fig.update_layout(height=CURVE_H + 40)
+    return fig
 
 
 def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
@@ -676,6 +722,7 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | 
     t = t.assign(verdict=t.apply(_parity, axis=1),
                  mem_change_pct=(t["peak_mem_bytes"] / t["bf16_peak_mem_bytes"] - 1) * 100,
                  peak_gib=t["peak_mem_bytes"] / 2**30, label=t["recipe"] + " · " + t["shape_name"].str.split(".").str[-1])
+    study_runs: list = []
     for (device, model, run_id), d in t.groupby(["device", "model", "run_id"]):
         cols = ["label", "verdict", "tokens_per_s", "speedup", "quality_speedup", "peak_gib", "mem_change_pct",
                 "loss_final", "loss_gap_vs_bf16", "loss_gap_allowed", "loss_area_gap_pct"]
@@ -683,28 +730,28 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | 
                   "loss_final": 4, "loss_gap_vs_bf16": 4, "loss_gap_allowed": 4, "loss_area_gap_pct": 2}
         if (model, run_id) in set(zip(steps["model"], steps["run_id"], strict=True)):
             # a whole-step speed run (tens of steps): the study above holds its figures; its loss says nothing
-            p.raw(f"<details><summary>{esc(device)}: {esc(model)} (run {esc(run_id)}), each case</summary>")
-            p.table(d.sort_values(["format", "label"])[cols], digits)
-            p.raw("</details>")
+            study_runs.append((device, model, run_id, d, cols, digits))
             continue
         p.h2(f"{device}: {model} (run {run_id})")
         p.table(d.sort_values(["format", "label"])[cols], digits)
         c = curves[curves["case_id"].isin(d["case_id"]) & (curves["run_id"] == run_id)]
         if not c.empty:
             c = c.merge(d[["case_id", "label"]], on="case_id")
-            val = c[c["kind"] == "validation"]
-            p.figure(px.line(val, x="step", y="loss", color="label", markers=True, height=CURVE_H),
-                     f"{model}: validation loss per recipe (run {run_id})", "step", "validation loss (nats/byte)")
-            tr = c[c["kind"] == "train"].copy()
-            tr["loss"] = tr.groupby("label")["loss"].transform(lambda s: s.rolling(20, min_periods=1).mean())
-            p.figure(px.line(tr, x="step", y="loss", color="label", height=CURVE_H),
-                     f"{model}: training loss, 20-step mean (run {run_id})", "step", "training loss (nats/byte)")
+            p.figure(_loss_figure(c), f"{model}: validation loss per recipe (left) and training loss, 20-step mean "
+                     f"(right), run {run_id}", "step", "loss (nats/byte)")
         m = d[d["mem_step_peak_bytes"].notna()]
         if not m.empty:
             p.note("Memory at the peak of one training step, measured: resident before its forward, saved by the "
                    "forward for backward (FP8 part from the saved tensors' dtypes), then the backward's transient.")
             p.figure(_memory_bars(m), f"{model}: where a training step's peak memory goes (run {run_id})",
                      "memory (GiB)", "")
+    if study_runs:
+        p.raw(f"<details><summary>Each case of the whole-step study's {len(study_runs)} run sections "
+              "(speed runs of tens of steps: their loss says nothing)</summary>")
+        for device, model, run_id, d, cols, digits in study_runs:
+            p.note(f"{device}: {model} (run {run_id})")
+            p.table(d.sort_values(["format", "label"])[cols], digits)
+        p.raw("</details>")
     fw = integration_overhead(t)
     if not fw.empty:
         p.h2("Framework integrations: what Lightning and Accelerate add")
@@ -721,7 +768,10 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | 
             p.note("Over repeated runs (median and range of the overhead; parity verdicts counted):")
             p.table(integration_summary(fw), {"overhead_median_pct": 1, "overhead_min_pct": 1, "overhead_max_pct": 1})
     p.h2("Not measured, and why")
-    p.table(not_measured(df, ("train",)))
+    missing = not_measured(df, ("train",))
+    p.raw(f"<details><summary>{len(missing)} training cases not measured, each with its reason</summary>")
+    p.table(missing)
+    p.raw("</details>")
     return p
 
 
