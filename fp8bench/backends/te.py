@@ -102,11 +102,14 @@ class TEBackend(Backend):
             return dataclasses.replace(recipe, scaling_cfg=dataclasses.replace(recipe.scaling_cfg, pow2_scales=True))
         return recipe
 
+    rope_workloads = frozenset({"layer"})
+    """Workloads that run TE's TransformerLayer, which needs TE's rotary embedding to compute a Llama block."""
+
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)
-        if ok and workload == "layer" and _rope_class() is None:
+        if ok and workload in self.rope_workloads and rope_class() is None:
             return False, ("this Transformer Engine exposes no RotaryPositionEmbedding: its TransformerLayer would "
-                           "run without rotary embeddings, unlike the Llama block it is measured as")
+                           "run without rotary embeddings, unlike the Llama block it stands for")
         if not ok or recipe.format is Format.BF16:
             return ok, why
         return te_reason(recipe)
@@ -178,7 +181,7 @@ class TEBackend(Backend):
         layer = te.TransformerLayer(**transformer_layer_kwargs(model, torch.bfloat16), device=x.device)
         load_te_layer(layer, weights, model)
         del weights
-        rope = _rope(model.head_dim, x.shape[1], x.device)
+        rope = rope_table(model.head_dim, x.shape[1], x.device)
 
         def forward(inp):
             with autocast(recipe):
@@ -198,7 +201,7 @@ class TEBackend(Backend):
         return op
 
 
-def _rope_class():
+def rope_class():
     """TE's RotaryPositionEmbedding where this TE exposes it (its module moved between releases), else None."""
     try:
         from transformer_engine.pytorch.attention.rope import RotaryPositionEmbedding
@@ -210,7 +213,7 @@ def _rope_class():
     return RotaryPositionEmbedding
 
 
-def _rope(head_dim: int, seq: int, device):
+def rope_table(head_dim: int, seq: int, device):
     """TE's rotary embedding table for `seq` positions (as Megatron passes it); the planner skips TE layers
     where TE has none (supports), so a layer never runs without it."""
-    return _rope_class()(head_dim)(max_seq_len=seq).to(device)
+    return rope_class()(head_dim)(max_seq_len=seq).to(device)

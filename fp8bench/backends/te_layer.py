@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from fp8bench.backends.base import TrainSetup
-from fp8bench.backends.te import TEBackend, _rope, _rope_class, autocast
+from fp8bench.backends.te import TEBackend, autocast, rope_table
 from fp8bench.backends.te_reference import load_te_layer, transformer_layer_kwargs
 
 
@@ -31,20 +31,14 @@ class TELayerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._rope is None or self._rope.shape[0] < x.shape[1]:
-            self._rope = _rope(self.head_dim, x.shape[1], x.device)
+            self._rope = rope_table(self.head_dim, x.shape[1], x.device)
         return self.layer(x, rotary_pos_emb=self._rope)
 
 
 class TELayerBackend(TEBackend):
     name = "te-layer"
     workloads = frozenset({"train"})
-
-    def supports(self, workload, recipe, device):
-        ok, why = super().supports(workload, recipe, device)
-        if ok and _rope_class() is None:
-            return False, ("this Transformer Engine exposes no RotaryPositionEmbedding: its TransformerLayer would "
-                           "train without rotary embeddings, unlike the decoder it stands in for")
-        return ok, why
+    rope_workloads = frozenset({"train"})
 
     def prepare_training(self, model, recipe):
         """Each LlamaBlock becomes a te.TransformerLayer carrying its weights, in the blocks' dtype (the master

@@ -15,7 +15,7 @@ import pandas as pd
 
 from fp8bench.core.markdown import table
 from fp8bench.report import data
-from fp8bench.report.pages import STEP_GROUP, headline, llama_steps, step_parts
+from fp8bench.report.pages import deepest_steps, fastest_per_path, headline, llama_steps, step_parts
 
 BLOCK = re.compile(r"(<!-- generated: fp8bench report --markdown (?P<kind>[a-z-]+) -->\n)(.*?)(<!-- end generated -->)",
                    re.S)
@@ -79,17 +79,14 @@ def steps_block(con) -> str:
     if steps.empty:
         return "No Llama-scale training step is recorded.\n"
     commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
-    best = steps.sort_values("speedup").groupby(["device", "model", "setting", "path"]).tail(1)
-    best = best.sort_values(["device", "hidden", "layers", "seq", "speedup"], ascending=[True, True, True, True, False])
+    best = fastest_per_path(steps).sort_values(["device", "hidden", "layers", "seq", "speedup"], ascending=[True, True, True, True, False])
     out = table(["device · model", "layers", "batch x seq, master weights, GPUs", "path", "fastest FP8 recipe",
                  "speedup vs BF16", "tokens/s", "BF16 tokens/s", "peak GiB (vs BF16)", "run", "commit"],
                 [[f"{r['device']} · {r['model']}", int(r["layers"]), r["setting"], r["path"], r["recipe_only"],
                   f"{r['speedup']:.2f}x", f"{r['tokens_per_s']:,.0f}", f"{r['bf16_tokens_per_s']:,.0f}",
                   f"{r['peak_gib']:.1f} ({r['mem_change_pct']:+.0f}%)", f"`{r['run_id']}`", commits.get(r["run_id"], "")]
                  for _, r in best.iterrows()])
-    held = best.assign(master_weights=best["master_weights"].fillna("?"))
-    deepest = best[best["layers"] == held.groupby(STEP_GROUP)["layers"].transform("max")]
-    parts = step_parts(head[head["workload"] == "train"], deepest)
+    parts = step_parts(head[head["workload"] == "train"], deepest_steps(best))
     if not parts.empty:
         out += ("\nWhere the deepest model's step goes (ms per step; idle: the step minus the time any kernel ran; "
                 "overlap: kernels running at once; parts + idle - overlap = the step):\n\n")

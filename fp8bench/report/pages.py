@@ -21,9 +21,11 @@ def _real(df: pd.DataFrame) -> pd.DataFrame:
     return df[(df["status"] == "ok") & (df["backend"] != "emulated")]
 
 
-def _with_bf16(df: pd.DataFrame, cols: tuple[str, ...] = ("time_ms", "peak_mem_bytes")) -> pd.DataFrame:
-    """Each ok case joined with its BF16 twin (same run, workload, model, shape, backend, variant)."""
-    key = ["run_id", "workload", "model", "shape_name", "backend", "variant"]
+def _with_bf16(df: pd.DataFrame, cols: tuple[str, ...] = ("time_ms", "peak_mem_bytes"),
+               shape: str = "shape_name") -> pd.DataFrame:
+    """Each ok case joined with its BF16 twin (same run, workload, model, shape, backend, variant); `shape`:
+    the column that says which shapes pair."""
+    key = ["run_id", "workload", "model", shape, "backend", "variant"]
     ok = df[df["status"] == "ok"]
     base = ok[ok["format"] == "bf16"][key + list(cols)].rename(columns={c: f"bf16_{c}" for c in cols})
     return ok.merge(base, on=key, how="left")
@@ -524,7 +526,6 @@ def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
     and master weights as the case recorded them (older records: the model's preset, the run's config), the
     width of the preset (`dims`), batch, seq and processes from the shape, the path (backend and variant)."""
     from fp8bench.config.compose import model_preset
-    from fp8bench.core.types import FP8_ALL_GATHER_TAG
 
     ok = _real(train)
     if ok.empty:
@@ -540,20 +541,36 @@ def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
                              if presets[m] else m),
         batch=shape.map(lambda s: s.get("batch")), seq=shape.map(lambda s: s.get("seq")),
         nproc=shape.map(lambda s: s.get("nproc", 1)),
-        twin_shape=ok["shape_name"].str.replace(FP8_ALL_GATHER_TAG, "", regex=False),
-        path=(ok["backend"] + ok["variant"].map(lambda v: f"+{v}" if v else "")).map(lambda b: PATHS.get(b, b))
-        + shape.map(lambda s: f" · {s['strategy']} x{s['nproc']}" + (" FP8 all-gather" if s.get("fp8_all_gather")
-                                                                        else "") if s.get("nproc", 1) > 1 else ""))
-    key = ["run_id", "model", "twin_shape", "backend", "variant"]
-    cols = ("time_ms", "peak_mem_bytes", "tokens_per_s")
-    base = ok[ok["format"] == "bf16"][key + list(cols)].rename(columns={c: f"bf16_{c}" for c in cols})
-    t = ok[(ok["format"] != "bf16") & ok["speedup"].notna() & (ok["hidden"].fillna(0) >= LLAMA_SCALE_HIDDEN)]
-    t = t.merge(base, on=key, how="left")
+        twin_shape=_twin_shape(ok["shape_name"]),
+        path=_path(ok) + shape.map(lambda s: f" · {s['strategy']} x{s['nproc']}"
+                                   + (" FP8 all-gather" if s.get("fp8_all_gather") else "")
+                                   if s.get("nproc", 1) > 1 else ""))
+    ok["master_weights"] = ok["master_weights"].fillna("?")  # a record that says neither
+    t = _with_bf16(ok, ("time_ms", "peak_mem_bytes", "tokens_per_s"), shape="twin_shape")
+    t = t[(t["format"] != "bf16") & t["speedup"].notna() & (t["hidden"].fillna(0) >= LLAMA_SCALE_HIDDEN)]
     return t.assign(recipe_only=t["format"] + "/" + t["scaling"], peak_gib=t["peak_mem_bytes"] / 2**30,
                     bf16_peak_gib=t["bf16_peak_mem_bytes"] / 2**30,
                     mem_change_pct=(t["peak_mem_bytes"] / t["bf16_peak_mem_bytes"] - 1) * 100,
                     setting=t["batch"].astype(str) + "x" + t["seq"].astype(str) + " "
-                    + t["master_weights"].fillna("?").str.upper() + "-master " + t["nproc"].astype(str) + "GPU")
+                    + t["master_weights"].str.upper() + "-master " + t["nproc"].astype(str) + "GPU")
+
+
+def _twin_shape(shape_name: pd.Series) -> pd.Series:
+    """The shape a case's BF16 twin has: its own, less the FP8 all-gather tag (BF16 gathers in BF16), as
+    fp8bench.core.records.derive_speedups pairs them."""
+    from fp8bench.core.types import FP8_ALL_GATHER_TAG
+
+    return shape_name.str.replace(FP8_ALL_GATHER_TAG, "", regex=False)
+
+
+def _path(df: pd.DataFrame) -> pd.Series:
+    """How a training case ran its recipe: the backend and variant, TE's two paths by name."""
+    return (df["backend"] + df["variant"].map(lambda v: f"+{v}" if v else "")).map(lambda b: PATHS.get(b, b))
+
+
+def fastest_per_path(steps: pd.DataFrame) -> pd.DataFrame:
+    """The fastest FP8 recipe of each path per device, model and setting."""
+    return steps.sort_values("speedup").groupby(["device", "model", "setting", "path"]).tail(1)
 
 
 STEP_GROUP = ["device", "dims", "batch", "master_weights", "nproc"]
@@ -582,9 +599,8 @@ def _scaling_figure(steps: pd.DataFrame) -> go.Figure | None:
     master weights and GPUs held; the other axis held too), where the study varies the axis."""
     from plotly.subplots import make_subplots
 
-    d0 = steps.assign(master_weights=steps["master_weights"].fillna("?"))
-    d0 = d0.assign(label=d0["recipe_only"] + " · " + d0["path"] + " · " + d0["dims"].str.split(",").str[0]
-                   + ", batch " + d0["batch"].astype(str))
+    d0 = steps.assign(label=steps["recipe_only"] + " · " + steps["path"] + " · "
+                      + steps["dims"].str.split(",").str[0] + ", batch " + steps["batch"].astype(str))
     panels = []
     for key, other in (("layers", "seq"), ("seq", "layers")):
         group = [*STEP_GROUP, other, "label"]
@@ -618,7 +634,7 @@ def _anchors_section(p: Page, steps: pd.DataFrame) -> None:
            "fastest FP8 recipe of each path at the deepest model of each setting (byte-level vocabulary: the "
            "output head is negligible here, a 32k-128k head is not); every depth is in the table above. The "
            "published rows keep their own settings; 'derived' is our ratio of the two throughputs a source gives.")
-    best = deepest_steps(steps).sort_values("speedup").groupby(["device", "model", "setting", "path"]).tail(1)
+    best = fastest_per_path(deepest_steps(steps))
     ours = pd.DataFrame({
         "source": "fp8bench, run " + best["run_id"], "model": best["model"] + " (" + best["layers"].astype(str) + " layers)",
         "setting": best["device"] + ", " + best["setting"],
@@ -636,14 +652,10 @@ def step_parts(train: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     kernels of the steps profiled after the run: the categories of fp8bench.workloads.profile; idle = the
     measured step minus the time any kernel ran; overlap = the categories' sum minus that time (kernels running
     at once: communication beside compute); and the profiled steps' wall time over the measured step."""
-    from fp8bench.core.types import FP8_ALL_GATHER_TAG
-
     key = ["run_id", "model", "twin_shape", "backend", "variant"]
     twins = _real(train)
-    twins = twins[twins["gpu_busy_ms"].notna()]
-    twins = twins.assign(twin_shape=twins["shape_name"].str.replace(FP8_ALL_GATHER_TAG, "", regex=False))
-    wanted = steps.assign(twin_shape=steps["shape_name"].str.replace(FP8_ALL_GATHER_TAG, "", regex=False))
-    d = twins.merge(wanted[key].drop_duplicates(), on=key)
+    twins = twins[twins["gpu_busy_ms"].notna()].assign(twin_shape=lambda x: _twin_shape(x["shape_name"]))
+    d = twins.merge(steps[key].drop_duplicates(), on=key)
     d = d[d["case_id"].isin(steps["case_id"]) | (d["format"] == "bf16")]
     if d.empty:
         return d
@@ -652,15 +664,13 @@ def step_parts(train: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     parts = sum(d[v].fillna(0) for v in ms.values())
     return d.assign(**{k: d[v] for k, v in ms.items()}, idle=d["time_ms"] - d["gpu_busy_ms"],
                     overlap=(parts - d["gpu_busy_ms"]).round(3).clip(lower=0) + 0.0, profiled_pct=100 * d["gpu_profiled_step_ms"] / d["time_ms"],
-                    path=(d["backend"] + d["variant"].map(lambda v: f"+{v}" if v else "")).map(lambda b: PATHS.get(b, b)),
-                    recipe_only=d["format"] + "/" + d["scaling"]).sort_values(
+                    path=_path(d), recipe_only=d["format"] + "/" + d["scaling"]).sort_values(
         ["device", "model", "shape_name", "path", "time_ms"], ascending=[True, True, True, True, False])
 
 
 def deepest_steps(steps: pd.DataFrame) -> pd.DataFrame:
     """The cases of `steps` at the most layers of their setting (STEP_GROUP)."""
-    held = steps.assign(master_weights=steps["master_weights"].fillna("?"))
-    return steps[steps["layers"] == held.groupby(STEP_GROUP)["layers"].transform("max")]
+    return steps[steps["layers"] == steps.groupby(STEP_GROUP)["layers"].transform("max")]
 
 
 def _step_time_section(p: Page, train: pd.DataFrame, steps: pd.DataFrame, falls: pd.DataFrame | None) -> None:
