@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fp8bench.backends import Recipe, get_backend
-from fp8bench.backends.base import REFERENCE_MIN_DB
+from fp8bench.backends.base import MLP_REFERENCE_MIN_DB, REFERENCE_MIN_DB
 from fp8bench.backends.emulator import emulated_gemm
 from fp8bench.config.compose import expand
 from fp8bench.config.schema import BackendConfig, ScalingConfig
@@ -169,6 +169,26 @@ def test_te_layer_reference_agrees_with_te_bf16_and_recipes_differ(tmp_path, mod
     assert len(fp8) == 3 and all(20.0 < v < min(agreement.values()) for v in fp8.values()), (fp8, agreement)
     # Recipes differ by 0.02-0.3 dB (hopper-c); on TE's own initialisation they read 21.46-21.47 dB alike.
     assert max(fp8.values()) - min(fp8.values()) > 0.01, fp8
+
+
+def test_te_layernorm_mlp_beside_the_plain_mlp_at_llama2_7b(tmp_path):
+    """te.LayerNormMLP at Llama-2-7B width: its BF16 output agrees with our FP32 LlamaMLP on its weights above
+    MLP_REFERENCE_MIN_DB, each FP8 recipe scores below that, and the speedups pair with the BF16 twin of the
+    same backend; torchao's converted plain MLP runs beside it."""
+    pytest.importorskip("transformer_engine.pytorch")
+    points, _ = expand(["workload=mlp", "model=llama2-7b", "workload.seq=4096", "workload.batch=1",
+                        "backend=te,torchao", "format=bf16,e4m3,hybrid", "scaling=none,delayed,current",
+                        "measure.iters=5", "measure.rounds=3"], multirun=True)
+    recs = {r.case_id: r for r in execute(plan(points), tmp_path, "t", detect_device(), progress=False)}
+    ok = {cid: r for cid, r in recs.items() if r.status == "ok"}
+    te = {cid: r for cid, r in ok.items() if cid.endswith(".te")}
+    assert len(te) == 5 and any(cid.endswith(".torchao") and ".hybrid.current." in cid for cid in ok), sorted(ok)
+    agreement = [r.metric("reference_sqnr_db") for r in te.values()]
+    assert all(MLP_REFERENCE_MIN_DB <= a < 60 for a in agreement), agreement
+    for cid, r in te.items():
+        if ".bf16." not in cid:
+            assert 20.0 < r.metric("sqnr_db") < min(agreement), (cid, r.metric("sqnr_db"))
+            assert r.metric("speedup_vs_bf16") > 1.0 and r.metric("tflops") > 0, (cid, r.metric("speedup_vs_bf16"))
 
 
 def test_blockwise_scaled_mm_reports_tflops_on_llama_shapes(tmp_path):

@@ -12,10 +12,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8bench.backends.base import REFERENCE_MIN_DB, reference_agreement
-from fp8bench.backends.te_reference import TE_LAYER_WEIGHTS, block_from_te, qkv_from_te, te_state_from_block
+from fp8bench.backends.base import MLP_REFERENCE_MIN_DB, REFERENCE_MIN_DB, reference_agreement
+from fp8bench.backends.te_reference import (
+    TE_LAYER_WEIGHTS,
+    TE_MLP_WEIGHTS,
+    block_from_te,
+    mlp_from_te,
+    qkv_from_te,
+    te_state_from_block,
+)
 from fp8bench.config.schema import ModelConfig
-from fp8bench.models.block import LlamaBlock, apply_rope, rope_cache
+from fp8bench.models.block import LlamaBlock, LlamaMLP, apply_rope, rope_cache
 
 GQA = ModelConfig(name="gqa-test", hidden=128, ffn=256, heads=8, kv_heads=2, layers=1, vocab=64, seq=32)
 WIDE = ModelConfig(name="wide-test", hidden=1024, ffn=2816, heads=16, kv_heads=4, layers=1, vocab=64, seq=1024)
@@ -122,3 +129,36 @@ def test_missing_te_weight_is_named():
     del state["layernorm_mlp.fc2_weight"]
     with pytest.raises(KeyError, match="fc2_weight"):
         block_from_te(state, GQA)
+
+
+LLAMA2_7B_MLP = ModelConfig(name="llama2-7b-mlp", hidden=4096, ffn=11008, heads=32, kv_heads=32, layers=1, vocab=64,
+                            seq=128)
+
+
+@pytest.mark.parametrize("model", [GQA, LLAMA2_7B_MLP], ids=["toy", "llama2-7b"])
+def test_the_mlp_reference_computes_te_layernorm_mlp_and_bf16_clears_its_floor(model):
+    """te.LayerNormMLP's weights are the TransformerLayer's `layernorm_mlp.*` (fc1 = [gate; up]): the reference
+    rebuilt from them computes our MLP exactly in FP32. In BF16, with no residual stream, rounding leaves
+    46.6 dB at Llama-2-7B width: above MLP_REFERENCE_MIN_DB, below the layer's REFERENCE_MIN_DB."""
+    torch.manual_seed(0)
+    ours = LlamaMLP(model, dtype=torch.float32)
+    with torch.no_grad():
+        ours.mlp_norm.weight.uniform_(0.5, 0.7)
+    state = {TE_MLP_WEIGHTS[name]: p.detach().clone() for name, p in ours.named_parameters()}
+    assert set(state) == {"layer_norm_weight", "fc1_weight", "fc2_weight"}
+    reference = mlp_from_te(state, model)
+    x = torch.randn(1, model.seq, model.hidden, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(reference(x), ours(x), rtol=0, atol=0)
+        bf16 = ours.bfloat16()
+        agreement = reference_agreement(bf16(x.bfloat16()), mlp_from_te(
+            {TE_MLP_WEIGHTS[n]: p for n, p in bf16.named_parameters()}, model)(x))
+        gate, up = state["fc1_weight"].chunk(2)
+        swapped = mlp_from_te(state | {"fc1_weight": torch.cat((up, gate))}, model)
+        wrong = reference_agreement(ours.float()(x), swapped(x))
+    assert MLP_REFERENCE_MIN_DB < agreement < REFERENCE_MIN_DB + 10, agreement
+    if model is LLAMA2_7B_MLP:
+        assert agreement < REFERENCE_MIN_DB, agreement  # why the MLP has a floor of its own
+    assert wrong < 10 < MLP_REFERENCE_MIN_DB, wrong  # gate and up swapped: the check flags it
+    with pytest.raises(KeyError, match="fc2_weight"):
+        mlp_from_te({k: v for k, v in state.items() if k != "fc2_weight"}, model)

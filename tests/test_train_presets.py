@@ -52,14 +52,23 @@ def test_te_layer_is_planned_as_a_training_backend_and_says_why_it_cannot_run_he
 
 
 @pytest.mark.slow
-def test_the_depth_preset_runs_at_toy_size_on_cpu(tmp_path):
-    """The preset's own settings (BF16 parameters, fused-AdamW-free CPU, steps and warm-up) at the tiny model's
-    size, under the emulator and torch's CPU path: every case trains and records its steps."""
-    points, _ = expand(["sweep=hopper-train-depth", "device=cpu", "model=tiny", "backend=emulated",
-                        "format=bf16,e4m3", "scaling=none,current", "workload.seq=32", "workload.train.steps=8",
-                        "measure.warmup=2", f"results_dir={tmp_path}"], multirun=True)
+@pytest.mark.parametrize("preset,axis", [("hopper-train-depth", "model=tiny"),
+                                         ("hopper-train-seq", "workload.seq=16,32"),
+                                         ("hopper-train-torchtitan", "model=tiny")])
+def test_the_whole_step_presets_run_at_toy_size_on_cpu(tmp_path, preset, axis):
+    """Each preset's own settings (BF16 parameters, steps, warm-up, its sweep axes) at the tiny model's size
+    (the sequence preset still sweeps its length), under the emulator and torch's CPU path: every case
+    trains and records its steps."""
+    model = [] if axis.startswith("model") else ["model=tiny"]
+    points, _ = expand([f"sweep={preset}", "device=cpu", *model, axis, "backend=emulated", "format=bf16,e4m3",
+                        "scaling=none,current", "workload.train.steps=8", "measure.warmup=2",
+                        *(["workload.seq=32"] if preset != "hopper-train-seq" else []),
+                        f"results_dir={tmp_path}"], multirun=True)
+    assert {p.workload.train.master_weights for p in points} == {"bf16"}
     records = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
     assert {r.format for r in records} == {"bf16", "e4m3"}
+    if preset == "hopper-train-seq":
+        assert {r.shape["seq"] for r in records} == {16, 32}
     for rec in records:
         assert rec.status == "ok", rec.reason
         assert len(rec.samples["time_ms"]) == 8 - 2 and len(rec.samples["loss"]) == 8

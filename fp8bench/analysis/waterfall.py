@@ -104,7 +104,7 @@ def from_db(con) -> list[CaseWaterfall]:
                    + coalesce(max(m.value) FILTER (WHERE m.metric = 'gpu_communication_ms'), 0) AS other,
                  max(m.value) FILTER (WHERE m.metric = 'gpu_busy_ms') AS busy
           FROM cases c JOIN runs r USING (run_id) JOIN measurements m USING (run_id, case_id)
-          WHERE c.workload IN ('linear', 'layer', 'train') AND c.status = 'ok' GROUP BY ALL)
+          WHERE c.workload IN ('linear', 'mlp', 'layer', 'train') AND c.status = 'ok' GROUP BY ALL)
         SELECT f.*, b.case_id AS bf16_case, b.time_ms AS b_time_ms, b.gemm AS b_gemm, b.quantize AS b_quantize,
                b.attention AS b_attention, b.other AS b_other, b.busy AS b_busy
         FROM k f JOIN k b ON b.run_id = f.run_id AND b.workload = f.workload AND b.model = f.model

@@ -71,6 +71,13 @@ Llama-3-8B width, more than an FP8 layer's SQNR, so a floor of 40 dB would let i
 the SwiGLU halves score lower. Below this floor the layer workload records no FP8 SQNR for the case."""
 
 
+MLP_REFERENCE_MIN_DB = 40.0
+"""The same floor for an MLP alone (the `mlp` workload: TE's LayerNormMLP against our FP32 LlamaMLP). With no
+residual stream around it, BF16 rounding of the norm, fc1 and activation outputs caps the agreement lower: our
+own BF16 LlamaMLP scores 46.6 dB against FP32 at Llama-2-7B width (tests/test_te_reference.py), while swapped
+SwiGLU halves score 4.8 dB, far below FP8's 25-35 dB."""
+
+
 def reference_agreement(module_out: torch.Tensor, reference_out: torch.Tensor) -> float:
     """SQNR (dB) of a module's own high-precision output against the reference's: how far the reference is
     from the module before any FP8."""
@@ -240,9 +247,28 @@ class Backend:
     def linear(self, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, recipe: Recipe) -> LinearOp:
         raise NotImplementedError(f"backend {self.name!r} has no linear")
 
+    module_dtype: torch.dtype = torch.bfloat16
+    """The dtype of the plain-torch modules `layer` and `mlp` build (the emulator computes in FP32)."""
+
     def layer(self, model, x: torch.Tensor, dy: torch.Tensor, recipe: Recipe) -> LinearOp:
-        """One transformer block of `model` on x (batch, seq, hidden); see fp8bench.workloads.layer."""
-        raise NotImplementedError(f"backend {self.name!r} has no layer")
+        """One transformer block of `model` on x (batch, seq, hidden); see fp8bench.workloads.layer. By default
+        our LlamaBlock with this backend's linears (`module`)."""
+        from fp8bench.models.block import LlamaBlock
+
+        return self.module(LlamaBlock(model, device=x.device, dtype=self.module_dtype), x, dy, recipe)
+
+    def mlp(self, model, x: torch.Tensor, dy: torch.Tensor, recipe: Recipe) -> LinearOp:
+        """The MLP half of a block (RMSNorm, gate/up, SwiGLU, down; no residual) on x; see
+        fp8bench.workloads.mlp. By default our LlamaMLP with this backend's linears (`module`)."""
+        from fp8bench.models.block import LlamaMLP
+
+        return self.module(LlamaMLP(model, device=x.device, dtype=self.module_dtype), x, dy, recipe)
+
+    def module(self, reference: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe: Recipe) -> LinearOp:
+        """fwd+bwd of `reference` (a plain-torch module drawn from the case's seed) with its linears run by this
+        backend under `recipe`; for FP8, `reference` itself stays the BF16 reference the output is scored
+        against."""
+        raise NotImplementedError(f"backend {self.name!r} runs no transformer block or MLP")
 
     def prepare_training(self, model: torch.nn.Module, recipe: Recipe) -> TrainSetup:
         """`model` (a LlamaDecoder) with the linears of its blocks run by this backend under `recipe`; the
@@ -250,7 +276,7 @@ class Backend:
         raise NotImplementedError(f"backend {self.name!r} has no train")
 
 
-ONE_STEP_WORKLOADS = frozenset({"gemm", "linear", "layer"})
+ONE_STEP_WORKLOADS = frozenset({"gemm", "linear", "mlp", "layer"})
 
 
 def one_step_delayed(backend: str, workload: str, recipe: Recipe) -> tuple[bool, str]:

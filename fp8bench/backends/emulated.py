@@ -47,7 +47,7 @@ class _DelayedScalingLinearFn(torch.autograd.Function):
 class EmulatedBackend(Backend):
     name = "emulated"
     timed = False
-    workloads = frozenset({"gemm", "quantize", "linear", "layer", "train"})
+    workloads = frozenset({"gemm", "quantize", "linear", "mlp", "layer", "train"})
 
     def capability(self, fmt, scaling, device):
         return True, "the emulator runs every format on any device"
@@ -74,17 +74,17 @@ class EmulatedBackend(Backend):
         w = w.float().detach().requires_grad_(True)
         return module_op([w], lambda inp: EmulatedLinearFn.apply(inp, w, recipe), x.float(), dy.float(), weight=w)
 
-    def layer(self, model, x, dy, recipe):
-        from fp8bench.models.block import LlamaBlock, swap_linears
+    module_dtype = torch.float32
 
-        ref = LlamaBlock(model, device=x.device, dtype=torch.float32)
-        if recipe.format.value == "bf16":
-            return module_op(list(ref.parameters()), ref, x.float(), dy.float())
+    def module(self, reference, x, dy, recipe):
         import copy
 
-        block = swap_linears(copy.deepcopy(ref), lambda lin: RecipeLinear(lin, EmulatedLinearFn, recipe))
-        return module_op(list(block.parameters()), block, x.float(), dy.float(), reference_forward=ref)
+        from fp8bench.models.block import swap_linears
 
+        if recipe.format is Format.BF16:
+            return module_op(list(reference.parameters()), reference, x.float(), dy.float())
+        module = swap_linears(copy.deepcopy(reference), lambda lin: RecipeLinear(lin, EmulatedLinearFn, recipe))
+        return module_op(list(module.parameters()), module, x.float(), dy.float(), reference_forward=reference)
 
     def prepare_training(self, model, recipe):
         if recipe.scaling is Scaling.DELAYED:

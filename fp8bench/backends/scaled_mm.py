@@ -177,18 +177,17 @@ class ScaledMMBackend(Backend):
             "blockwise only): on Blackwell measure them through te; the emulator covers their numerics",
             unsupported=True),
     )
-    workloads = frozenset({"gemm", "quantize", "linear", "layer", "train"})
+    workloads = frozenset({"gemm", "quantize", "linear", "mlp", "layer", "train"})
 
-    def layer(self, model, x, dy, recipe):
+    def module(self, reference, x, dy, recipe):
         import copy
 
-        from fp8bench.models.block import LlamaBlock, swap_linears
+        from fp8bench.models.block import swap_linears
 
-        ref = LlamaBlock(model, device=x.device)
         if recipe.format is Format.BF16:
-            return module_op(list(ref.parameters()), ref, x, dy)
-        block = swap_linears(copy.deepcopy(ref), lambda lin: RecipeLinear(lin, _ScaledMMLinearFn, recipe))
-        return module_op(list(block.parameters()), block, x, dy, reference_forward=ref)
+            return module_op(list(reference.parameters()), reference, x, dy)
+        module = swap_linears(copy.deepcopy(reference), lambda lin: RecipeLinear(lin, _ScaledMMLinearFn, recipe))
+        return module_op(list(module.parameters()), module, x, dy, reference_forward=reference)
 
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)

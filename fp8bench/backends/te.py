@@ -20,10 +20,17 @@ from fp8bench.backends.base import (
     module_op,
     swap_block_linears,
 )
-from fp8bench.backends.te_reference import block_from_te, load_te_layer, transformer_layer_kwargs
+from fp8bench.backends.te_reference import (
+    block_from_te,
+    layernorm_mlp_kwargs,
+    load_te_layer,
+    load_te_mlp,
+    mlp_from_te,
+    transformer_layer_kwargs,
+)
 from fp8bench.core.hardware import FP8, TENSORWISE, Rule
 from fp8bench.core.types import Format, Scaling
-from fp8bench.models.block import LlamaBlock
+from fp8bench.models.block import LlamaBlock, LlamaMLP
 
 
 def te_recipe(recipe: Recipe):
@@ -88,7 +95,7 @@ class TEBackend(Backend):
         Rule(frozenset({"mxfp8"}), frozenset({"mx"}), (10, 0), None, False, "TE MXFP8BlockScaling: sm_100+"),
         Rule(frozenset({"nvfp4"}), frozenset({"nvfp4"}), (10, 0), None, False, "TE NVFP4BlockScaling: sm_100+"),
     )
-    workloads = frozenset({"quantize", "linear", "layer", "train"})
+    workloads = frozenset({"quantize", "linear", "mlp", "layer", "train"})
 
     def available(self):
         if not torch.cuda.is_available():
@@ -197,6 +204,29 @@ class TEBackend(Backend):
                 return layer(x, rotary_pos_emb=rope).float(), block(x.float())
 
         op = module_op(list(layer.parameters()), forward, x, dy, notes={"rope": True})
+        op.reference_check = reference_check
+        return op
+
+    def mlp(self, model, x, dy, recipe):
+        """te.LayerNormMLP (RMSNorm fused with fc1's input cast, SwiGLU fused with fc2's), on the weights the
+        other backends' LlamaMLP draws from the case's seed, scored against our FP32 LlamaMLP carrying them."""
+        import transformer_engine.pytorch as te
+
+        weights = LlamaMLP(model, device=x.device)
+        mlp = te.LayerNormMLP(**layernorm_mlp_kwargs(model, torch.bfloat16), device=x.device)
+        load_te_mlp(mlp, weights)
+        del weights
+
+        def forward(inp):
+            with autocast(recipe):
+                return mlp(inp)
+
+        def reference_check():
+            reference = mlp_from_te(mlp.state_dict(), model)
+            with torch.no_grad():
+                return mlp(x).float(), reference(x.float())
+
+        op = module_op(list(mlp.parameters()), forward, x, dy)
         op.reference_check = reference_check
         return op
 

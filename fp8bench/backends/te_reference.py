@@ -29,7 +29,7 @@ from collections.abc import Mapping
 import torch
 
 from fp8bench.config.schema import ModelConfig
-from fp8bench.models.block import LlamaBlock
+from fp8bench.models.block import LlamaBlock, LlamaMLP
 
 TE_LAYER_WEIGHTS = {
     "attn_norm.weight": "self_attention.layernorm_qkv.layer_norm_weight",
@@ -41,6 +41,10 @@ TE_LAYER_WEIGHTS = {
 }
 """Our LlamaBlock's parameter name -> the TE TransformerLayer's (built with fuse_qkv_params=True)."""
 
+TE_MLP_WEIGHTS = {ours: te.removeprefix("layernorm_mlp.") for ours, te in TE_LAYER_WEIGHTS.items()
+                  if te.startswith("layernorm_mlp.")}
+"""Our LlamaMLP's parameter name -> te.LayerNormMLP's (the same module inside the TransformerLayer)."""
+
 
 def transformer_layer_kwargs(model: ModelConfig, dtype: torch.dtype) -> dict:
     """te.TransformerLayer's arguments for one block of `model`: what the `layer` workload builds too, no
@@ -51,6 +55,13 @@ def transformer_layer_kwargs(model: ModelConfig, dtype: torch.dtype) -> dict:
         self_attn_mask_type="causal", normalization="RMSNorm",
         activation="swiglu" if model.mlp == "swiglu" else "gelu", bias=False, params_dtype=dtype,
         attn_input_format="bshd", fuse_qkv_params=True)
+
+
+def layernorm_mlp_kwargs(model: ModelConfig, dtype: torch.dtype) -> dict:
+    """te.LayerNormMLP's arguments for the MLP of one block of `model`: the TransformerLayer's own."""
+    layer = transformer_layer_kwargs(model, dtype)
+    return dict(hidden_size=model.hidden, ffn_hidden_size=model.ffn, eps=layer["layernorm_epsilon"],
+                normalization=layer["normalization"], activation=layer["activation"], bias=False, params_dtype=dtype)
 
 
 def qkv_from_te(fused: torch.Tensor, model: ModelConfig) -> torch.Tensor:
@@ -108,3 +119,29 @@ def block_from_te(state: Mapping[str, torch.Tensor], model: ModelConfig,
     block.load_state_dict({k: v.to(device) for k, v in weights.items()}, assign=True)
     block.gelu_approximate = "tanh"
     return block.requires_grad_(False)
+
+
+def load_te_mlp(mlp: torch.nn.Module, ours: LlamaMLP) -> None:
+    """Copy our LlamaMLP's weights into a te.LayerNormMLP (same layout: fc1 is [gate; up])."""
+    params = dict(mlp.named_parameters())
+    with torch.no_grad():
+        for name, w in ours.named_parameters():
+            te = TE_MLP_WEIGHTS[name]
+            if te not in params or params[te].shape != w.shape:
+                raise KeyError(f"te.LayerNormMLP has no parameter {te} of shape {tuple(w.shape)}")
+            params[te].copy_(w)
+
+
+def mlp_from_te(state: Mapping[str, torch.Tensor], model: ModelConfig, dtype: torch.dtype = torch.float32) -> LlamaMLP:
+    """A LlamaMLP (`dtype`, GELU in TE's tanh form) computing what the te.LayerNormMLP whose state_dict is
+    `state` computes, on the weights' device."""
+    missing = [te for te in TE_MLP_WEIGHTS.values() if te not in state]
+    if missing:
+        raise KeyError(f"not a te.LayerNormMLP state (RMSNorm, no bias): missing {missing}")
+    device = state[TE_MLP_WEIGHTS["gate_up.weight"]].device
+    with torch.device("meta"):
+        mlp = LlamaMLP(model, dtype=dtype)
+    mlp.load_state_dict({ours: state[te].detach().to(device=device, dtype=dtype) for ours, te in TE_MLP_WEIGHTS.items()},
+                        assign=True)
+    mlp.gelu_approximate = "tanh"
+    return mlp.requires_grad_(False)

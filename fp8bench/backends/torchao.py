@@ -43,7 +43,7 @@ class TorchaoBackend(Backend):
         Rule(frozenset({"e4m3"}), frozenset({"rowwise"}), (8, 9), None, True,
             "torchao float8 'rowwise' recipes (E4M3, power-of-two row scales); Float8Linear also runs on CPU"),
     )
-    workloads = frozenset({"linear", "layer", "train"})
+    workloads = frozenset({"linear", "mlp", "layer", "train"})
 
     def available(self):
         return import_probe("torchao.float8", "gpu")
@@ -80,23 +80,20 @@ class TorchaoBackend(Backend):
         return module_op([module[0].weight], run, x.bfloat16(), dy.bfloat16(), weight=module[0].weight,
                          notes={"recipe": name or "bf16"}, context=lambda: cpu_scaled_mm_path(recipe, x.device))
 
-    def layer(self, model, x, dy, recipe):
+    def module(self, reference, x, dy, recipe):
         import copy
 
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        from fp8bench.models.block import LlamaBlock
-
-        ref = LlamaBlock(model, device=x.device)
         compile_ = torch.compile if recipe.backend_cfg.compile else (lambda m: m)
         if recipe.format is Format.BF16:
-            return module_op(list(ref.parameters()), compile_(ref), x, dy)
-        block = copy.deepcopy(ref)
-        convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name(recipe_name(recipe)))
-        converted = [type(m).__name__ for m in block.children() if "Linear" in type(m).__name__]
+            return module_op(list(reference.parameters()), compile_(reference), x, dy)
+        module = copy.deepcopy(reference)
+        convert_to_float8_training(module, config=Float8LinearConfig.from_recipe_name(recipe_name(recipe)))
+        converted = [type(m).__name__ for m in module.children() if "Linear" in type(m).__name__]
         if any(name != "Float8Linear" for name in converted):  # never measure BF16 under an FP8 label
             raise RuntimeError(f"torchao left linears unconverted: {converted}")
-        return module_op(list(block.parameters()), compile_(block), x, dy, reference_forward=ref,
+        return module_op(list(module.parameters()), compile_(module), x, dy, reference_forward=reference,
                          notes={"recipe": recipe_name(recipe)}, context=lambda: cpu_scaled_mm_path(recipe, x.device))
 
     def prepare_training(self, model, recipe, fp8_all_gather: bool = False):

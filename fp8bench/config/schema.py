@@ -147,9 +147,9 @@ class WorkloadConfig:
     tensors: list[str] = field(default_factory=lambda: ["activation", "weight"])
     """quantize: the activation (tokens x hidden) and/or the largest weight (ffn x hidden)."""
     batch: int = 2
-    """layer, train: sequences per step."""
+    """mlp, layer, train: sequences per step."""
     seq: int = 4096
-    """layer, train: tokens per sequence."""
+    """mlp, layer, train: tokens per sequence."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """train: optimiser, schedule, data, checkpoints."""
 
@@ -247,7 +247,7 @@ class BackendConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class MeasureConfig:
-    """How every case is timed (fp8bench.core.measure). gemm, linear and layer cases are timed beside their BF16
+    """How every case is timed (fp8bench.core.measure). gemm, linear, mlp and layer cases are timed beside their BF16
     twin in `rounds` rounds (measure.time_interleaved); the others (and a BF16 case with no recipe beside it)
     sample alone, up to `iters` samples or `max_time_s`."""
 

@@ -129,6 +129,7 @@ class WorkloadName(str, enum.Enum):
     GEMM = "gemm"
     QUANTIZE = "quantize"
     LINEAR = "linear"
+    MLP = "mlp"
     LAYER = "layer"
     TRAIN = "train"
 

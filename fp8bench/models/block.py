@@ -80,13 +80,36 @@ class LlamaBlock(nn.Module):
         q, k = apply_rope(q, cos, sin, self.rope), apply_rope(k, cos, sin, self.rope)
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
         x = x + self.o(attn.transpose(1, 2).reshape(b, s, h))
-        up = self.gate_up(self.mlp_norm(x))
-        if self.gated:
-            gate, up = up.chunk(2, dim=-1)
-            act = F.silu(gate) * up
-        else:
-            act = F.gelu(up, approximate=self.gelu_approximate)
-        return x + self.down(act)
+        return x + mlp_forward(self, x)
+
+
+def mlp_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """down(act(gate_up(mlp_norm(x)))) of a module holding those three (a LlamaBlock or a LlamaMLP)."""
+    up = m.gate_up(m.mlp_norm(x))
+    if m.gated:
+        gate, up = up.chunk(2, dim=-1)
+        act = F.silu(gate) * up
+    else:
+        act = F.gelu(up, approximate=m.gelu_approximate)
+    return m.down(act)
+
+
+class LlamaMLP(nn.Module):
+    """The MLP half of a LlamaBlock without its residual: RMSNorm, the fused gate/up linear, SwiGLU (or GELU),
+    the down linear. What Transformer Engine's `LayerNormMLP` computes (the `mlp` workload), with the same
+    parameter names as the block's, so weights drawn from one seed match across backends."""
+
+    def __init__(self, model: ModelConfig, device=None, dtype=torch.bfloat16) -> None:
+        super().__init__()
+        kw = dict(bias=False, device=device, dtype=dtype)
+        self.mlp_norm = RMSNorm(model.hidden, device=device, dtype=dtype)
+        self.gated = model.mlp == "swiglu"
+        self.gelu_approximate = "none"
+        self.gate_up = nn.Linear(model.hidden, (2 if self.gated else 1) * model.ffn, **kw)
+        self.down = nn.Linear(model.ffn, model.hidden, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return mlp_forward(self, x)
 
 
 def block_flops(model: ModelConfig, batch: int, seq: int) -> float:
@@ -95,6 +118,12 @@ def block_flops(model: ModelConfig, batch: int, seq: int) -> float:
     linear = sum(i * o for i, o in (model.linear_dims(n) for n in ("qkv", "o", "gate_up", "down")))
     attn = 2 * 2 * batch * seq * seq * model.hidden / 2  # QK^T and PV, causal half
     return 3.0 * (2.0 * tokens * linear + attn)
+
+
+def mlp_flops(model: ModelConfig, batch: int, seq: int) -> float:
+    """Forward+backward FLOPs of one LlamaMLP: 3x 2·tokens·params of its two linears."""
+    linear = sum(i * o for i, o in (model.linear_dims(n) for n in ("gate_up", "down")))
+    return 3.0 * 2.0 * batch * seq * linear
 
 
 def swap_linears(block: nn.Module, make: callable) -> nn.Module:

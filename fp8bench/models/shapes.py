@@ -75,7 +75,7 @@ def train(config: Config) -> list[tuple[str, dict]]:
 
 def shapes(config: Config) -> list[tuple[str, dict]]:
     """(shape name, shape) of every case of one sweep point."""
-    return {"gemm": gemm, "quantize": quantize, "linear": linear, "layer": layer,
+    return {"gemm": gemm, "quantize": quantize, "linear": linear, "mlp": layer, "layer": layer,
             "train": train}[config.workload.name](config)
 
 

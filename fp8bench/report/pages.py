@@ -37,7 +37,7 @@ def advisor(df: pd.DataFrame) -> pd.DataFrame:
     """Per device × model × workload × recipe: speedup with its interval, whether host-bound, the kernels' agreement
     with the emulator and (training) loss parity, memory change; the recommended one marked."""
     real = _with_bf16(_real(df))
-    real = real[real["workload"].isin(["linear", "layer", "gemm", "train"]) & (real["format"] != "bf16")]
+    real = real[real["workload"].isin(["linear", "mlp", "layer", "gemm", "train"]) & (real["format"] != "bf16")]
     if real.empty:
         return pd.DataFrame()
     lo, hi = interval(real)
@@ -328,7 +328,7 @@ def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
     _module_sections(p, df)
     _gemm_casts_section(p, df)
     p.h2("Not measured, and why")
-    p.table(not_measured(df, ("linear", "layer")))
+    p.table(not_measured(df, ("linear", "mlp", "layer")))
     return p
 
 
@@ -358,7 +358,7 @@ def _waterfall_section(p: Page, falls: pd.DataFrame) -> None:
 
 
 def _module_sections(p: Page, df: pd.DataFrame) -> None:
-    mods = _with_bf16(df[df["workload"].isin(["linear", "layer"])])
+    mods = _with_bf16(df[df["workload"].isin(["linear", "mlp", "layer"])])
     mods = mods[mods["backend"] != "emulated"]
     for (device, workload), d in mods.groupby(["device", "workload"]):
         d = d.assign(shape=d["model"] + " " + d["shape_name"])

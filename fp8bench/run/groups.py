@@ -41,9 +41,9 @@ from fp8bench.run.plan import Case
 from fp8bench.workloads import get_workload
 from fp8bench.workloads.common import Prepared
 
-INTERLEAVED = frozenset({"gemm", "linear", "layer"})
+INTERLEAVED = frozenset({"gemm", "linear", "mlp", "layer"})
 """The workloads with a BF16 twin to time beside (quantize has no BF16 case; train runs are whole runs)."""
-MAX_BATCH = {"gemm": 8, "linear": 8, "layer": 4}
+MAX_BATCH = {"gemm": 8, "linear": 8, "mlp": 4, "layer": 4}
 """Recipes built and timed together at most; fewer when GPU memory is short (RESERVE_BYTES)."""
 RESERVE_BYTES = 4 << 30
 """Another recipe joins a batch only while the GPU keeps this much free beyond twice the largest recipe."""

@@ -14,11 +14,13 @@ def get_workload(name: str) -> ModuleType:
         from fp8bench.workloads import quantize as mod
     elif name == "linear":
         from fp8bench.workloads import linear as mod
+    elif name == "mlp":
+        from fp8bench.workloads import mlp as mod
     elif name == "layer":
         from fp8bench.workloads import layer as mod
     elif name == "train":
         from fp8bench.workloads import train as mod
     else:
         raise ValueError(f"workload={name!r} is not implemented; choose one of "
-                         f"{[w for w in choices(WorkloadName) if w in ('gemm', 'quantize', 'linear', 'layer', 'train')]}")
+                         f"{[w for w in choices(WorkloadName) if w in ('gemm', 'quantize', 'linear', 'mlp', 'layer', 'train')]}")
     return mod

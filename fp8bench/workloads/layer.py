@@ -10,9 +10,11 @@ the same block. Below REFERENCE_MIN_DB no `sqnr_db` is recorded: it would measur
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from fp8bench.backends.base import REFERENCE_MIN_DB, reference_agreement
+from fp8bench.backends.base import REFERENCE_MIN_DB, LinearOp, reference_agreement
 from fp8bench.core.measure import peak_memory_bytes, reset_peak_memory, steady_peak_bytes
 from fp8bench.core.numerics import rel_err, sqnr_db
 from fp8bench.core.records import Metric
@@ -32,13 +34,21 @@ from fp8bench.workloads.profile import kernel_metrics
 
 
 def prepare(case: CaseInput) -> Prepared:
+    return prepare_module(case, case.backend.layer, block_flops(case.config.model, case.shape["batch"], case.shape["seq"]),
+                          REFERENCE_MIN_DB)
+
+
+def prepare_module(case: CaseInput, build: Callable[..., LinearOp], flops: float, reference_min_db: float) -> Prepared:
+    """A module case (a block, or its MLP: fp8bench.workloads.mlp): `build(model, x, dy, recipe)` gives the
+    backend's module; `flops` its fwd+bwd FLOPs; below `reference_min_db` a reference_check's reference is
+    not trusted to score the FP8 output."""
     s, dev = case.shape, case.device
     g = generator(case.config, case.shape_name, dev)
     x = randn((s["batch"], s["seq"], s["hidden"]), g, dev)
     dy = randn((s["batch"], s["seq"], s["hidden"]), g, dev, scale=1e-2)
     torch.manual_seed(case.config.seed)  # module initialisation: same weights for every recipe
     reset_peak_memory(dev)
-    op = case.backend.layer(case.config.model, x, dy, case.recipe)
+    op = build(case.config.model, x, dy, case.recipe)
     metrics, peak = [], None
     if case.backend.timed:  # the emulator's memory is not a kernel's: it runs once, for its numerics
         # The first step also builds library state (cuDNN attention plans, cuBLAS workspaces, TE's FP8
@@ -54,7 +64,7 @@ def prepare(case: CaseInput) -> Prepared:
 
     def finish(timings: dict) -> CaseOutput:
         timing = timings["time_ms"]
-        out = speed_metrics(case, timing, block_flops(case.config.model, s["batch"], s["seq"]), peak_bytes=peak)
+        out = speed_metrics(case, timing, flops, peak_bytes=peak)
         out += metrics
         if case.backend.timed:  # after timing: the profiler's overhead stays out of time_ms
             out += kernel_metrics(op.step, dev)
@@ -64,7 +74,7 @@ def prepare(case: CaseInput) -> Prepared:
             agreement = reference_agreement(own, y_hp)
             del own
             out.append(Metric.of("reference_sqnr_db", agreement))
-            reference_ok = agreement >= REFERENCE_MIN_DB
+            reference_ok = agreement >= reference_min_db
         if case.recipe.format is not Format.BF16 and reference_ok:
             y, _, _ = op.outputs()
             if y_hp is None:
