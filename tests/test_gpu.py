@@ -178,7 +178,7 @@ def test_te_layernorm_mlp_beside_the_plain_mlp_at_llama2_7b(tmp_path):
     pytest.importorskip("transformer_engine.pytorch")
     points, _ = expand(["workload=mlp", "model=llama2-7b", "workload.seq=4096", "workload.batch=1",
                         "backend=te,torchao", "format=bf16,e4m3,hybrid", "scaling=none,delayed,current",
-                        "measure.iters=5", "measure.rounds=3"], multirun=True)
+                        "measure.iters=5", "measure.rounds=6"], multirun=True)
     recs = {r.case_id: r for r in execute(plan(points), tmp_path, "t", detect_device(), progress=False)}
     ok = {cid: r for cid, r in recs.items() if r.status == "ok"}
     te = {cid: r for cid, r in ok.items() if cid.endswith(".te")}
