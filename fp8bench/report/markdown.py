@@ -8,6 +8,7 @@ tests/test_docs.py regenerates them from the committed results and fails when a 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def _headline(con, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def headline_block(con) -> str:
-    """The fastest FP8 recipe per device · model and workload (whole layers, whole training steps)."""
+    """The fastest FP8 recipe per device · model and workload (whole layers, MLPs, whole training steps)."""
     h = _headline(con, data.runs(con))
     if h.empty:
         return "No FP8 layer or training case with a speedup is recorded.\n"
@@ -54,12 +55,12 @@ def headline_block(con) -> str:
 
 
 def results_block(con) -> str:
-    """Every FP8 layer and training recipe's speedup, then the runs they come from."""
+    """Every FP8 layer, MLP and training recipe's speedup, then the runs they come from."""
     runs = data.runs(con)
     h = _headline(con, runs)
     rows = [[r["label"], r["workload"], r["recipe"], _fmt_speedup(r), r["bound"] or "", f"`{r['run_id']}`",
              r["commit"]] for _, r in h.iterrows()]
-    out = "### Speedup over BF16 per recipe (whole layers and training steps)\n\n"
+    out = "### Speedup over BF16 per recipe (whole layers, MLPs and training steps)\n\n"
     out += table(["device · model", "workload", "recipe", "speedup (95% interval)", "bound", "run", "commit"], rows)
     runs = runs.sort_values("started_at")
     out += "\n### The runs\n\n"
@@ -97,7 +98,47 @@ def steps_block(con) -> str:
     return out
 
 
-KINDS = {"headline": headline_block, "results": results_block, "steps": steps_block}
+def parity_block(con) -> str:
+    """Every training run that judged loss parity (a BF16 band of seeds beside FP8 recipes): each case's speed,
+    peak memory, final validation loss and verdict, per model and run."""
+    runs = data.runs(con)
+    commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
+    t = data.latest(data.cases(con))
+    t = t[(t["workload"] == "train") & (t["status"] == "ok")]
+    judged = set(t.loc[t["parity_pass"].notna(), "run_id"])
+    t = t[t["run_id"].isin(judged)]
+    if t.empty:
+        return "No training run with a loss-parity verdict is recorded.\n"
+
+    shapes = t["shape_json"].map(json.loads)
+    t = t.assign(nproc=shapes.str.get("nproc").fillna(1), seed=shapes.str.get("seed"),
+                 setting=[f"{s['batch']}x{s['seq']}, {s['steps']} steps"
+                          + (f", {s['strategy']} x{s['nproc']}" + (" FP8 all-gather" if s.get("fp8_all_gather") else "")
+                             if s.get("nproc", 1) > 1 else "") for s in shapes])
+    band = t[(t["format"] == "bf16") & (t["nproc"] == 1)].groupby(["run_id", "model", "backend", "variant"])["seed"].nunique()
+
+    def verdict(r) -> str:
+        if r["format"] == "bf16":
+            if r["nproc"] > 1:
+                return "(the distributed runs' speed twin)"
+            return "the band" if band.get((r["run_id"], r["model"], r["backend"], r["variant"]), 0) >= 3 else "(one seed)"
+        if pd.isna(r["parity_pass"]):
+            return "no verdict"
+        area = "" if pd.isna(r["loss_area_gap_pct"]) else f", curve area {r['loss_area_gap_pct']:+.1f}%"
+        return (("pass" if r["parity_pass"] == 1.0 else "FAIL")
+                + f" (gap {r['loss_gap_vs_bf16']:+.3f}, allowed {r['loss_gap_allowed']:.3f}{area})")
+
+    rows = [[f"{r['device']} · {r['model']}", r["setting"],
+             r["recipe"] + ("" if r["format"] != "bf16" else f" seed {r['seed']}"),
+             f"{r['tokens_per_s']:,.0f}", "" if pd.isna(r["speedup"]) else f"{r['speedup']:.2f}x",
+             f"{r['peak_mem_bytes'] / 2**30:.2f}", f"{r['loss_final']:.4f}", verdict(r), f"`{r['run_id']}`",
+             commits.get(r["run_id"], "")]
+            for _, r in t.sort_values(["model", "run_id", "backend", "format", "scaling", "shape_name"]).iterrows()]
+    return table(["device · model", "batch x seq, steps", "recipe", "tokens/s", "vs BF16", "peak GiB",
+                  "final val loss", "parity", "run", "commit"], rows)
+
+
+KINDS = {"headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block}
 
 
 def render(text: str, con) -> str:

@@ -201,9 +201,9 @@ def overview(df: pd.DataFrame, runs: pd.DataFrame, falls: pd.DataFrame | None = 
 
 
 def headline(df: pd.DataFrame) -> pd.DataFrame:
-    """The FP8 layer and training cases with a speedup, per device, model and recipe, with the interval."""
+    """The FP8 layer, MLP and training cases with a speedup, per device, model and recipe, with the interval."""
     h = _real(df)
-    h = h[h["workload"].isin(["layer", "train"]) & (h["format"] != "bf16") & h["speedup"].notna()]
+    h = h[h["workload"].isin(["mlp", "layer", "train"]) & (h["format"] != "bf16") & h["speedup"].notna()]
     if h.empty:
         return h
     lo, hi = interval(h)
@@ -750,11 +750,14 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | 
             p.figure(_loss_figure(c), f"{model}: validation loss per recipe (left) and training loss, 20-step mean "
                      f"(right), run {run_id}", "step", "loss (nats/byte)")
         m = d[d["mem_step_peak_bytes"].notna()]
-        if not m.empty:
+        if not m.empty:  # the table has each peak and its change: the breakdown is one click away
+            p.raw(f"<details><summary>{esc(model)}: where a training step's peak memory goes (run "
+                  f"{esc(run_id)})</summary>")
             p.note("Memory at the peak of one training step, measured: resident before its forward, saved by the "
                    "forward for backward (FP8 part from the saved tensors' dtypes), then the backward's transient.")
             p.figure(_memory_bars(m), f"{model}: where a training step's peak memory goes (run {run_id})",
                      "memory (GiB)", "")
+            p.raw("</details>")
     if study_runs:
         p.raw(f"<details><summary>Each case of the whole-step study's {len(study_runs)} run sections "
               "(speed runs of tens of steps: their loss says nothing)</summary>")
