@@ -67,6 +67,28 @@ def _blocks_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_grou
     tl.store(s_ptr + tl.program_id(0) * n_groups + tl.program_id(1), exact_rcp(scale))
 
 
+ALONG_M_CONFIGS = tuning_configs([triton.Config({"BLOCK_K": bk}, num_warps=w) for bk, w in ((32, 4), (64, 4), (64, 8))],
+                                 interpreter=triton.Config({"BLOCK_K": 32}, num_warps=4))
+
+
+@triton.autotune(configs=ALONG_M_CONFIGS, key=["M", "K", "POW2"], do_bench=steady_do_bench)
+@triton.jit
+def _groups_along_m_kernel(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st_sk, st_sm,
+                           GROUP_M: tl.constexpr, BLOCK_K: tl.constexpr, POW2: tl.constexpr):
+    # Yᵀ [K, M] in 1x128 groups along M: each program takes 128 rows x BLOCK_K columns of X, one group per
+    # column, and writes them transposed (a whole 128x128 tile with both layouts in registers spilled on sm_90)
+    rows = tl.program_id(0) * GROUP_M + tl.arange(0, GROUP_M)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
+    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=0), AMAX_EPS_C))
+    if POW2:
+        scale = pow2_floor(scale)
+    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale[None, :], -E4M3_MAX_C), E4M3_MAX_C))
+    tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q.to(tl.float8e4nv)), mask=tl.trans(mask))
+    tl.store(st_ptr + cols * st_sk + tl.program_id(0) * st_sm, exact_rcp(scale), mask=cols < K)
+
+
 def m_major_empty(m: int, groups: int, device: torch.device) -> torch.Tensor:
     """Room for 1x128 scales [m, groups] laid out M-major: a view of a [groups, m] buffer whose rows are padded to
     16 bytes, so each starts aligned (TMA's rule)."""
@@ -103,6 +125,27 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow
     return y, s
 
 
+def quantize_blockwise_both(x: torch.Tensor, weight: bool = False, pow2_scales: bool = False,
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """X [M, K] quantized for both GEMMs of a training step that use it: (Y [M, K], its scales, Yᵀ [K, M], its
+    scales), each layout equal to `quantize_blockwise` of that layout, bit for bit. Activations and gradients
+    (`weight=False`) get 1x128 groups along K in Y (fprop, dgrad) and along M in Yᵀ (wgrad sums over tokens),
+    both scales M-major as the GEMMs read them: X is read once per layout. A weight gets 128x128 blocks, the same
+    in either layout: Yᵀ is Y's FP8 values and block scales transposed (fprop and dgrad)."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_blockwise_both takes a 2-D tensor, got shape {tuple(x.shape)}")
+    if weight:
+        y, s = quantize_blockwise(x, (GROUP, GROUP), pow2_scales)
+        return y, s, y.t().contiguous(), s.t().contiguous()
+    y, s = quantize_blockwise(x, (1, GROUP), pow2_scales, m_major_scales=True)
+    m, k = x.shape
+    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
+    st = m_major_empty(k, triton.cdiv(m, GROUP), x.device)
+    _groups_along_m_kernel[lambda meta: (triton.cdiv(m, GROUP), triton.cdiv(k, meta["BLOCK_K"]))](
+        x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0), st.stride(1), GROUP_M=GROUP, POW2=pow2_scales)
+    return y, s, yt, st
+
+
 def quantize_blockwise_reference(x: torch.Tensor, block: tuple[int, int] = (1, GROUP),
                                  pow2_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
@@ -122,3 +165,17 @@ def bytes_moved(x: torch.Tensor, block: tuple[int, int] = (1, GROUP)) -> int:
     m, k = x.shape
     n_scales = m * triton.cdiv(k, GROUP) if block == (1, GROUP) else triton.cdiv(m, GROUP) * triton.cdiv(k, GROUP)
     return x.numel() * x.element_size() + x.numel() + 4 * n_scales
+
+
+def compile_along_m_sm90(block_k: int, num_warps: int):
+    """The Yᵀ kernel of `quantize_blockwise_both` compiled for sm_90 without a GPU (tests/test_kernels.py runs
+    ptxas on it)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {"x_ptr": "*bf16", "yt_ptr": "*fp8e4nv", "st_ptr": "*fp32",
+                 **dict.fromkeys(("M", "K", "stride_m", "stride_k", "st_sk", "st_sm"), "i32"),
+                 **dict.fromkeys(("GROUP_M", "BLOCK_K", "POW2"), "constexpr")}
+    constants = {"GROUP_M": GROUP, "BLOCK_K": block_k, "POW2": False}
+    return triton.compile(ASTSource(_groups_along_m_kernel.fn, signature, constants),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})

@@ -191,6 +191,27 @@ def test_te_layernorm_mlp_beside_the_plain_mlp_at_llama2_7b(tmp_path):
             assert r.metric("speedup_vs_bf16") > 1.0 and r.metric("tflops") > 0, (cid, r.metric("speedup_vs_bf16"))
 
 
+def test_our_blockwise_recipe_runs_linears_a_layer_and_training_beside_te_block(tmp_path):
+    """The triton backend's DeepSeek-V3 recipe on fp8bench's kernels (all three GEMMs in FP8): Llama-2-7B's
+    gate_up linear and layer beside TE's Float8BlockScaling in the same run, its output within the emulator's
+    tolerance (a mismatch fails the case), and the tiny model learning under it."""
+    points, _ = expand(["workload=linear", "model=llama2-7b", "workload.linears=[gate_up]", "backend=triton,te",
+                        "format=bf16,e4m3", "scaling=none,blockwise", "measure.iters=5", "measure.rounds=6"],
+                       multirun=True)
+    points += expand(["workload=layer", "model=llama2-7b", "workload.batch=1", "workload.seq=4096",
+                      "backend=triton,te", "format=bf16,e4m3", "scaling=none,blockwise", "measure.iters=5",
+                      "measure.rounds=6"], multirun=True)[0]
+    recs = execute(plan(points), tmp_path, "t", detect_device(), progress=False)
+    assert all(r.status == "ok" for r in recs), [(r.case_id, r.reason) for r in recs if r.status != "ok"]
+    ours = [r for r in recs if r.case_id.endswith(".e4m3.blockwise.triton")]
+    assert len(ours) == 2 and all(r.metric("speedup_vs_bf16") is not None for r in ours)
+    assert ours[0].metric("sqnr_vs_emulated_db") >= 35.0
+    [train] = execute(plan(expand([*TRAIN, "backend=triton", "format=e4m3", "scaling=blockwise",
+                                   f"results_dir={tmp_path}"])[0]), tmp_path / "r", "r", detect_device(), progress=False)
+    assert train.status == "ok", train.reason
+    assert train.metric("loss_final") < 0.8 * train.metric("loss_initial")
+
+
 def test_blockwise_scaled_mm_reports_tflops_on_llama_shapes(tmp_path):
     points, _ = expand(["workload=gemm", "model=llama2-7b", "backend=torch", "format=e4m3", "scaling=blockwise",
                         "workload.linears=[qkv,down]", "measure.iters=10"])

@@ -6,7 +6,11 @@
   recipe): on Hopper the warp-specialized Gluon kernel (`gemm_blockwise_gluon`), elsewhere the Triton one
   (`gemm_blockwise`). Each group's product is promoted to FP32 (DeepSeek-V3) unless `backend.fast_accum`
   (conf/backend/triton-fastaccum.yaml) lets the sum stay in the tensor core's accumulation (rescale), as
-  cuBLAS's fast accumulation does: faster, less accurate.
+  cuBLAS's fast accumulation does: faster, less accurate. wgrad (1x128 x 1x128, both along tokens):
+  `gemm_blockwise_wgrad`, promoted to FP32 always.
+- linear, mlp, layer, train: e4m3/blockwise, DeepSeek-V3's recipe on these kernels alone (`BlockwiseLinearFn`):
+  each activation and gradient read once by `quantize_blockwise_both` into the two layouts its GEMMs need, the
+  weight once into its 128x128 blocks and their transpose, the three GEMMs in FP8.
 A case without a kernel is recorded `skipped` with that reason, never run under another name.
 """
 
@@ -14,13 +18,25 @@ from __future__ import annotations
 
 import torch
 
-from fp8bench.backends.base import Backend, GemmOp, QuantizeOp, import_probe
+from fp8bench.backends.base import (
+    Backend,
+    GemmOp,
+    QuantizeOp,
+    RecipeLinear,
+    TrainSetup,
+    import_probe,
+    module_op,
+    swap_block_linears,
+)
 from fp8bench.core.hardware import FP8, Rule
 from fp8bench.core.types import Format, GemmRole, Scaling
 
+RECIPE_WORKLOADS = ("linear", "mlp", "layer", "train")
+"""Workloads that run the whole blockwise recipe (BlockwiseLinearFn) rather than one kernel."""
 KERNELS = {
     ("quantize", Format.E4M3, Scaling.CURRENT), ("quantize", Format.E4M3, Scaling.BLOCKWISE),
     ("quantize", Format.MXFP8, Scaling.MX), ("gemm", Format.E4M3, Scaling.BLOCKWISE),
+    *((w, Format.E4M3, Scaling.BLOCKWISE) for w in RECIPE_WORKLOADS),
 }
 
 
@@ -32,7 +48,7 @@ class TritonBackend(Backend):
         Rule(frozenset({"mxfp8"}), frozenset({"mx"}), (9, 0), None, False,
             "fp8bench_kernels MX quantizer (numerics on Hopper)"),
     )
-    workloads = frozenset({"gemm", "quantize"})
+    workloads = frozenset({"gemm", "quantize", *RECIPE_WORKLOADS})
 
     def available(self):
         if not torch.cuda.is_available() and not _interpreting():
@@ -54,12 +70,20 @@ class TritonBackend(Backend):
         if (workload, recipe.format, recipe.scaling) not in KERNELS:
             have = sorted(f"{w} {f.value}/{s.value}" for w, f, s in KERNELS)
             return False, f"fp8bench_kernels has no {workload} kernel for {recipe.format.value}/{recipe.scaling.value}; it has {have}"
+        if workload in RECIPE_WORKLOADS and recipe.backend_cfg.fast_accum:
+            return False, ("the blockwise recipe's wgrad GEMM always promotes to FP32 (DeepSeek-V3): a linear "
+                           "under backend.fast_accum would mix the two numerics; run the fast-accumulation "
+                           "fprop/dgrad GEMMs in the gemm workload")
         return True, ""
 
     def supports_shape(self, workload, shape, recipe):
-        if workload == "gemm" and recipe.format is not Format.BF16 and shape.get("role") == GemmRole.WGRAD.value:
-            return False, ("fp8bench_kernels' blockwise GEMM takes 1x128 x 128x128 scaled operands (fprop, dgrad); "
-                           "wgrad's are 1x128 x 1x128")
+        if (workload == "gemm" and recipe.backend_cfg.fast_accum and recipe.format is not Format.BF16
+                and shape.get("role") == GemmRole.WGRAD.value):
+            return False, "the wgrad kernel always promotes to FP32 (DeepSeek-V3); it has no fast-accumulation variant"
+        if workload == "linear" and recipe.format is not Format.BF16:
+            ragged = {d: shape[d] for d in ("tokens", "in", "out") if shape.get(d, 0) % 16}
+            if ragged:  # each is the K of one of the three GEMMs, whose TMA loads need 16-byte aligned rows
+                return False, f"the blockwise GEMMs' TMA loads need each dimension a multiple of 16; {ragged} is not"
         return True, ""
 
     def quantize(self, x, recipe, is_weight):
@@ -90,26 +114,82 @@ class TritonBackend(Backend):
         raise ValueError(f"no triton quantize kernel for {recipe.scaling.value}")
 
     def gemm(self, a, b, role, recipe):
-        """C = A·Bᵀ with A's 1x128 and B's 128x128 blockwise scales (fprop: activations x weights; dgrad:
-        gradients x transposed weights). wgrad has 1x128 scales on both operands: not this kernel."""
+        """C = A·Bᵀ: fprop (activations x weights) and dgrad (gradients x transposed weights) with A's 1x128 and
+        B's 128x128 blockwise scales; wgrad (gradients x activations, both transposed) with 1x128 scales along
+        the tokens on both."""
         from fp8bench_kernels.quantize_blockwise import quantize_blockwise
 
         if recipe.format is Format.BF16:
             a16, b16 = a.bfloat16(), b.bfloat16()
             return GemmOp(with_quant=lambda: a16 @ b16.t(), kernel_only=lambda: a16 @ b16.t())
-        if role is GemmRole.WGRAD:
-            raise ValueError("the blockwise kernel takes 1x128 x 128x128 operands; wgrad's are 1x128 x 1x128")
         pow2 = recipe.scaling_cfg.pow2_scales
-        kernel, gemm = _blockwise_gemm(a.device, recipe.backend_cfg.fast_accum)
+        b_block = (1, 128) if role is GemmRole.WGRAD else (128, 128)
+        if role is GemmRole.WGRAD:
+            from fp8bench_kernels.gemm_blockwise_wgrad import gemm_blockwise_wgrad as gemm
+            kernel = "triton-wgrad"
+        else:
+            kernel, gemm = _blockwise_gemm(a.device, recipe.backend_cfg.fast_accum)
         a16, b16 = a.bfloat16().contiguous(), b.bfloat16().contiguous()
 
-        def with_quant():  # A's scales written M-major, the layout both GEMM kernels read them in
+        def quantized():  # 1x128 scales written M-major, the layout the GEMM kernels read them in
             qa, sa = quantize_blockwise(a16, (1, 128), pow2, m_major_scales=True)
-            qb, sb = quantize_blockwise(b16, (128, 128), pow2)
-            return gemm(qa, sa, qb, sb)
-        qa, sa = quantize_blockwise(a16, (1, 128), pow2, m_major_scales=True)
-        qb, sb = quantize_blockwise(b16, (128, 128), pow2)
-        return GemmOp(with_quant=with_quant, kernel_only=lambda: gemm(qa, sa, qb, sb), ran={"gemm_kernel": kernel})
+            qb, sb = quantize_blockwise(b16, b_block, pow2, m_major_scales=b_block == (1, 128))
+            return qa, sa, qb, sb
+        operands = quantized()
+        return GemmOp(with_quant=lambda: gemm(*quantized()), kernel_only=lambda: gemm(*operands),
+                      ran={"gemm_kernel": kernel})
+
+    def linear(self, x, w, dy, recipe):
+        w = w.bfloat16().detach().requires_grad_(True)
+        if recipe.format is Format.BF16:
+            return module_op([w], lambda inp: inp @ w.t(), x.bfloat16(), dy.bfloat16(), weight=w)
+        return module_op([w], lambda inp: BlockwiseLinearFn.apply(inp, w, recipe), x.bfloat16(), dy.bfloat16(),
+                         weight=w)
+
+    def module(self, reference, x, dy, recipe):
+        import copy
+
+        from fp8bench.models.block import swap_linears
+
+        if recipe.format is Format.BF16:
+            return module_op(list(reference.parameters()), reference, x, dy)
+        module = swap_linears(copy.deepcopy(reference), lambda lin: RecipeLinear(lin, BlockwiseLinearFn, recipe))
+        return module_op(list(module.parameters()), module, x, dy, reference_forward=reference)
+
+    def prepare_training(self, model, recipe):
+        if recipe.format is not Format.BF16:
+            swap_block_linears(model, lambda lin: RecipeLinear(lin, BlockwiseLinearFn, recipe))
+        return TrainSetup(model)
+
+
+class BlockwiseLinearFn(torch.autograd.Function):
+    """Y = X Wᵀ in DeepSeek-V3's blockwise FP8 on fp8bench's kernels: X and dY in 1x128 groups (along the
+    features for fprop and dgrad, along the tokens for wgrad), W in 128x128 blocks. Each tensor is read once
+    for both its layouts (`quantize_blockwise_both`); backward keeps only FP8 copies of X and W."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, recipe) -> torch.Tensor:  # type: ignore[override]
+        from fp8bench_kernels.quantize_blockwise import quantize_blockwise_both
+
+        pow2 = recipe.scaling_cfg.pow2_scales
+        qx, sx, qxt, sxt = quantize_blockwise_both(x.contiguous(), pow2_scales=pow2)
+        qw, sw, qwt, swt = quantize_blockwise_both(w.contiguous(), weight=True, pow2_scales=pow2)
+        _, gemm = _blockwise_gemm(x.device, fast_accum=False)
+        ctx.save_for_backward(qxt, sxt, qwt, swt)
+        ctx.pow2, ctx.w_dtype = pow2, w.dtype
+        return gemm(qx, sx, qw, sw)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
+        from fp8bench_kernels.gemm_blockwise_wgrad import gemm_blockwise_wgrad
+        from fp8bench_kernels.quantize_blockwise import quantize_blockwise_both
+
+        qxt, sxt, qwt, swt = ctx.saved_tensors
+        qdy, sdy, qdyt, sdyt = quantize_blockwise_both(dy.contiguous(), pow2_scales=ctx.pow2)
+        _, gemm = _blockwise_gemm(dy.device, fast_accum=False)
+        dx = gemm(qdy, sdy, qwt, swt)  # [tokens, in]: dY (1x128 along out) x Wᵀ's 128x128 blocks
+        dw = gemm_blockwise_wgrad(qdyt, sdyt, qxt, sxt)  # [out, in]: summed over tokens in 1x128 groups
+        return dx, dw.to(ctx.w_dtype), None
 
 
 def _blockwise_gemm(device: torch.device, fast_accum: bool):
