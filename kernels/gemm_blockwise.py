@@ -185,8 +185,10 @@ def m_major(sa: torch.Tensor) -> torch.Tensor:
     return m_major_empty(m, groups, sa.device).copy_(sa)
 
 
-def check_operands(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor) -> tuple[int, int, int]:
-    """(M, N, K groups) of a blockwise GEMM's operands, or ValueError naming what does not fit."""
+def check_operands(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                   b_rows: int = GROUP) -> tuple[int, int, int]:
+    """(M, N, K groups) of a blockwise GEMM's operands, or ValueError naming what does not fit. B's scales are
+    128x128 blocks (`b_rows` 128: fprop, dgrad) or 1x128 groups (`b_rows` 1: wgrad)."""
     m, k = a.shape
     n, kb = b.shape
     if k != kb or not a.is_contiguous() or not b.is_contiguous():
@@ -194,9 +196,9 @@ def check_operands(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
     if k % 16 or n % 8:
         raise ValueError(f"TMA needs 16-byte aligned rows: K={k} must be a multiple of 16 and N={n} of 8")
     n_kgroups = triton.cdiv(k, GROUP)
-    if sa.shape != (m, n_kgroups) or sb.shape != (triton.cdiv(n, GROUP), n_kgroups):
-        raise ValueError(f"scales {tuple(sa.shape)} / {tuple(sb.shape)} do not match the 1x128 / 128x128 layout "
-                         f"({m}, {n_kgroups}) / ({triton.cdiv(n, GROUP)}, {n_kgroups})")
+    if sa.shape != (m, n_kgroups) or sb.shape != (triton.cdiv(n, b_rows), n_kgroups):
+        raise ValueError(f"scales {tuple(sa.shape)} / {tuple(sb.shape)} do not match the 1x128 / {b_rows}x128 layout "
+                         f"({m}, {n_kgroups}) / ({triton.cdiv(n, b_rows)}, {n_kgroups})")
     return m, n, n_kgroups
 
 

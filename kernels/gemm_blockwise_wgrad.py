@@ -21,7 +21,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._tune import steady_do_bench, tuning_configs
-from .gemm_blockwise import GROUP, _tile
+from .gemm_blockwise import GROUP, _tile, check_operands
 
 
 def _set_block_shapes(nargs: dict) -> None:
@@ -65,26 +65,11 @@ _AUTOTUNED = triton.autotune(configs=tuning_configs(CONFIGS, interpreter=INTERPR
                              do_bench=steady_do_bench)(_wgrad_kernel)
 
 
-def check_operands(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor) -> tuple[int, int, int]:
-    """(M, N, K groups) of the wgrad GEMM's operands, or ValueError naming what does not fit."""
-    m, k = a.shape
-    n, kb = b.shape
-    if k != kb or not a.is_contiguous() or not b.is_contiguous():
-        raise ValueError(f"A {tuple(a.shape)} and B {tuple(b.shape)} must share K and be contiguous row-major")
-    if k % 16 or n % 8:
-        raise ValueError(f"TMA needs 16-byte aligned rows: K={k} must be a multiple of 16 and N={n} of 8")
-    n_kgroups = triton.cdiv(k, GROUP)
-    if sa.shape != (m, n_kgroups) or sb.shape != (n, n_kgroups):
-        raise ValueError(f"scales {tuple(sa.shape)} / {tuple(sb.shape)} do not match the 1x128 layouts "
-                         f"({m}, {n_kgroups}) / ({n}, {n_kgroups})")
-    return m, n, n_kgroups
-
-
 def gemm_blockwise_wgrad(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
                          config: triton.Config | None = None) -> torch.Tensor:
     """BF16 [M, N] from E4M3 A [M, K] and B [N, K], both with 1x128 inverse scales along K (any strides; M- and
     N-major read coalesced). `config` runs one of CONFIGS instead of the autotuner's pick."""
-    m, n, n_kgroups = check_operands(a, sa, b, sb)
+    m, n, n_kgroups = check_operands(a, sa, b, sb, b_rows=1)
     k = a.shape[1]
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
     dummy = [1, 1]  # box sizes are set per config (_set_block_shapes)
