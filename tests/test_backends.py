@@ -143,3 +143,29 @@ def test_layer_and_mlp_workloads_on_cpu(tmp_path, workload, backend, fmt, sc):
     # what the forward saved for backward: at least the module's input and one more activation (64 tokens)
     assert rec.metric("mem_saved_hp_bytes") + rec.metric("mem_saved_fp8_bytes") >= 2 * 64 * 128 * 2
     assert rec.metric("mem_weights_bytes") > 0
+
+
+def test_a_compiled_case_starts_from_fresh_dynamo_and_never_runs_eagerly_under_its_name():
+    """Past dynamo's recompile limit (8 graphs of one function) a compiled module would run eagerly, silently,
+    under its compiled case's name; after fresh_dynamo (what compile_module and compile_blocks call) dynamo
+    raises there instead, and each case starts with the caches empty."""
+    import torch._dynamo
+
+    from fp8bench.backends.base import compile_module, fresh_dynamo
+
+    def double(x):
+        return x * 2
+
+    compiled = torch.compile(double, backend="eager", dynamic=False)  # one graph per shape
+    fresh_dynamo()
+    for n in range(1, torch._dynamo.config.recompile_limit + 1):
+        compiled(torch.ones(n))
+    with pytest.raises(Exception, match="recompile"):
+        compiled(torch.ones(99))
+    for n in range(1, 3 * torch._dynamo.config.recompile_limit):  # a fresh start per "case": never the limit
+        fresh_dynamo()
+        compiled(torch.ones(n))
+    torch._dynamo.config.fail_on_recompile_limit_hit = False
+    wrapped = compile_module(torch.nn.Linear(4, 4))
+    assert torch._dynamo.config.fail_on_recompile_limit_hit and isinstance(wrapped, torch._dynamo.eval_frame.OptimizedModule)
+    fresh_dynamo()

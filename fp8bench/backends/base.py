@@ -299,14 +299,30 @@ def swap_block_linears(model: torch.nn.Module, make: Callable[[torch.nn.Linear],
         swap_linears(block, make)
 
 
-def compile_blocks(model: torch.nn.Module) -> None:
-    """Regional compilation: each block compiled in place (identical blocks share one compiled graph).
-
-    Dynamo's caches are cleared first: the cases of a sweep run in one process, and the graphs the earlier
-    ones compiled (other sequence lengths, BF16 and FP8 linears, training and validation) count against
-    dynamo's recompile limit, past which it runs the block eagerly without a word: on the H200 the torchao
-    cases at seq 8192 of a sweep over three lengths did (commit 8bbde37)."""
+def fresh_dynamo() -> None:
+    """Before a case compiles: dynamo's caches cleared, and dynamo told to raise, not run eagerly, past its
+    recompile limit. The cases of a sweep run in one process, and the graphs earlier ones compiled (other
+    shapes, BF16 and FP8 linears, training and validation) count against that limit, past which dynamo runs
+    the module eagerly without a word, under the compiled case's name: on the H200 the torchao training cases
+    at seq 8192 of a sweep over three lengths did (commit 8bbde37), and so, most likely, did the ninth
+    compiled MLP of run mlp-b (abe5136). A case that still overflows the limit now fails with dynamo's reason.
+    Modules already built and compiled (a BF16 twin timed beside its recipes) compile again in their warm-up."""
     torch._dynamo.reset()
+    config = torch._dynamo.config
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = True
+
+
+def compile_module(module: torch.nn.Module) -> torch.nn.Module:
+    """torch.compile of one case's whole module (a linear, an MLP, a block), after `fresh_dynamo`."""
+    fresh_dynamo()
+    return torch.compile(module)
+
+
+def compile_blocks(model: torch.nn.Module) -> None:
+    """Regional compilation, after `fresh_dynamo`: each block compiled in place (identical blocks share one
+    compiled graph)."""
+    fresh_dynamo()
     for block in model.blocks:
         block.compile()
 

@@ -19,6 +19,7 @@ from fp8bench.backends.base import (
     Recipe,
     TrainSetup,
     compile_blocks,
+    compile_module,
     cpu_scaled_mm_path,
     import_probe,
     module_op,
@@ -76,7 +77,7 @@ class TorchaoBackend(Backend):
             convert_to_float8_training(module, config=Float8LinearConfig.from_recipe_name(name))
             if type(module[0]).__name__ != "Float8Linear":  # never measure BF16 under an FP8 label
                 raise RuntimeError(f"torchao did not convert the linear to Float8Linear (got {type(module[0]).__name__})")
-        run = torch.compile(module) if recipe.backend_cfg.compile else module
+        run = compile_module(module) if recipe.backend_cfg.compile else module
         return module_op([module[0].weight], run, x.bfloat16(), dy.bfloat16(), weight=module[0].weight,
                          notes={"recipe": name or "bf16"}, context=lambda: cpu_scaled_mm_path(recipe, x.device))
 
@@ -85,7 +86,7 @@ class TorchaoBackend(Backend):
 
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        compile_ = torch.compile if recipe.backend_cfg.compile else (lambda m: m)
+        compile_ = compile_module if recipe.backend_cfg.compile else (lambda m: m)
         if recipe.format is Format.BF16:
             return module_op(list(reference.parameters()), compile_(reference), x, dy)
         module = copy.deepcopy(reference)
