@@ -145,6 +145,7 @@ def test_layer_and_mlp_workloads_on_cpu(tmp_path, workload, backend, fmt, sc):
     assert rec.metric("mem_weights_bytes") > 0
 
 
+@pytest.mark.slow
 def test_a_compiled_case_starts_from_fresh_dynamo_and_never_runs_eagerly_under_its_name():
     """Past dynamo's recompile limit (8 graphs of one function) a compiled module would run eagerly, silently,
     under its compiled case's name; after fresh_dynamo (what compile_module and compile_blocks call) dynamo

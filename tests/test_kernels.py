@@ -351,6 +351,7 @@ def test_wgrad_gemm_matches_the_dequantized_reference(k, m, n, kk):
 LINEARS = ([pytest.param(8192, 4096, 11008, marks=pytest.mark.gpu)] if CUDA else [(256, 384, 256), (208, 256, 144)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens,d_in,d_out", LINEARS)
 def test_blockwise_linear_forward_and_both_gradients_agree_with_the_emulator(k, tokens, d_in, d_out):
     """The triton backend's linear (BlockwiseLinearFn: fprop, dgrad and wgrad GEMMs in FP8 on fp8bench's kernels)
@@ -467,6 +468,7 @@ def test_the_recipe_kernels_compile_for_hopper_without_spills_or_serialized_wgmm
             assert b["cvt_e4m3"], name
 
 
+@pytest.mark.slow
 def test_the_triton_recipe_runs_a_block_and_is_planned_where_its_kernels_run(k):
     """Under the interpreter: the tiny model's block with every linear on BlockwiseLinearFn, forward and backward,
     scored like the layer workload (against the same block in BF16), every weight

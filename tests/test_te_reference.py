@@ -135,6 +135,7 @@ LLAMA2_7B_MLP = ModelConfig(name="llama2-7b-mlp", hidden=4096, ffn=11008, heads=
                             seq=128)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [GQA, LLAMA2_7B_MLP], ids=["toy", "llama2-7b"])
 def test_the_mlp_reference_computes_te_layernorm_mlp_and_bf16_clears_its_floor(model):
     """te.LayerNormMLP's weights are the TransformerLayer's `layernorm_mlp.*` (fc1 = [gate; up]): the reference
