@@ -79,3 +79,22 @@ def test_markdown_without_a_generated_block_is_a_clear_error(committed_db, tmp_p
     assert main(["report", "--markdown", str(page), "--db", str(committed_db)]) == 2
     assert "has no generated block" in capsys.readouterr().err
     assert page.read_text() == "# no block here\n"
+
+
+def test_the_headline_says_what_each_fastest_training_recipe_did_to_the_loss(committed_db):
+    """A speed run's fastest recipe carries the parity verdicts of the runs that judged it, by model: the 1.50x
+    whole step at Llama-2-7B dims (te-layer, E4M3 Delayed) is the recipe that lost BF16's loss at llama-350m;
+    a recipe never judged says so; one-step workloads have no loss to judge."""
+    from fp8bench.report import markdown
+
+    with store.connect(committed_db, read_only=True) as con:
+        parity = markdown.parity_where_judged(con)
+        block = markdown.headline_block(con)
+    assert parity["e4m3/delayed · te-layer"] == "FAIL at llama-350m"
+    assert parity["hybrid/delayed · te-layer"] == "pass at llama-350m"
+    assert parity["hybrid/current · torchao+compile"].startswith("pass at gpt-125m")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in block.splitlines()[2:]]
+    by_key = {(r[0], r[1]): r for r in rows}
+    assert by_key[("NVIDIA H200 · llama2-7b", "train")][5] == "FAIL at llama-350m"
+    assert all(r[5] == "" for r in rows if r[1] in ("layer", "mlp"))
+    assert all(r[5] for r in rows if r[1] == "train")

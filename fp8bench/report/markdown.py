@@ -42,16 +42,35 @@ def _headline(con, runs: pd.DataFrame) -> pd.DataFrame:
     return h.assign(commit=h["run_id"].map(commits).fillna("")).sort_values(["workload", "label", "recipe"])
 
 
+def parity_where_judged(con) -> dict[str, str]:
+    """Per training recipe (format/scaling · backend), the loss-parity verdicts of the runs that judged it, by
+    model: what the fastest recipe of a speed run is known to do to the loss, and at which size."""
+    t = data.latest(data.cases(con))
+    t = t[(t["workload"] == "train") & t["parity_pass"].notna()]
+    out: dict[str, str] = {}
+    for recipe, d in t.groupby("recipe"):
+        parts = []
+        for model, m in d.groupby("model"):
+            passed, judged = int((m["parity_pass"] == 1.0).sum()), len(m)
+            verdict = "pass" if passed == judged else "FAIL" if passed == 0 else f"{passed} of {judged} pass"
+            parts.append(f"{verdict} at {model}" + (f" ({judged} cases)" if judged > 1 and verdict == "pass" else ""))
+        out[recipe] = "; ".join(parts)
+    return out
+
+
 def headline_block(con) -> str:
-    """The fastest FP8 recipe per device · model and workload (whole layers, MLPs, whole training steps)."""
+    """The fastest FP8 recipe per device · model and workload (whole layers, MLPs, whole training steps); for a
+    training step, what that recipe did to the loss where a run judged it."""
     h = _headline(con, data.runs(con))
     if h.empty:
         return "No FP8 layer or training case with a speedup is recorded.\n"
+    parity = parity_where_judged(con)
     best = h.loc[h.groupby(["label", "workload"])["speedup"].idxmax()].sort_values(["workload", "label"])
-    rows = [[r["label"], r["workload"], r["recipe"], _fmt_speedup(r), r["bound"] or "", f"`{r['run_id']}`",
+    rows = [[r["label"], r["workload"], r["recipe"], _fmt_speedup(r), r["bound"] or "",
+             parity.get(r["recipe"], "not judged") if r["workload"] == "train" else "", f"`{r['run_id']}`",
              r["commit"]] for _, r in best.iterrows()]
     return table(["device · model", "workload", "fastest FP8 recipe", "speedup vs BF16 (95% interval)", "bound",
-                   "run", "commit"], rows)
+                  "loss parity where judged", "run", "commit"], rows)
 
 
 def results_block(con) -> str:
