@@ -42,7 +42,7 @@ INTERPRETER_CONFIG = _config(32, 64, 4, 1)
 
 
 @triton.jit
-def _wgrad_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups, sa_sm, sa_sk, sb_sn, sb_sk,
+def _gemm_wgrad_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups, sa_sm, sa_sk, sb_sn, sb_sk,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     BLOCK_K: tl.constexpr = 128
     off_m, off_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -62,7 +62,7 @@ def _wgrad_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, n_kgroups, sa
 
 
 _AUTOTUNED = triton.autotune(configs=tuning_configs(CONFIGS, interpreter=INTERPRETER_CONFIG), key=["M", "N", "K"],
-                             do_bench=steady_do_bench)(_wgrad_kernel)
+                             do_bench=steady_do_bench)(_gemm_wgrad_kernel)
 
 
 def gemm_blockwise_wgrad(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
@@ -82,7 +82,7 @@ def gemm_blockwise_wgrad(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
         _AUTOTUNED[grid](*args)
     else:
         _set_block_shapes({"a_desc": a_desc, "b_desc": b_desc, "c_desc": c_desc, **config.kwargs})
-        _wgrad_kernel[grid](*args, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+        _gemm_wgrad_kernel[grid](*args, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     return c
 
 
@@ -104,5 +104,5 @@ def compile_sm90(config: triton.Config):
                  "N": "i32", "K": "i32", "n_kgroups": "i32", "sa_sm": "i32", "sa_sk": "i32", "sb_sn": "i32",
                  "sb_sk": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "GROUP_M": "constexpr"}
     constants = {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": config.kwargs["GROUP_M"]}
-    return triton.compile(ASTSource(_wgrad_kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+    return triton.compile(ASTSource(_gemm_wgrad_kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": config.num_warps, "num_stages": config.num_stages})

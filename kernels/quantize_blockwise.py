@@ -33,7 +33,7 @@ BLOCK_CONFIGS = tuning_configs([triton.Config({"BLOCK_M": 128}, num_warps=w) for
 
 @triton.autotune(configs=GROUP_CONFIGS, key=["M", "K", "POW2", "s_stride_m"], do_bench=steady_do_bench)
 @triton.jit
-def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups, s_stride_m, s_stride_g,
+def _quantize_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups, s_stride_m, s_stride_g,
                          BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, GROUP_K: tl.constexpr, POW2: tl.constexpr):
     # each program: BLOCK_M rows x GROUPS consecutive 128-column groups, as a [BLOCK_M, GROUPS, 128] tile
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -53,7 +53,7 @@ def _groups_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups
 
 @triton.autotune(configs=BLOCK_CONFIGS, key=["M", "K", "POW2"], do_bench=steady_do_bench)
 @triton.jit
-def _blocks_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
+def _quantize_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
                            BLOCK_M: tl.constexpr, POW2: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -73,7 +73,7 @@ ALONG_M_CONFIGS = tuning_configs([triton.Config({"BLOCK_K": bk}, num_warps=w) fo
 
 @triton.autotune(configs=ALONG_M_CONFIGS, key=["M", "K", "POW2"], do_bench=steady_do_bench)
 @triton.jit
-def _groups_along_m_kernel(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st_sk, st_sm,
+def _quantize_along_m_kernel(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st_sk, st_sm,
                            GROUP_M: tl.constexpr, BLOCK_K: tl.constexpr, POW2: tl.constexpr):
     # Yᵀ [K, M] in 1x128 groups along M: each program takes 128 rows x BLOCK_K columns of X, one group per
     # column, and writes them transposed (a whole 128x128 tile with both layouts in registers spilled on sm_90)
@@ -113,12 +113,12 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow
             s = m_major_empty(m, n_groups, x.device)
         else:
             s = torch.empty((m, n_groups), device=x.device, dtype=torch.float32)
-        _groups_1x128_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n_groups, meta["GROUPS"]))](
+        _quantize_1x128_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n_groups, meta["GROUPS"]))](
             x, y, s, m, k, x.stride(0), x.stride(1), n_groups, s.stride(0), s.stride(1), GROUP_K=GROUP,
             POW2=pow2_scales)
     elif block == (GROUP, GROUP):
         s = torch.empty((triton.cdiv(m, GROUP), n_groups), device=x.device, dtype=torch.float32)
-        _blocks_128x128_kernel[(triton.cdiv(m, GROUP), n_groups)](
+        _quantize_128x128_kernel[(triton.cdiv(m, GROUP), n_groups)](
             x, y, s, m, k, x.stride(0), x.stride(1), n_groups, POW2=pow2_scales)
     else:
         raise ValueError(f"block={block!r} is not supported; choose (1, 128) or (128, 128)")
@@ -141,7 +141,7 @@ def quantize_blockwise_both(x: torch.Tensor, weight: bool = False, pow2_scales: 
     m, k = x.shape
     yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
     st = m_major_empty(k, triton.cdiv(m, GROUP), x.device)
-    _groups_along_m_kernel[lambda meta: (triton.cdiv(m, GROUP), triton.cdiv(k, meta["BLOCK_K"]))](
+    _quantize_along_m_kernel[lambda meta: (triton.cdiv(m, GROUP), triton.cdiv(k, meta["BLOCK_K"]))](
         x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0), st.stride(1), GROUP_M=GROUP, POW2=pow2_scales)
     return y, s, yt, st
 
@@ -177,5 +177,5 @@ def compile_along_m_sm90(block_k: int, num_warps: int):
                  **dict.fromkeys(("M", "K", "stride_m", "stride_k", "st_sk", "st_sm"), "i32"),
                  **dict.fromkeys(("GROUP_M", "BLOCK_K", "POW2"), "constexpr")}
     constants = {"GROUP_M": GROUP, "BLOCK_K": block_k, "POW2": False}
-    return triton.compile(ASTSource(_groups_along_m_kernel.fn, signature, constants),
+    return triton.compile(ASTSource(_quantize_along_m_kernel.fn, signature, constants),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})

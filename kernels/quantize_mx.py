@@ -20,7 +20,7 @@ E4M3_EMAX = 8
 
 
 @triton.jit
-def _mx_kernel(x_ptr, y_ptr, e_ptr, M, K, stride_m, stride_k, n_blocks,
+def _quantize_mx_kernel(x_ptr, y_ptr, e_ptr, M, K, stride_m, stride_k, n_blocks,
                BLOCK_M: tl.constexpr, BLOCKS_PER_PROG: tl.constexpr, MXB: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.program_id(1) * BLOCKS_PER_PROG + tl.arange(0, BLOCKS_PER_PROG)
@@ -52,7 +52,7 @@ def quantize_mx(x: torch.Tensor, block_m: int = 16, blocks_per_prog: int = 4) ->
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
     e = torch.empty((m, n_blocks), device=x.device, dtype=torch.uint8)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n_blocks, blocks_per_prog))
-    _mx_kernel[grid](x, y, e, m, k, x.stride(0), x.stride(1), n_blocks, BLOCK_M=block_m,
+    _quantize_mx_kernel[grid](x, y, e, m, k, x.stride(0), x.stride(1), n_blocks, BLOCK_M=block_m,
                      BLOCKS_PER_PROG=blocks_per_prog, MXB=MX_BLOCK)
     return y, e
 

@@ -64,7 +64,7 @@ def quantize_table(copy: float) -> list[dict]:
     for block in [(1, 128), (128, 128)]:
         nb = qb.bytes_moved(x, block)
         add(f"blockwise {block[0]}x{block[1]}", "triton", nb, lambda b=block: qb.quantize_blockwise(x, b, True))
-        tuned = qb._groups_1x128_kernel if block == (1, 128) else qb._blocks_128x128_kernel
+        tuned = qb._quantize_1x128_kernel if block == (1, 128) else qb._quantize_128x128_kernel
         rows[-1]["variant"] += f" {tuned.best_config}"
         for be in ("te", "torch"):
             op = get_backend(be).quantize(x, recipe(be, "blockwise"), block == (128, 128))

@@ -40,6 +40,9 @@ def test_the_last_stage_is_the_measured_speedup_whatever_the_components():
     ("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNT", "gemm"),
     ("cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x256x64_1x2x1_0_tnn_align8_warpspecialized", "gemm"),
     ("_gemm_kernel", "gemm"),
+    ("_gemm_wgrad_kernel", "gemm"),
+    ("_quantize_1x128_kernel", "quantize"),
+    ("_quantize_along_m_kernel", "quantize"),
     ("flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", "attention"),
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1", "attention"),
     ("void transformer_engine::detail::cast_transpose_kernel<4, float, __nv_bfloat16, unsigned char>", "quantize"),
@@ -74,3 +77,21 @@ def test_waterfall_of_the_committed_h200_layer_runs(tmp_path):
     assert 1.0 < w.measured < 2.0 and w.ideal < 2.0  # attention and norms stay BF16: Amdahl caps the ideal
     assert w.with_casts < w.gemm_only  # the casts are a cost BF16 does not pay
     assert 80.0 < w.explained_pct <= 110.0
+
+
+def test_every_fp8bench_cast_and_gemm_kernel_falls_in_its_category():
+    """A kernel of ours named outside the patterns would count as `other` and misplace the waterfall's time."""
+    import importlib
+
+    import triton
+
+    for module, expected in [("quantize_current", "quantize"), ("quantize_blockwise", "quantize"),
+                             ("quantize_mx", "quantize"), ("gemm_blockwise", "gemm"), ("gemm_blockwise_gluon", "gemm"),
+                             ("gemm_blockwise_wgrad", "gemm")]:
+        mod = importlib.import_module(f"fp8bench_kernels.{module}")
+        kernel_types = (triton.runtime.Autotuner, triton.runtime.JITFunction)
+        names = [name for name, obj in vars(mod).items() if name.endswith("_kernel") and (
+            isinstance(obj, kernel_types) or type(obj).__name__ in ("GluonJITFunction", "InterpretedFunction"))]
+        assert names, module
+        for name in names:
+            assert category(name) == expected, (module, name)

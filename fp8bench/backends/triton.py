@@ -65,25 +65,35 @@ class TritonBackend(Backend):
 
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)
+        if ok and workload in RECIPE_WORKLOADS and recipe.backend_cfg.fast_accum:  # BF16 twins too: nothing to pair
+            return False, ("the blockwise recipe's wgrad GEMM always promotes to FP32 (DeepSeek-V3): a linear "
+                           "under backend.fast_accum would mix the two numerics; run the fast-accumulation "
+                           "fprop/dgrad GEMMs in the gemm workload")
         if not ok or recipe.format is Format.BF16:
             return ok, why
         if (workload, recipe.format, recipe.scaling) not in KERNELS:
             have = sorted(f"{w} {f.value}/{s.value}" for w, f, s in KERNELS)
             return False, f"fp8bench_kernels has no {workload} kernel for {recipe.format.value}/{recipe.scaling.value}; it has {have}"
-        if workload in RECIPE_WORKLOADS and recipe.backend_cfg.fast_accum:
-            return False, ("the blockwise recipe's wgrad GEMM always promotes to FP32 (DeepSeek-V3): a linear "
-                           "under backend.fast_accum would mix the two numerics; run the fast-accumulation "
-                           "fprop/dgrad GEMMs in the gemm workload")
         return True, ""
 
     def supports_shape(self, workload, shape, recipe):
         if (workload == "gemm" and recipe.backend_cfg.fast_accum and recipe.format is not Format.BF16
                 and shape.get("role") == GemmRole.WGRAD.value):
             return False, "the wgrad kernel always promotes to FP32 (DeepSeek-V3); it has no fast-accumulation variant"
-        if workload == "linear" and recipe.format is not Format.BF16:
-            ragged = {d: shape[d] for d in ("tokens", "in", "out") if shape.get(d, 0) % 16}
-            if ragged:  # each is the K of one of the three GEMMs, whose TMA loads need 16-byte aligned rows
-                return False, f"the blockwise GEMMs' TMA loads need each dimension a multiple of 16; {ragged} is not"
+        if recipe.format is Format.BF16:
+            return True, ""
+        # the GEMMs' TMA loads need 16-byte aligned rows: every K (the tokens are wgrad's) a multiple of 16
+        if workload == "gemm":
+            dims = {"k": (shape.get("k", 0), 16), "n": (shape.get("n", 0), 8)}
+        elif workload == "linear":
+            dims = {d: (shape.get(d, 0), 16) for d in ("tokens", "in", "out")}
+        elif workload in RECIPE_WORKLOADS:
+            dims = {"batch x seq": (shape.get("batch", 0) * shape.get("seq", 0), 16), "hidden": (shape.get("hidden", 0), 16)}
+        else:
+            return True, ""
+        ragged = [f"{d}={v} (not a multiple of {m})" for d, (v, m) in dims.items() if v % m]
+        if ragged:
+            return False, f"the blockwise GEMMs' TMA loads need 16-byte aligned rows: {', '.join(ragged)}"
         return True, ""
 
     def quantize(self, x, recipe, is_weight):

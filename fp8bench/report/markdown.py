@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fp8bench.analysis.parity import MIN_SEEDS
 from fp8bench.core.markdown import table
 from fp8bench.report import data
 from fp8bench.report.pages import deepest_steps, fastest_per_path, headline, llama_steps, step_parts
@@ -53,7 +54,7 @@ def parity_where_judged(con) -> dict[str, str]:
         for model, m in d.groupby("model"):
             passed, judged = int((m["parity_pass"] == 1.0).sum()), len(m)
             verdict = "pass" if passed == judged else "FAIL" if passed == 0 else f"{passed} of {judged} pass"
-            parts.append(f"{verdict} at {model}" + (f" ({judged} cases)" if judged > 1 and verdict == "pass" else ""))
+            parts.append(f"{verdict} at {model}" + (f" ({judged} cases)" if judged > 1 and passed in (0, judged) else ""))
         out[recipe] = "; ".join(parts)
     return out
 
@@ -140,7 +141,8 @@ def parity_block(con) -> str:
         if r["format"] == "bf16":
             if r["nproc"] > 1:
                 return "(the distributed runs' speed twin)"
-            return "the band" if band.get((r["run_id"], r["model"], r["backend"], r["variant"]), 0) >= 3 else "(one seed)"
+            seeds = band.get((r["run_id"], r["model"], r["backend"], r["variant"]), 0)
+            return "the band" if seeds >= MIN_SEEDS else f"({seeds} seed{'s' if seeds > 1 else ''}: no band)"
         if pd.isna(r["parity_pass"]):
             return "no verdict"
         area = "" if pd.isna(r["loss_area_gap_pct"]) else f", curve area {r['loss_area_gap_pct']:+.1f}%"
