@@ -203,9 +203,9 @@ def test_our_blockwise_recipe_runs_linears_a_layer_and_training_beside_te_block(
                       "measure.rounds=6"], multirun=True)[0]
     recs = execute(plan(points), tmp_path, "t", detect_device(), progress=False)
     assert all(r.status == "ok" for r in recs), [(r.case_id, r.reason) for r in recs if r.status != "ok"]
-    ours = [r for r in recs if r.case_id.endswith(".e4m3.blockwise.triton")]
-    assert len(ours) == 2 and all(r.metric("speedup_vs_bf16") is not None for r in ours)
-    assert ours[0].metric("sqnr_vs_emulated_db") >= 35.0
+    ours = {r.workload: r for r in recs if r.case_id.endswith(".e4m3.blockwise.triton")}
+    assert set(ours) == {"linear", "layer"} and all(r.metric("speedup_vs_bf16") is not None for r in ours.values())
+    assert ours["linear"].metric("sqnr_vs_emulated_db") >= 35.0
     [train] = execute(plan(expand([*TRAIN, "backend=triton", "format=e4m3", "scaling=blockwise",
                                    f"results_dir={tmp_path}"])[0]), tmp_path / "r", "r", detect_device(), progress=False)
     assert train.status == "ok", train.reason

@@ -8,6 +8,7 @@ says so through `available()`/`supports()` and the case is recorded `skipped` wi
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -264,11 +265,23 @@ class Backend:
 
         return self.module(LlamaMLP(model, device=x.device, dtype=self.module_dtype), x, dy, recipe)
 
+    linear_fn: type[torch.autograd.Function] | None = None
+    """The autograd.Function `fn.apply(x_2d, weight, recipe)` that runs one linear under a recipe, for adapters
+    whose blocks swap each nn.Linear for a RecipeLinear (`module`)."""
+
     def module(self, reference: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe: Recipe) -> LinearOp:
-        """fwd+bwd of `reference` (a plain-torch module drawn from the case's seed) with its linears run by this
-        backend under `recipe`; for FP8, `reference` itself stays the BF16 reference the output is scored
-        against."""
-        raise NotImplementedError(f"backend {self.name!r} runs no transformer block or MLP")
+        """fwd+bwd of `reference` (a plain-torch module drawn from the case's seed, in `module_dtype`) with its
+        linears run by this backend under `recipe`: BF16 runs `reference` itself; FP8 a copy whose linears are
+        RecipeLinear(`linear_fn`), scored against `reference`."""
+        if self.linear_fn is None:
+            raise NotImplementedError(f"backend {self.name!r} runs no transformer block or MLP")
+        from fp8bench.models.block import swap_linears
+
+        x, dy = x.to(self.module_dtype), dy.to(self.module_dtype)
+        if recipe.format is Format.BF16:
+            return module_op(list(reference.parameters()), reference, x, dy)
+        module = swap_linears(copy.deepcopy(reference), lambda lin: RecipeLinear(lin, self.linear_fn, recipe))
+        return module_op(list(module.parameters()), module, x, dy, reference_forward=reference)
 
     def prepare_training(self, model: torch.nn.Module, recipe: Recipe) -> TrainSetup:
         """`model` (a LlamaDecoder) with the linears of its blocks run by this backend under `recipe`; the

@@ -75,16 +75,7 @@ class EmulatedBackend(Backend):
         return module_op([w], lambda inp: EmulatedLinearFn.apply(inp, w, recipe), x.float(), dy.float(), weight=w)
 
     module_dtype = torch.float32
-
-    def module(self, reference, x, dy, recipe):
-        import copy
-
-        from fp8bench.models.block import swap_linears
-
-        if recipe.format is Format.BF16:
-            return module_op(list(reference.parameters()), reference, x.float(), dy.float())
-        module = swap_linears(copy.deepcopy(reference), lambda lin: RecipeLinear(lin, EmulatedLinearFn, recipe))
-        return module_op(list(module.parameters()), module, x.float(), dy.float(), reference_forward=reference)
+    linear_fn = EmulatedLinearFn
 
     def prepare_training(self, model, recipe):
         if recipe.scaling is Scaling.DELAYED:

@@ -179,15 +179,7 @@ class ScaledMMBackend(Backend):
     )
     workloads = frozenset({"gemm", "quantize", "linear", "mlp", "layer", "train"})
 
-    def module(self, reference, x, dy, recipe):
-        import copy
-
-        from fp8bench.models.block import swap_linears
-
-        if recipe.format is Format.BF16:
-            return module_op(list(reference.parameters()), reference, x, dy)
-        module = swap_linears(copy.deepcopy(reference), lambda lin: RecipeLinear(lin, _ScaledMMLinearFn, recipe))
-        return module_op(list(module.parameters()), module, x, dy, reference_forward=reference)
+    linear_fn = _ScaledMMLinearFn
 
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)

@@ -93,55 +93,56 @@ def te_state_from_block(block: LlamaBlock, model: ModelConfig) -> dict[str, torc
     return {te: ours[name] for name, te in TE_LAYER_WEIGHTS.items()}
 
 
+def _copy_into(module: torch.nn.Module, weights: Mapping[str, torch.Tensor], what: str) -> None:
+    """Copy `weights` (TE parameter name -> tensor) into `module`; every name must be one of its parameters,
+    of the same shape."""
+    params = dict(module.named_parameters())
+    with torch.no_grad():
+        for name, w in weights.items():
+            if name not in params or params[name].shape != w.shape:
+                raise KeyError(f"{what} has no parameter {name} of shape {tuple(w.shape)}")
+            params[name].copy_(w)
+
+
+def _reference_from_te(meta_module: torch.nn.Module, mapping: Mapping[str, str], state: Mapping[str, torch.Tensor],
+                       what: str, dtype: torch.dtype, convert=lambda weights: weights) -> torch.nn.Module:
+    """`meta_module` (ours, built on the meta device) given the weights `mapping` names in a TE module's
+    `state`, in `dtype` on the weights' device (`convert` maps TE's layouts to ours), GELU in TE's tanh form,
+    frozen: the reference that TE module is scored against."""
+    missing = [te for te in mapping.values() if te not in state]
+    if missing:
+        raise KeyError(f"not a {what} state: missing {missing}")
+    device = state[next(iter(mapping.values()))].device
+    weights = convert({ours: state[te].detach().to(dtype) for ours, te in mapping.items()})
+    meta_module.load_state_dict({k: v.to(device) for k, v in weights.items()}, assign=True)
+    meta_module.gelu_approximate = "tanh"
+    return meta_module.requires_grad_(False)
+
+
 def load_te_layer(layer: torch.nn.Module, block: LlamaBlock, model: ModelConfig) -> None:
     """Copy `block`'s weights into the TE layer; every weight the mapping names must exist there."""
-    params = dict(layer.named_parameters())
-    with torch.no_grad():
-        for name, w in te_state_from_block(block, model).items():
-            if name not in params or params[name].shape != w.shape:
-                raise KeyError(f"TE layer has no parameter {name} of shape {tuple(w.shape)}")
-            params[name].copy_(w)
+    _copy_into(layer, te_state_from_block(block, model), "TE layer")
 
 
 def block_from_te(state: Mapping[str, torch.Tensor], model: ModelConfig,
                   dtype: torch.dtype = torch.float32) -> LlamaBlock:
     """A LlamaBlock (rotate-half RoPE, `dtype`) computing what the TE layer whose state_dict is `state`
     computes, on the weights' device."""
-    missing = [te for te in TE_LAYER_WEIGHTS.values() if te not in state]
-    if missing:
-        raise KeyError(f"not a TE TransformerLayer state (fuse_qkv_params=True, RMSNorm, no bias): "
-                       f"missing {missing}")
-    device = state[TE_LAYER_WEIGHTS["qkv.weight"]].device
     with torch.device("meta"):
         block = LlamaBlock(model, dtype=dtype, rope="half")
-    weights = {ours: state[te].detach().to(dtype) for ours, te in TE_LAYER_WEIGHTS.items()}
-    weights["qkv.weight"] = qkv_from_te(weights["qkv.weight"], model)
-    block.load_state_dict({k: v.to(device) for k, v in weights.items()}, assign=True)
-    block.gelu_approximate = "tanh"
-    return block.requires_grad_(False)
+    return _reference_from_te(block, TE_LAYER_WEIGHTS, state,
+                              "TE TransformerLayer (fuse_qkv_params=True, RMSNorm, no bias)", dtype,
+                              lambda w: w | {"qkv.weight": qkv_from_te(w["qkv.weight"], model)})
 
 
 def load_te_mlp(mlp: torch.nn.Module, ours: LlamaMLP) -> None:
     """Copy our LlamaMLP's weights into a te.LayerNormMLP (same layout: fc1 is [gate; up])."""
-    params = dict(mlp.named_parameters())
-    with torch.no_grad():
-        for name, w in ours.named_parameters():
-            te = TE_MLP_WEIGHTS[name]
-            if te not in params or params[te].shape != w.shape:
-                raise KeyError(f"te.LayerNormMLP has no parameter {te} of shape {tuple(w.shape)}")
-            params[te].copy_(w)
+    _copy_into(mlp, {TE_MLP_WEIGHTS[name]: w for name, w in ours.named_parameters()}, "te.LayerNormMLP")
 
 
 def mlp_from_te(state: Mapping[str, torch.Tensor], model: ModelConfig, dtype: torch.dtype = torch.float32) -> LlamaMLP:
     """A LlamaMLP (`dtype`, GELU in TE's tanh form) computing what the te.LayerNormMLP whose state_dict is
     `state` computes, on the weights' device."""
-    missing = [te for te in TE_MLP_WEIGHTS.values() if te not in state]
-    if missing:
-        raise KeyError(f"not a te.LayerNormMLP state (RMSNorm, no bias): missing {missing}")
-    device = state[TE_MLP_WEIGHTS["gate_up.weight"]].device
     with torch.device("meta"):
         mlp = LlamaMLP(model, dtype=dtype)
-    mlp.load_state_dict({ours: state[te].detach().to(device=device, dtype=dtype) for ours, te in TE_MLP_WEIGHTS.items()},
-                        assign=True)
-    mlp.gelu_approximate = "tanh"
-    return mlp.requires_grad_(False)
+    return _reference_from_te(mlp, TE_MLP_WEIGHTS, state, "te.LayerNormMLP (RMSNorm, no bias)", dtype)

@@ -40,6 +40,36 @@ KERNELS = {
 }
 
 
+class BlockwiseLinearFn(torch.autograd.Function):
+    """Y = X Wᵀ in DeepSeek-V3's blockwise FP8 on fp8bench's kernels: X and dY in 1x128 groups (along the
+    features for fprop and dgrad, along the tokens for wgrad), W in 128x128 blocks. Each tensor is read once
+    for both its layouts (`quantize_blockwise_both`); backward keeps only FP8 copies of X and W."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, recipe) -> torch.Tensor:  # type: ignore[override]
+        from fp8bench_kernels.quantize_blockwise import quantize_blockwise_both
+
+        pow2 = recipe.scaling_cfg.pow2_scales
+        qx, sx, qxt, sxt = quantize_blockwise_both(x.contiguous(), pow2_scales=pow2)
+        qw, sw, qwt, swt = quantize_blockwise_both(w.contiguous(), weight=True, pow2_scales=pow2)
+        _, gemm = _blockwise_gemm(x.device, fast_accum=False)
+        ctx.save_for_backward(qxt, sxt, qwt, swt)
+        ctx.pow2, ctx.w_dtype = pow2, w.dtype
+        return gemm(qx, sx, qw, sw)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
+        from fp8bench_kernels.gemm_blockwise_wgrad import gemm_blockwise_wgrad
+        from fp8bench_kernels.quantize_blockwise import quantize_blockwise_both
+
+        qxt, sxt, qwt, swt = ctx.saved_tensors
+        qdy, sdy, qdyt, sdyt = quantize_blockwise_both(dy.contiguous(), pow2_scales=ctx.pow2)
+        _, gemm = _blockwise_gemm(dy.device, fast_accum=False)
+        dx = gemm(qdy, sdy, qwt, swt)  # [tokens, in]: dY (1x128 along out) x Wᵀ's 128x128 blocks
+        dw = gemm_blockwise_wgrad(qdyt, sdyt, qxt, sxt)  # [out, in]: summed over tokens in 1x128 groups
+        return dx, dw.to(ctx.w_dtype), None
+
+
 class TritonBackend(Backend):
     name = "triton"
     rules = (
@@ -49,6 +79,7 @@ class TritonBackend(Backend):
             "fp8bench_kernels MX quantizer (numerics on Hopper)"),
     )
     workloads = frozenset({"gemm", "quantize", *RECIPE_WORKLOADS})
+    linear_fn = BlockwiseLinearFn
 
     def available(self):
         if not torch.cuda.is_available() and not _interpreting():
@@ -156,50 +187,10 @@ class TritonBackend(Backend):
         return module_op([w], lambda inp: BlockwiseLinearFn.apply(inp, w, recipe), x.bfloat16(), dy.bfloat16(),
                          weight=w)
 
-    def module(self, reference, x, dy, recipe):
-        import copy
-
-        from fp8bench.models.block import swap_linears
-
-        if recipe.format is Format.BF16:
-            return module_op(list(reference.parameters()), reference, x, dy)
-        module = swap_linears(copy.deepcopy(reference), lambda lin: RecipeLinear(lin, BlockwiseLinearFn, recipe))
-        return module_op(list(module.parameters()), module, x, dy, reference_forward=reference)
-
     def prepare_training(self, model, recipe):
         if recipe.format is not Format.BF16:
             swap_block_linears(model, lambda lin: RecipeLinear(lin, BlockwiseLinearFn, recipe))
         return TrainSetup(model)
-
-
-class BlockwiseLinearFn(torch.autograd.Function):
-    """Y = X Wᵀ in DeepSeek-V3's blockwise FP8 on fp8bench's kernels: X and dY in 1x128 groups (along the
-    features for fprop and dgrad, along the tokens for wgrad), W in 128x128 blocks. Each tensor is read once
-    for both its layouts (`quantize_blockwise_both`); backward keeps only FP8 copies of X and W."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, recipe) -> torch.Tensor:  # type: ignore[override]
-        from fp8bench_kernels.quantize_blockwise import quantize_blockwise_both
-
-        pow2 = recipe.scaling_cfg.pow2_scales
-        qx, sx, qxt, sxt = quantize_blockwise_both(x.contiguous(), pow2_scales=pow2)
-        qw, sw, qwt, swt = quantize_blockwise_both(w.contiguous(), weight=True, pow2_scales=pow2)
-        _, gemm = _blockwise_gemm(x.device, fast_accum=False)
-        ctx.save_for_backward(qxt, sxt, qwt, swt)
-        ctx.pow2, ctx.w_dtype = pow2, w.dtype
-        return gemm(qx, sx, qw, sw)
-
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
-        from fp8bench_kernels.gemm_blockwise_wgrad import gemm_blockwise_wgrad
-        from fp8bench_kernels.quantize_blockwise import quantize_blockwise_both
-
-        qxt, sxt, qwt, swt = ctx.saved_tensors
-        qdy, sdy, qdyt, sdyt = quantize_blockwise_both(dy.contiguous(), pow2_scales=ctx.pow2)
-        _, gemm = _blockwise_gemm(dy.device, fast_accum=False)
-        dx = gemm(qdy, sdy, qwt, swt)  # [tokens, in]: dY (1x128 along out) x Wᵀ's 128x128 blocks
-        dw = gemm_blockwise_wgrad(qdyt, sdyt, qxt, sxt)  # [out, in]: summed over tokens in 1x128 groups
-        return dx, dw.to(ctx.w_dtype), None
 
 
 def _blockwise_gemm(device: torch.device, fast_accum: bool):

@@ -17,7 +17,14 @@ import pandas as pd
 from fp8bench.analysis.parity import MIN_SEEDS
 from fp8bench.core.markdown import table
 from fp8bench.report import data
-from fp8bench.report.pages import deepest_steps, fastest_per_path, headline, llama_steps, step_parts
+from fp8bench.report.pages import (
+    deepest_steps,
+    distributed_layout,
+    fastest_per_path,
+    headline,
+    llama_steps,
+    step_parts,
+)
 
 BLOCK = re.compile(r"(<!-- generated: fp8bench report --markdown (?P<kind>[a-z-]+) -->\n)(.*?)(<!-- end generated -->)",
                    re.S)
@@ -133,8 +140,7 @@ def parity_block(con) -> str:
     shapes = t["shape_json"].map(json.loads)
     t = t.assign(nproc=shapes.str.get("nproc").fillna(1), seed=shapes.str.get("seed"),
                  setting=[f"{s['batch']}x{s['seq']}, {s['steps']} steps"
-                          + (f", {s['strategy']} x{s['nproc']}" + (" FP8 all-gather" if s.get("fp8_all_gather") else "")
-                             if s.get("nproc", 1) > 1 else "") for s in shapes])
+                          + (f", {layout}" if (layout := distributed_layout(s)) else "") for s in shapes])
     band = t[(t["format"] == "bf16") & (t["nproc"] == 1)].groupby(["run_id", "model", "backend", "variant"])["seed"].nunique()
 
     def verdict(r) -> str:

@@ -542,9 +542,7 @@ def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
         batch=shape.map(lambda s: s.get("batch")), seq=shape.map(lambda s: s.get("seq")),
         nproc=shape.map(lambda s: s.get("nproc", 1)),
         twin_shape=_twin_shape(ok["shape_name"]),
-        path=_path(ok) + shape.map(lambda s: f" · {s['strategy']} x{s['nproc']}"
-                                   + (" FP8 all-gather" if s.get("fp8_all_gather") else "")
-                                   if s.get("nproc", 1) > 1 else ""))
+        path=_path(ok) + shape.map(lambda s: f" · {layout}" if (layout := distributed_layout(s)) else ""))
     ok["master_weights"] = ok["master_weights"].fillna("?")  # a record that says neither
     t = _with_bf16(ok, ("time_ms", "peak_mem_bytes", "tokens_per_s"), shape="twin_shape")
     t = t[(t["format"] != "bf16") & t["speedup"].notna() & (t["hidden"].fillna(0) >= LLAMA_SCALE_HIDDEN)]
@@ -553,6 +551,13 @@ def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
                     mem_change_pct=(t["peak_mem_bytes"] / t["bf16_peak_mem_bytes"] - 1) * 100,
                     setting=t["batch"].astype(str) + "x" + t["seq"].astype(str) + " "
                     + t["master_weights"].str.upper() + "-master " + t["nproc"].astype(str) + "GPU")
+
+
+def distributed_layout(shape: dict) -> str:
+    """How a training case's shape spread it over GPUs ("fsdp2 x2 FP8 all-gather"), or "" for one process."""
+    if shape.get("nproc", 1) <= 1:
+        return ""
+    return f"{shape['strategy']} x{shape['nproc']}" + (" FP8 all-gather" if shape.get("fp8_all_gather") else "")
 
 
 def _twin_shape(shape_name: pd.Series) -> pd.Series:

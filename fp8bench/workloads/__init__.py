@@ -22,5 +22,5 @@ def get_workload(name: str) -> ModuleType:
         from fp8bench.workloads import train as mod
     else:
         raise ValueError(f"workload={name!r} is not implemented; choose one of "
-                         f"{[w for w in choices(WorkloadName) if w in ('gemm', 'quantize', 'linear', 'mlp', 'layer', 'train')]}")
+                         f"{choices(WorkloadName)}")
     return mod
