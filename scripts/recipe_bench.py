@@ -1,0 +1,173 @@
+"""The blockwise recipe's kernels as a training step pays them, on a GPU, printed and written as JSON:
+
+1. GEMM rounds: per shape (the Llama shapes of `kernel_bench.GEMMS`, 8192³, 4096³ and 2048³), ROUNDS
+   interleaved rounds of the `triton` backend's blockwise GEMM (the Gluon kernel on sm_90, as the sweeps run it)
+   and cuBLAS's (torch._scaled_mm with 1x128 / 128x128 scales), their order alternating between rounds; each
+   round is one `do_bench` median with the L2 flushed. Per shape: the median and best of the rounds, the spread
+   (median over best, a bimodal shape shows here) and cuBLAS's median over ours.
+2. Casts, eager: every cast kernel called as a user calls it, timed per call with the L2 flushed (fp8bench's
+   timer), at shapes of 32 MB and more: GB/s of the bytes the kernels move and % of copy bandwidth, with the same
+   call replayed from a CUDA graph beside it (the launches and allocations taken out).
+3. Host cost: wall time per call at a shape whose kernels take a few microseconds, what each call costs the CPU;
+   a call is GPU-bound only while this stays under its kernels' time.
+
+Usage on the GPU box: python3 scripts/recipe_bench.py [--out FILE.json] [--rounds N] [--only gemm,cast,host]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+from fp8bench.analysis.calibrate import copy_gbps
+from fp8bench.backends import Recipe, get_backend
+from fp8bench.config.schema import BackendConfig, ScalingConfig
+from fp8bench.core.measure import time_fn
+from fp8bench.core.types import Format, GemmRole, Scaling
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_bench import GEMMS  # noqa: E402 - the Llama shape set, one definition
+
+SHAPES = {**GEMMS, "4096^3": (4096, 4096, 4096), "2048^3": (2048, 2048, 2048)}
+CAST_SHAPES = [(4096, 4096), (8192, 4096), (8192, 8192), (8192, 11008), (8192, 14336)]
+"""BF16 inputs of 32 MB (Llama-2-7B's hidden at 4096 tokens) to 224 MB (Llama-3-8B's MLP at 8192 tokens)."""
+
+
+def recipe(backend: str, scaling: str) -> Recipe:
+    return Recipe(format=Format.E4M3, scaling=Scaling(scaling), scaling_cfg=ScalingConfig(name=scaling),
+                  backend_cfg=BackendConfig(name=backend))
+
+
+def gemm_rounds(rounds: int) -> list[dict]:
+    rows = []
+    for name, (m, n, k) in SHAPES.items():
+        a = torch.randn(m, k, device="cuda").bfloat16()
+        b = torch.randn(n, k, device="cuda").bfloat16()
+        ops = {impl: get_backend(impl).gemm(a, b, GemmRole.FPROP, recipe(impl, "blockwise"))
+               for impl in ("triton", "torch")}
+        ops["triton"].kernel_only()  # the Gluon kernel's per-shape tuning, before any timing
+        times: dict[str, list[float]] = {impl: [] for impl in ops}
+        for r in range(rounds):
+            for impl in (ops if r % 2 == 0 else reversed(list(ops))):
+                times[impl].append(do_bench(ops[impl].kernel_only, warmup=25, rep=100, return_mode="median"))
+        flops = 2.0 * m * n * k
+        row = {"shape": name, "mnk": [m, n, k], "ran": ops["triton"].ran}
+        for impl, label in (("triton", "ours"), ("torch", "cublas")):
+            med, best = statistics.median(times[impl]), min(times[impl])
+            row[label] = {"rounds_ms": times[impl], "median_tflops": flops / med / 1e9,
+                          "best_tflops": flops / best / 1e9, "median_over_best": med / best}
+        row["ratio_to_cublas"] = statistics.median(times["torch"]) / statistics.median(times["triton"])
+        rows.append(row)
+        print(f"{name:>24} ours {row['ours']['median_tflops']:6.0f} TFLOPS (best {row['ours']['best_tflops']:5.0f},"
+              f" median/best {row['ours']['median_over_best']:.3f})  cuBLAS {row['cublas']['median_tflops']:6.0f}"
+              f" (median/best {row['cublas']['median_over_best']:.3f})  ratio {row['ratio_to_cublas']:.3f}",
+              flush=True)
+        del ops, a, b
+        torch.cuda.empty_cache()
+    ratios = [r["ratio_to_cublas"] for r in rows]
+    print(f"GEMM: median ratio to cuBLAS {statistics.median(ratios):.3f}, lowest {min(ratios):.3f}; widest "
+          f"median/best {max(r['ours']['median_over_best'] for r in rows):.3f}", flush=True)
+    return rows
+
+
+def cast_calls(x: torch.Tensor) -> dict:
+    """name: (eager call, bytes its kernels move)."""
+    from fp8bench_kernels import quantize_blockwise as qb
+    from fp8bench_kernels import quantize_current as qc
+    from fp8bench_kernels import quantize_mx as qm
+
+    n = x.numel()
+    row_bytes = qb.bytes_moved(x, (1, 128))
+    return {
+        "current+transpose": (lambda: qc.quantize_current(x), qc.bytes_moved(x)),
+        "blockwise 1x128": (lambda: qb.quantize_blockwise(x, (1, 128), m_major_scales=True), row_bytes),
+        "blockwise 128x128": (lambda: qb.quantize_blockwise(x, (128, 128)), qb.bytes_moved(x, (128, 128))),
+        # both layouts of an activation: X read once per layout
+        "blockwise 1x128 both": (lambda: qb.quantize_blockwise_both(x), 2 * row_bytes),
+        # a weight's 128x128 blocks and their transpose (written, then read and written again)
+        "blockwise 128x128 both": (lambda: qb.quantize_blockwise_both(x, weight=True),
+                                   qb.bytes_moved(x, (128, 128)) + 2 * n),
+        "mx": (lambda: qm.quantize_mx(x), qm.bytes_moved(x)),
+    }
+
+
+def casts(copy: float) -> list[dict]:
+    rows = []
+    timer = dict(device=torch.device("cuda"), warmup=10, iters=5000, min_samples=100, max_time_s=0.3,
+                 flush_l2=True)
+    for m, k in CAST_SHAPES:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        for name, (fn, nbytes) in cast_calls(x).items():
+            fn()  # autotune outside the timing
+            eager = time_fn(fn, **timer).median_ms
+            graph = time_fn(fn, cuda_graph=True, **timer).median_ms
+            row = {"kernel": name, "shape": [m, k], "input_mb": x.numel() * 2 / 2**20, "bytes": nbytes,
+                   "eager_ms": eager, "eager_gbps": nbytes / eager / 1e6, "graph_ms": graph,
+                   "graph_gbps": nbytes / graph / 1e6}
+            row["eager_pct_of_copy"] = 100 * row["eager_gbps"] / copy
+            row["graph_pct_of_copy"] = 100 * row["graph_gbps"] / copy
+            rows.append(row)
+            print(f"{name:>24} {m}x{k} ({row['input_mb']:.0f} MB): eager {row['eager_gbps']:6.0f} GB/s "
+                  f"{row['eager_pct_of_copy']:5.1f}% of copy; graph {row['graph_gbps']:6.0f} GB/s "
+                  f"{row['graph_pct_of_copy']:5.1f}%", flush=True)
+        del x
+        torch.cuda.empty_cache()
+    lowest = min(rows, key=lambda r: r["eager_pct_of_copy"])
+    print(f"casts: lowest eager {lowest['eager_pct_of_copy']:.1f}% of copy ({lowest['kernel']} at "
+          f"{lowest['shape']})", flush=True)
+    return rows
+
+
+def host_cost(calls: int = 300) -> list[dict]:
+    """Wall time per call where the kernels take microseconds: the queue never fills, so this is the CPU's
+    cost of one call (Python, allocations, launches)."""
+    rows = []
+    x = torch.randn(256, 256, device="cuda").bfloat16()
+    ops = dict((name, fn) for name, (fn, _) in cast_calls(x).items())
+    for impl in ("triton", "torch"):
+        op = get_backend(impl).gemm(x, x, GemmRole.FPROP, recipe(impl, "blockwise"))
+        ops[f"gemm blockwise {impl}"] = op.kernel_only
+    for name, fn in ops.items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        us = (time.perf_counter() - t0) / calls * 1e6
+        rows.append({"op": name, "host_us_per_call": us})
+        print(f"{name:>24} host {us:6.1f} µs per call", flush=True)
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, default=Path("recipe_bench.json"))
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--only", default="host,cast,gemm", help="comma-separated parts: host, cast, gemm")
+    ns = p.parse_args()
+    parts = set(ns.only.split(","))
+    out: dict = {"device": torch.cuda.get_device_name(0)}
+    copy = copy_gbps(torch.device("cuda"), 2 * 1024**3, 0.3)
+    out["copy_gbps"] = copy
+    print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
+    if "host" in parts:
+        out["host"] = host_cost()
+    if "cast" in parts:
+        out["casts"] = casts(copy)
+    if "gemm" in parts:
+        out["gemm"] = gemm_rounds(ns.rounds)
+    ns.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
