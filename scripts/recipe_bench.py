@@ -125,9 +125,10 @@ def casts(copy: float) -> list[dict]:
     return rows
 
 
-def host_cost(calls: int = 300) -> list[dict]:
+def host_cost(calls: int = 300, profile: tuple[str, ...] = ()) -> list[dict]:
     """Wall time per call where the kernels take microseconds: the queue never fills, so this is the CPU's
-    cost of one call (Python, allocations, launches)."""
+    cost of one call (Python, allocations, launches). Each op named in `profile` is also run under cProfile,
+    its most expensive functions printed."""
     rows = []
     x = torch.randn(256, 256, device="cuda").bfloat16()
     ops = dict((name, fn) for name, (fn, _) in cast_calls(x).items())
@@ -145,6 +146,13 @@ def host_cost(calls: int = 300) -> list[dict]:
         us = (time.perf_counter() - t0) / calls * 1e6
         rows.append({"op": name, "host_us_per_call": us})
         print(f"{name:>24} host {us:6.1f} µs per call", flush=True)
+        if name in profile:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.runcall(lambda fn=fn: [fn() for _ in range(calls)])
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
     return rows
 
 
@@ -160,7 +168,7 @@ def main() -> int:
     out["copy_gbps"] = copy
     print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
     if "host" in parts:
-        out["host"] = host_cost()
+        out["host"] = host_cost(profile=("gemm blockwise triton", "blockwise 1x128 both"))
     if "cast" in parts:
         out["casts"] = casts(copy)
     if "gemm" in parts:

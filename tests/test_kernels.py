@@ -434,6 +434,8 @@ from triton.backends.nvidia.compiler import get_ptxas
 builds = [("wgrad " + str(c.all_kwargs()), wgrad.compile_sm90(c)) for c in wgrad.CONFIGS]
 builds += [("along-m " + str(c.all_kwargs()), qb.compile_along_m_sm90(c.kwargs["BLOCK_K"], c.num_warps))
            for c in qb.ALONG_M_CONFIGS]
+builds += [("blocks-transposed " + str(c.all_kwargs()), qb.compile_blocks_sm90(c.num_warps)) for c in qb.BLOCK_CONFIGS
+           if c.num_warps >= qb.TRANSPOSED_MIN_WARPS]
 out = {}
 for name, kernel in builds:
     ptx = kernel.asm["ptx"]
@@ -447,7 +449,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_the_recipe_kernels_compile_for_hopper_without_spills_or_serialized_wgmma():
-    """The wgrad GEMM and the transposed-layout cast of BlockwiseLinearFn, every config compiled for sm_90 (in a
+    """The wgrad GEMM and the transposed-layout casts of BlockwiseLinearFn, every config compiled for sm_90 (in a
     process without the interpreter) and assembled by ptxas: the GEMM issues FP8 wgmmas that ptxas does not
     serialize (C7514/C7517 would name them), the cast rounds with the hardware's saturating E4M3 conversion,
     and nothing spills."""
@@ -461,6 +463,7 @@ def test_the_recipe_kernels_compile_for_hopper_without_spills_or_serialized_wgmm
     assert done.returncode == 0, done.stderr[-3000:]
     builds = json.loads(done.stdout.strip().splitlines()[-1])
     assert sum(n.startswith("wgrad") for n in builds) >= 3 and sum(n.startswith("along-m") for n in builds) >= 2
+    assert sum(n.startswith("blocks-transposed") for n in builds) == 2
     for name, b in builds.items():
         assert b["rc"] == 0, (name, b["ptxas"])
         assert "0 bytes spill stores" in b["ptxas"] and "0 bytes spill loads" in b["ptxas"], (name, b["ptxas"])
