@@ -25,19 +25,26 @@ from fp8bench.core.types import Format, GemmRole, Scaling
 SHAPES = [(8192, 8192, 8192), (8192, 12288, 4096), (8192, 4096, 4096), (8192, 22016, 4096), (8192, 4096, 11008)]
 
 
-def compare_timers(fn, rounds: int = 5) -> tuple[float, float]:
+def compare_timers(fn, rounds: int = 6) -> tuple[float, float]:
     """Median of fp8bench's timer and of do_bench over interleaved rounds: the H200's clocks drift with
     power and temperature over seconds, so timing one method after the other compares two GPU states."""
     from triton.testing import do_bench
 
-    ours, theirs = [], []
-    for _ in range(rounds):
+    def ours() -> float:
         # Same time budget as do_bench's rep=300 ms (not an iteration cap): the GPU's duty cycle, and with
         # it its clocks, must match for short kernels.
-        ours.append(time_fn(fn, device=torch.device("cuda"), warmup=10, iters=100_000, min_samples=50,
-                            max_time_s=0.3, flush_l2=True).median_ms)
-        theirs.append(do_bench(fn, warmup=25, rep=300, return_mode="median"))
-    return statistics.median(ours), statistics.median(theirs)
+        return time_fn(fn, device=torch.device("cuda"), warmup=10, iters=100_000, min_samples=50, max_time_s=0.3,
+                       flush_l2=True).median_ms
+
+    def theirs() -> float:
+        return do_bench(fn, warmup=25, rep=300, return_mode="median")
+
+    times: dict = {ours: [], theirs: []}
+    for r in range(rounds):
+        # the order alternates: whichever runs second in a round meets a GPU the first has heated
+        for method in ((ours, theirs) if r % 2 == 0 else (theirs, ours)):
+            times[method].append(method())
+    return statistics.median(times[ours]), statistics.median(times[theirs])
 
 
 def fidelity(rounds: int = 5) -> list[dict]:
@@ -74,7 +81,7 @@ def noise(results_dir: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=Path("results/gpu_checks"))
-    p.add_argument("--rounds", type=int, default=5, help="interleaved timer rounds per shape")
+    p.add_argument("--rounds", type=int, default=6, help="interleaved timer rounds per shape (order alternating)")
     ns = p.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     fid = fidelity(ns.rounds)

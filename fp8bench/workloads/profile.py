@@ -25,7 +25,9 @@ CATEGORIES: list[tuple[str, re.Pattern]] = [
     ("communication", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter", re.I)),  # ncclDevKernel_Broadcast
     ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|cudnn", re.I)),
     ("gemm", re.compile(r"gemm|xmma|nvjet|cutlass|wgmma|matmul|_gemm_kernel|splitk", re.I)),
-    ("quantize", re.compile(r"cast|transpose|quantiz|amax|scale|fp8|float8|e4m3|e5m2|_to_copy.*float8", re.I)),
+    # (?<!no)cast: torch's generic elementwise kernels are `gpu_kernel_impl_nocast<...>` (adds, copies, SiLU),
+    # which are not casts to FP8
+    ("quantize", re.compile(r"(?<!no)cast|transpose|quantiz|amax|scale|fp8|float8|e4m3|e5m2|_to_copy.*float8", re.I)),
     ("optimizer", re.compile(r"adam|multi_tensor_apply|foreach", re.I)),
 ]
 
