@@ -12,6 +12,7 @@
    a call is GPU-bound only while this stays under its kernels' time.
 
 Usage on the GPU box: python3 scripts/recipe_bench.py [--out FILE.json] [--rounds N] [--only gemm,cast,host]
+Anywhere, the Markdown tables of a recorded file: python3 scripts/recipe_bench.py --markdown FILE.json
 """
 
 from __future__ import annotations
@@ -156,7 +157,39 @@ def host_cost(calls: int = 300, profile: tuple[str, ...] = ()) -> list[dict]:
     return rows
 
 
+def markdown(recorded: dict) -> str:
+    """The tables docs/kernels.md shows, from a file this script wrote."""
+    out = []
+    if "gemm" in recorded:
+        rows = recorded["gemm"]
+        out += ["| shape (M×N×K) | ours: median TFLOPS | best | median / best | cuBLAS blockwise: median | "
+                "cuBLAS / ours (medians) |", "|---|---|---|---|---|---|"]
+        out += [f"| {r['shape']} ({'×'.join(map(str, r['mnk']))}) | {r['ours']['median_tflops']:.0f} | "
+                f"{r['ours']['best_tflops']:.0f} | {r['ours']['median_over_best']:.3f} | "
+                f"{r['cublas']['median_tflops']:.0f} | {r['ratio_to_cublas']:.3f} |" for r in rows]
+        ratios = [r["ratio_to_cublas"] for r in rows]
+        out += ["", f"Median ratio over the {len(rows)} shapes {statistics.median(ratios):.3f}, lowest "
+                f"{min(ratios):.3f}; widest median / best {max(r['ours']['median_over_best'] for r in rows):.3f}.", ""]
+    if "casts" in recorded:
+        shapes = list(dict.fromkeys(tuple(r["shape"]) for r in recorded["casts"]))
+        kernels = list(dict.fromkeys(r["kernel"] for r in recorded["casts"]))
+        cell = {(r["kernel"], tuple(r["shape"])): r for r in recorded["casts"]}
+        out += ["| cast (eager % of copy; CUDA graph) | " + " | ".join(
+            f"{m}×{k} ({m * k * 2 // 2**20} MB)" for m, k in shapes) + " |", "|---" * (len(shapes) + 1) + "|"]
+        out += [f"| {kern} | " + " | ".join(
+            f"{cell[kern, s]['eager_pct_of_copy']:.0f}%; {cell[kern, s]['graph_pct_of_copy']:.0f}%" for s in shapes)
+            + " |" for kern in kernels]
+        out += ["", f"Copy bandwidth {recorded['copy_gbps']:.0f} GB/s.", ""]
+    if "host" in recorded:
+        out += ["| call at 256×256 | host µs per call |", "|---|---|"]
+        out += [f"| {r['op']} | {r['host_us_per_call']:.0f} |" for r in recorded["host"]]
+    return "\n".join(out)
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--markdown"]:
+        print(markdown(json.loads(Path(sys.argv[2]).read_text())))
+        return 0
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=Path("recipe_bench.json"))
     p.add_argument("--rounds", type=int, default=7)
