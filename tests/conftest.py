@@ -50,9 +50,24 @@ def fp8bench(*args: str, cwd: Path | None = None, timeout: int = 300,
                           cwd=cwd or ROOT, env=env, timeout=timeout)
 
 
+def fp8bench_many(calls: list[dict], workers: int = 2) -> list[subprocess.CompletedProcess]:
+    """`fp8bench(**call)` for each call, `workers` processes at a time, results in order: the CLI tests that
+    start many independent processes (each mostly interpreter start and imports) overlap them on the cores."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda call: fp8bench(*call["args"], **{k: v for k, v in call.items() if k != "args"}),
+                             calls))
+
+
 @pytest.fixture
 def cli():
     return fp8bench
+
+
+@pytest.fixture(scope="session")
+def cli_many():
+    return fp8bench_many
 
 
 def pytest_collection_modifyitems(config, items):

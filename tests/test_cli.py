@@ -25,10 +25,17 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def bad_input_results(cli_many, tmp_path_factory):
+    """Every bad input, each in its own process as a user would type it, two processes at a time."""
+    calls = [{"args": args, "cwd": tmp_path_factory.mktemp("bad")} for args, _ in BAD_INPUTS]
+    return dict(zip((" ".join(a) for a, _ in BAD_INPUTS), cli_many(calls), strict=True))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("args,field", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
-def test_bad_input_exits_2_with_field_and_no_traceback(cli, tmp_path, args, field):
-    res = cli(*args, cwd=tmp_path)
+def test_bad_input_exits_2_with_field_and_no_traceback(bad_input_results, args, field):
+    res = bad_input_results[" ".join(args)]
     text = res.stdout + res.stderr
     assert res.returncode == 2, text
     assert field in text
@@ -154,14 +161,13 @@ def test_paths_that_cannot_be_used_exit_2_with_one_line(cli, tmp_path, args):
 
 
 @pytest.mark.slow
-def test_third_party_noise_is_hidden_unless_asked_for(cli, tmp_path):
+def test_third_party_noise_is_hidden_unless_asked_for(cli_many, tmp_path):
     args = ["run", "workload=linear", "model=tiny", "backend=torchao", "format=hybrid", "scaling=current",
             "workload.linears=[o]", f"results_dir={tmp_path}", "store.ingest=false"]
-    quiet = cli(*args)
+    quiet, loud = cli_many([{"args": args}, {"args": args, "env": {"FP8BENCH_VERBOSE": "1"}}])
     assert quiet.returncode == 0, quiet.stderr
     for noise in ("Failed to load", "UserWarning", "is deprecated", "_pytree"):
         assert noise not in quiet.stderr, quiet.stderr
-    loud = cli(*args, env={"FP8BENCH_VERBOSE": "1"})
     assert loud.returncode == 0
     # what is hidden depends on the machine (torchao's CUDA extensions, oneDNN); on this one something was
     assert len(loud.stderr.splitlines()) > len(quiet.stderr.splitlines())
