@@ -157,12 +157,18 @@ def quantize_blockwise_both(x: torch.Tensor, weight: bool = False, pow2_scales: 
     (`weight=False`) get 1x128 groups along K in Y (fprop, dgrad) and along M in Yᵀ (wgrad sums over tokens),
     both scales M-major as the GEMMs read them: X is read once per layout. A weight gets 128x128 blocks, the same
     in either layout: Yᵀ is Y's FP8 values and block scales transposed (fprop and dgrad), both written in one pass
-    over X (Y and then a transposing copy of it ran at 18% of copy bandwidth on the H200 at e83c31e)."""
+    over a BF16 X (Y and then a transposing copy of it ran at 18% of copy bandwidth on the H200 at e83c31e); from
+    FP32, Y and then that copy."""
     if x.dim() != 2:
         raise ValueError(f"quantize_blockwise_both takes a 2-D tensor, got shape {tuple(x.shape)}")
     if weight:
         m, k = x.shape
         y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
+        if x.dtype != torch.bfloat16:
+            # FP32 weights (a training step's master weights): compiled for sm_90, the transposed store wrote a
+            # wrong Yᵀ from FP32 input on the H200 at 865b59e (bit-exact from BF16), so Yᵀ is Y transposed here
+            s = _quantize_blocks(x, y, None, pow2_scales)
+            return y, s, y.t().contiguous(), s.t().contiguous()
         yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
         s = _quantize_blocks(x, y, yt, pow2_scales)
         return y, s, yt, s.t().contiguous()

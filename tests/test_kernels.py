@@ -314,12 +314,17 @@ def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k)
 
 @pytest.mark.parametrize("weight", [False, True], ids=["1x128", "128x128"])
 @pytest.mark.parametrize("pow2", [False, True], ids=["exact", "pow2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("m,n", SHAPES + [pytest.param(8200, 4112, marks=pytest.mark.gpu) if CUDA else (257, 130)])
-def test_both_layouts_are_each_layouts_own_quantization_bit_for_bit(k, m, n, weight, pow2):
+def test_both_layouts_are_each_layouts_own_quantization_bit_for_bit(k, m, n, weight, pow2, dtype):
     """quantize_blockwise_both: Y as quantize_blockwise writes it, and Yᵀ as quantize_blockwise writes the
-    transposed tensor (1x128: groups along the rows of X, what wgrad sums over; 128x128: the same blocks)."""
+    transposed tensor (1x128: groups along the rows of X, what wgrad sums over; 128x128: the same blocks).
+    FP32 too: a training step casts its FP32 master weights (on the H200 at 865b59e the weight kernel's
+    transposed store wrote a wrong Yᵀ from FP32 input, bit-exact from BF16, and training went NaN)."""
     mod = k.quantize_blockwise
     x = data(m, n)
+    if dtype is torch.float32:  # values BF16 cannot hold: the cast must start from the FP32 ones
+        x = x.float() * (1 + 2.0**-12)
     block = (128, 128) if weight else (1, 128)
     y, s, yt, st = mod.quantize_blockwise_both(x, weight=weight, pow2_scales=pow2)
     ry, rs = mod.quantize_blockwise_reference(x, block, pow2)
