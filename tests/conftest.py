@@ -70,6 +70,15 @@ def cli_many():
     return fp8bench_many
 
 
+@pytest.fixture(scope="session")
+def page_text():
+    """fp8bench.report.browser.page_text through one Chromium for the whole session."""
+    from fp8bench.report.browser import PageReader
+
+    with PageReader() as read:
+        yield read
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU tests skip on CPU with the probe's reason (run them with `pytest -m gpu` on the GPU box)."""
     if torch.cuda.is_available():

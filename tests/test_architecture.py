@@ -38,6 +38,7 @@ def fake():
     backends.unregister(FakeBackend.name)
 
 
+@pytest.mark.slow
 def test_a_registered_backend_is_planned_by_its_own_rules(fake):
     points, _ = expand(["workload=gemm", "model=tiny", "device=cpu", "backend.name=fake-fp8",
                         "format=e4m3,hybrid,mxfp8", "scaling=current,mx"], multirun=True)
@@ -49,6 +50,7 @@ def test_a_registered_backend_is_planned_by_its_own_rules(fake):
     assert not mx.runnable and "backend 'fake-fp8' has no mxfp8/mx recipe" in mx.reason
 
 
+@pytest.mark.slow
 def test_a_registered_backend_appears_in_doctor(fake, capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out

@@ -203,6 +203,7 @@ def _edited_copy(tmp_path, commit_prefix, case, factors):
     return tmp_path / "asv"
 
 
+@pytest.mark.slow
 def test_asv_compare_is_direction_aware_and_gates_with_its_exit_code(cli, tmp_path):
     case = "layer.llama2-7b.b2s4096.e4m3.delayed.te"
     same = cli("asv-compare", "a0f323a", "a0f323a", "--results", str(ROOT / "results" / "asv"))

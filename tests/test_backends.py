@@ -33,6 +33,7 @@ def test_torch_scaled_mm_on_cpu_matches_emulator(fmt, sc, role):
 
 
 @pytest.mark.parametrize("name", ["emulated", "torch"])
+@pytest.mark.slow
 def test_delayed_training_casts_with_earlier_steps_scales(name):
     """TE's DelayedScaling, in the emulator and in eager torch + scaled_mm: the first step casts with scale 1
     (a 1e-6 gradient is below E5M2's smallest subnormal, so it is lost); once the histories hold this step's

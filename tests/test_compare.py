@@ -78,6 +78,7 @@ def test_one_run_per_side_and_no_history_is_insufficient_data_not_a_verdict(tmp_
     assert {c.verdict for c in timed} == {"insufficient data"}
 
 
+@pytest.mark.slow
 def test_a_later_run_never_changes_a_verdict(tmp_path):
     """Five quiet runs of c0, then the head (c1, +3%): a regression. A run of c0 recorded after the head, on a
     +10% level, would raise the run-to-run floor above 3% if the history could see it; it cannot."""
@@ -271,16 +272,19 @@ def test_injected_slowdown_is_caught_end_to_end(tmp_path, cli):
 
 
 @pytest.mark.slow
-def test_ten_identical_pairs_of_small_cpu_runs_call_no_change(tmp_path, cli, capsys):
+def test_identical_pairs_of_small_cpu_runs_call_no_change(tmp_path, cli, capsys):
     """The first comparison a user makes, on a shared two-core machine: a run of the base and a run of the head,
-    each recorded once, with nothing before them. Ten such pairs of identical code, one after the other (the
+    each recorded once, with nothing before them. Such pairs of identical code, one after the other (the
     commits named apart, as a branch and main would be). Before the spread between processes was required, one
     such pair in three read an FP8 linear +12% against a 7.5% in-run floor and exited 1; no pair may now call
-    a regression or an improvement. Each run is its own process, as a user's are; `compare` runs the CLI's
+    a regression or an improvement. Six pairs: at that old rate at least one would have called it with
+    probability 1 - (2/3)^6 = 91%. Each run is its own process, as a user's are; `compare` runs the CLI's
     main in this one (it only reads the database: a process of its own would add an interpreter start)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from fp8bench.cli import main
+
+    n_pairs = 6
 
     def pair(k: int) -> list:
         args = ["run", "workload=gemm", "backend=torch", "model=tiny", "workload.linears=[o]", "measure.rounds=6",
@@ -291,7 +295,7 @@ def test_ten_identical_pairs_of_small_cpu_runs_call_no_change(tmp_path, cli, cap
     # two pairs at a time, each pair's base then head: the other pair's runs share the two cores, a machine at
     # least as busy as the shared one the docstring describes
     with ThreadPoolExecutor(max_workers=2) as pool:
-        pairs = list(pool.map(pair, range(10)))
+        pairs = list(pool.map(pair, range(n_pairs)))
     for k, runs in enumerate(pairs):
         assert all(res.returncode == 0 for res in runs), [res.stderr[-2000:] for res in runs]
         results = tmp_path / f"pair{k}"
@@ -300,6 +304,7 @@ def test_ten_identical_pairs_of_small_cpu_runs_call_no_change(tmp_path, cli, cap
         assert code == 0 and "0 regression, 0 improvement" in text, text
 
 
+@pytest.mark.slow
 def test_piped_compare_keeps_every_cell_whole(tmp_path):
     """Piped (no terminal), rich would cut the case column to fit 80 columns ('gemm.m.s3…'): it stays whole."""
     import os

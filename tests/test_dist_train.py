@@ -21,6 +21,7 @@ def _run(tmp_path, extra, base=BASE):
     return rec
 
 
+@pytest.mark.slow
 def test_the_planner_says_why_a_distributed_point_cannot_run(tmp_path):
     def reason(extra):
         points, _ = expand(BASE[:3] + extra + [f"results_dir={tmp_path}"])

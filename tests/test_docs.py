@@ -81,6 +81,7 @@ def test_markdown_without_a_generated_block_is_a_clear_error(committed_db, tmp_p
     assert page.read_text() == "# no block here\n"
 
 
+@pytest.mark.slow
 def test_the_headline_says_what_each_fastest_training_recipe_did_to_the_loss(committed_db):
     """A speed run's fastest recipe carries the parity verdicts of the runs that judged it, by model: the 1.50x
     whole step at Llama-2-7B dims (te-layer, E4M3 Delayed) is the recipe that lost BF16's loss at llama-350m;

@@ -62,6 +62,7 @@ def test_unknown_fp8_backend_is_a_config_error(tmp_path):
 
 
 @pytest.mark.skipif(on_gpu, reason="checks the CPU verdicts")
+@pytest.mark.slow
 def test_integrations_say_why_they_cannot_run_here(tmp_path):
     points, _ = expand([*TINY, "device=cpu", "format=e4m3,hybrid", "scaling=delayed,current",
                         "backend=lightning-te,accelerate-te,coat,msamp", f"results_dir={tmp_path}"], multirun=True)

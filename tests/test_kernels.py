@@ -276,6 +276,7 @@ def test_gemm_rejects_mismatched_scales(k):
         k.gemm_blockwise.gemm_blockwise(a, sa, b, sb)
 
 
+@pytest.mark.slow
 def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k):
     from fp8bench.backends import get_backend
     from fp8bench.backends.base import Recipe
@@ -314,7 +315,7 @@ def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k)
 
 @pytest.mark.parametrize("weight", [False, True], ids=["1x128", "128x128"])
 @pytest.mark.parametrize("pow2", [False, True], ids=["exact", "pow2"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float32, marks=pytest.mark.slow)], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("m,n", SHAPES + [pytest.param(8200, 4112, marks=pytest.mark.gpu) if CUDA else (257, 130)])
 def test_both_layouts_are_each_layouts_own_quantization_bit_for_bit(k, m, n, weight, pow2, dtype):
     """quantize_blockwise_both: Y as quantize_blockwise writes it, and Yᵀ as quantize_blockwise writes the

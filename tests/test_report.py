@@ -9,7 +9,7 @@ import pytest
 from fp8bench.core.records import CaseRecord, Metric, ShardWriter, write_manifest
 from fp8bench.data import store
 from fp8bench.report import build_site
-from fp8bench.report.browser import check_site, chromium_path, page_text
+from fp8bench.report.browser import check_site, chromium_path
 
 # every test here drives Chromium over a site built once per module
 pytestmark = pytest.mark.slow
@@ -77,7 +77,7 @@ def test_links_resolve_and_nothing_leaves_the_machine(checks):
 
 
 @pytest.mark.slow
-def test_planted_markup_renders_as_text(site):
+def test_planted_markup_renders_as_text(site, page_text):
     assert PLANTED in page_text(site, "runs.html")
     assert page_text(site, "runs.html", "typeof window.__pwned") == "undefined"
     assert page_text(site, "index.html", "typeof window.__pwned") == "undefined"
@@ -94,14 +94,14 @@ def test_pages_are_small_and_share_one_plotly_asset(site):
 
 
 @pytest.mark.slow
-def test_skipped_recipes_are_visible_with_reasons(site):
+def test_skipped_recipes_are_visible_with_reasons(site, page_text):
     text = page_text(site, "index.html", "document.body.textContent")  # the list is collapsed: one click away
     assert "Not measured, and why" in text
     assert "compute capability 10.0" in text  # MXFP8/NVFP4 on the H200
 
 
 @pytest.mark.slow
-def test_overview_and_gemm_pages_show_intervals_and_the_host_bound_label(site):
+def test_overview_and_gemm_pages_show_intervals_and_the_host_bound_label(site, page_text):
     """The committed H200 runs carry 95% intervals on every speedup and, where the run measured it, whether
     the GPU waited for the host; both pages show them next to the figure."""
     index = page_text(site, "index.html")
@@ -122,7 +122,7 @@ def test_every_plot_has_a_title_and_pages_stay_readable_at_1400_pixels(checks):
 
 
 @pytest.mark.slow
-def test_the_overview_leads_with_the_headline_and_collapses_what_was_not_measured(site):
+def test_the_overview_leads_with_the_headline_and_collapses_what_was_not_measured(site, page_text):
     titles = page_text(site, "index.html", "Array.from(document.querySelectorAll('.plot')).map(d => d.layout.title.text)")
     assert titles and titles[0].startswith("Speedup over BF16 per recipe and model")
     closed = page_text(site, "index.html", "Array.from(document.querySelectorAll('details')).filter(d => "

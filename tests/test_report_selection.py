@@ -8,7 +8,7 @@ import pytest
 from fp8bench.core.records import CaseRecord, Metric, ShardWriter, write_manifest
 from fp8bench.data import store
 from fp8bench.report import build_site
-from fp8bench.report.browser import chromium_path, page_text
+from fp8bench.report.browser import chromium_path
 
 DEVICE = "Planted GPU"
 RUNS = [("r1", 1.8e9, 1.0), ("r2", 1.8e9 + 10, 2.0), ("r3", 1.8e9 + 20, 3.0)]
@@ -62,7 +62,7 @@ BARS = "Array.from(document.querySelectorAll('.plot')).map(d => ({type: d._fullD
 
 
 @pytest.mark.slow
-def test_bars_show_each_cases_selected_value_not_the_sum_of_its_runs(site):
+def test_bars_show_each_cases_selected_value_not_the_sum_of_its_runs(site, page_text):
     plots = page_text(site, "modules.html", BARS)
     time_bars = [p for p in plots if "bar" in p["type"] and all(" · " in t["name"] for t in p["traces"])]
     assert time_bars, plots
@@ -71,7 +71,7 @@ def test_bars_show_each_cases_selected_value_not_the_sum_of_its_runs(site):
 
 
 @pytest.mark.slow
-def test_tables_list_each_case_once_with_its_run(site):
+def test_tables_list_each_case_once_with_its_run(site, page_text):
     gemm = page_text(site, "gemm.html")
     table = gemm.split("TFLOPS and speedups")[1]
     assert table.count("m fprop_o") == 1 and "r3" in table and "r1" not in table
@@ -81,6 +81,7 @@ def test_tables_list_each_case_once_with_its_run(site):
         "linear.m.o.e4m3.current.torch") == 1  # one table row
 
 
+@pytest.mark.slow
 def test_roofline_and_waterfall_commands_list_each_case_once(site, cli):
     db = str(site.parent / "db.duckdb")
     roof = cli("roofline", "--db", db)

@@ -32,6 +32,7 @@ def test_memory_bound_gemm_expects_the_byte_ratio():
     assert t_fp8 / nvfp4 == pytest.approx(2.0, rel=0.05)
 
 
+@pytest.mark.slow
 def test_calibrate_measures_this_machine_and_round_trips(tmp_path):
     c = calibrate(detect_device(), budget_s=0.05, shapes=[(128, 128, 128), (256, 128, 128)])
     assert c.bf16_tflops > 0 and c.fp8_tflops > 0 and c.copy_gbps > 0

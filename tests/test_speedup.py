@@ -85,6 +85,7 @@ def test_the_box_interval_adds_the_between_box_spread_on_a_log_scale():
     assert derive_box_intervals([bound], {"gemm": 0.04}) == []  # the host's figure: no GPU model bounds it
 
 
+@pytest.mark.slow
 def test_a_group_times_its_recipes_beside_one_bf16_twin(tmp_path):
     from fp8bench.config.compose import expand
     from fp8bench.core.hardware import detect_device

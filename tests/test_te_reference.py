@@ -97,6 +97,7 @@ def test_te_layout_both_ways():
 
 @pytest.mark.parametrize("model", [GQA, WIDE, ModelConfig(name="mha", hidden=64, ffn=96, heads=4, kv_heads=4, layers=1,
                                                            vocab=64, seq=16)], ids=["gqa", "wide", "mha"])
+@pytest.mark.slow
 def test_reference_computes_the_te_block(model):
     block = seeded_block(model)
     reference = block_from_te(te_state(block, model), model)
@@ -113,6 +114,7 @@ def test_reference_computes_the_te_block(model):
 
 @pytest.mark.parametrize("model", [GQA, WIDE], ids=["toy", "wide"])
 @pytest.mark.parametrize("plant", ["qkv not group-interleaved", "interleaved rope", "gate and up swapped"])
+@pytest.mark.slow
 def test_planted_reference_mismatch_fails_the_check(plant, model):
     te_block = seeded_block(model, rope="interleaved" if plant == "interleaved rope" else "half")
     state = te_state(te_block, model, interleave_groups=plant != "qkv not group-interleaved",

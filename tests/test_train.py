@@ -67,7 +67,7 @@ def test_fp8_training_under_the_emulator_learns(tmp_path):
 def test_killed_run_resumes_from_checkpoint_with_the_same_curve(tmp_path):
     args = [*TINY, "format=bf16", "scaling=none", "backend=torch", "workload.train.bf16_seeds=1",
             "workload.train.steps=120", "workload.train.ckpt_every=20", "workload.train.eval_every=40",
-            "workload.batch=4", "workload.seq=64", "store.ingest=false"]
+            "workload.batch=4", "workload.seq=32", "store.ingest=false"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "fp8bench", "run", *args]
     ref = subprocess.run([*cmd, f"results_dir={tmp_path / 'ref'}", "run_id=ref"], capture_output=True, text=True,
@@ -99,6 +99,7 @@ def test_killed_run_resumes_from_checkpoint_with_the_same_curve(tmp_path):
     assert not list(work.glob("*/checkpoint.pt"))  # removed once the record exists
 
 
+@pytest.mark.slow
 def test_divergence_is_recorded_and_the_sweep_goes_on(tmp_path):
     recs = _train(tmp_path, "format=bf16", "scaling=none", "backend=torch", "workload.train.bf16_seeds=2",
                   "workload.train.steps=40", "workload.train.lr=1e6", "workload.train.grad_clip=0",
@@ -118,6 +119,7 @@ def test_divergence_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert again == []
 
 
+@pytest.mark.slow
 def test_corpus_split_is_deterministic_and_batches_depend_on_seed_and_step_only():
     c = corpus.load("stdlib", 5)
     assert c.files > 100 and c.val.numel() > 100_000 and c.train.numel() > 10 * c.val.numel()

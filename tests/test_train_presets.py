@@ -74,6 +74,7 @@ def test_the_whole_step_presets_run_at_toy_size_on_cpu(tmp_path, preset, axis):
         assert len(rec.samples["time_ms"]) == 8 - 2 and len(rec.samples["loss"]) == 8
 
 
+@pytest.mark.slow
 def test_the_two_gpu_llama3_8b_preset_is_torchtitans_setting_and_says_why_not_here():
     points, _ = expand(["sweep=h200x2-llama3-8b-fsdp2"], multirun=True)
     assert {(p.model.name, p.model.layers, p.workload.train.nproc, p.workload.train.strategy) for p in points} == {

@@ -79,16 +79,33 @@ def check_site(site: Path, screenshot: Path | None = None) -> list[PageCheck]:
 
 def page_text(site: Path, name: str, script: str = "document.body.innerText") -> object:
     """Evaluate `script` in a loaded page (e.g. read its text, or a global a planted script would set)."""
-    from playwright.sync_api import sync_playwright
+    with PageReader() as read:
+        return read(site, name, script)
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        page.goto((site / name).resolve().as_uri())
-        page.wait_for_load_state("load")
-        value = page.evaluate(script)
-        browser.close()
-    return value
+
+class PageReader:
+    """`page_text` for many reads from one Chromium: each read loads its page in a fresh page of the same
+    browser (a launch costs seconds; the tests read a site dozens of times)."""
+
+    def __enter__(self) -> PageReader:
+        from playwright.sync_api import sync_playwright
+
+        self._pw = sync_playwright().start()
+        self._browser = self._pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        return self
+
+    def __call__(self, site: Path, name: str, script: str = "document.body.innerText") -> object:
+        page = self._browser.new_page()
+        try:
+            page.goto((site / name).resolve().as_uri())
+            page.wait_for_load_state("load")
+            return page.evaluate(script)
+        finally:
+            page.close()
+
+    def __exit__(self, *exc) -> None:
+        self._browser.close()
+        self._pw.stop()
 
 
 @dataclass
