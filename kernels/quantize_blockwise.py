@@ -202,29 +202,28 @@ def bytes_moved(x: torch.Tensor, block: tuple[int, int] = (1, GROUP)) -> int:
     return x.numel() * x.element_size() + x.numel() + 4 * n_scales
 
 
-def compile_along_m_sm90(block_k: int, num_warps: int):
-    """The Yᵀ kernel of `quantize_blockwise_both` compiled for sm_90 without a GPU (tests/test_kernels.py runs
-    ptxas on it)."""
+def _compile_sm90(kernel, signature: dict, constants: dict, num_warps: int):
+    """A cast kernel compiled for sm_90 without a GPU (tests/test_kernels.py runs ptxas on it)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    return triton.compile(ASTSource(kernel.fn, signature, constants), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps})
+
+
+def compile_along_m_sm90(block_k: int, num_warps: int):
+    """The Yᵀ kernel of `quantize_blockwise_both` for activations and gradients."""
     signature = {"x_ptr": "*bf16", "yt_ptr": "*fp8e4nv", "st_ptr": "*fp32",
                  **dict.fromkeys(("M", "K", "stride_m", "stride_k", "st_sk", "st_sm"), "i32"),
                  **dict.fromkeys(("GROUP_M", "BLOCK_K", "POW2"), "constexpr")}
-    constants = {"GROUP_M": GROUP, "BLOCK_K": block_k, "POW2": False}
-    return triton.compile(ASTSource(_quantize_along_m_kernel.fn, signature, constants),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return _compile_sm90(_quantize_along_m_kernel, signature, {"GROUP_M": GROUP, "BLOCK_K": block_k, "POW2": False},
+                         num_warps)
 
 
 def compile_blocks_sm90(num_warps: int):
-    """The weight kernel with its transposed store (`quantize_blockwise_both(weight=True)`) compiled for sm_90
-    without a GPU (tests/test_kernels.py runs ptxas on it)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    """The weight kernel with its transposed store (`quantize_blockwise_both(weight=True)` from BF16)."""
     signature = {"x_ptr": "*bf16", "y_ptr": "*fp8e4nv", "yt_ptr": "*fp8e4nv", "s_ptr": "*fp32",
                  **dict.fromkeys(("M", "K", "stride_m", "stride_k", "n_groups"), "i32"),
                  **dict.fromkeys(("BLOCK_M", "POW2", "TRANSPOSE"), "constexpr")}
-    constants = {"BLOCK_M": GROUP, "POW2": False, "TRANSPOSE": True}
-    return triton.compile(ASTSource(_quantize_128x128_kernel.fn, signature, constants),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return _compile_sm90(_quantize_128x128_kernel, signature, {"BLOCK_M": GROUP, "POW2": False, "TRANSPOSE": True},
+                         num_warps)

@@ -28,22 +28,16 @@ import torch
 from triton.testing import do_bench
 
 from fp8bench.analysis.calibrate import copy_gbps
-from fp8bench.backends import Recipe, get_backend
-from fp8bench.config.schema import BackendConfig, ScalingConfig
+from fp8bench.backends import get_backend
 from fp8bench.core.measure import time_fn
-from fp8bench.core.types import Format, GemmRole, Scaling
+from fp8bench.core.types import GemmRole
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_bench import GEMMS  # noqa: E402 - the Llama shape set, one definition
+from kernel_bench import GEMMS, recipe  # noqa: E402 - the Llama shape set and E4M3 recipes, one definition
 
 SHAPES = {**GEMMS, "4096^3": (4096, 4096, 4096), "2048^3": (2048, 2048, 2048)}
 CAST_SHAPES = [(4096, 4096), (8192, 4096), (8192, 8192), (8192, 11008), (8192, 14336)]
 """BF16 inputs of 32 MB (Llama-2-7B's hidden at 4096 tokens) to 224 MB (Llama-3-8B's MLP at 8192 tokens)."""
-
-
-def recipe(backend: str, scaling: str) -> Recipe:
-    return Recipe(format=Format.E4M3, scaling=Scaling(scaling), scaling_cfg=ScalingConfig(name=scaling),
-                  backend_cfg=BackendConfig(name=backend))
 
 
 def gemm_rounds(rounds: int) -> list[dict]:

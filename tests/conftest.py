@@ -72,7 +72,7 @@ def cli_many():
 
 @pytest.fixture(scope="session")
 def page_text():
-    """fp8bench.report.browser.page_text through one Chromium for the whole session."""
+    """fp8bench.report.browser.page_text through one Chromium for every test of a pytest run."""
     from fp8bench.report.browser import PageReader
 
     with PageReader() as read:
