@@ -3,6 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 
@@ -42,12 +43,33 @@ def pytest_report_header(config):
     return []
 
 
-def fp8bench(*args: str, cwd: Path | None = None, timeout: int = 300,
-             env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (what users run), capturing output; `env` adds variables."""
+def fp8bench(*args: str, cwd: Path | None = None, timeout: int = 300, env: dict | None = None,
+             fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run the real CLI in a new process, capturing output; `env` adds variables. The process is forked from a
+    server that has the imports done (`forked_cli`); `fresh=True` starts a new interpreter instead
+    (`python -m fp8bench`), for what happens during the imports themselves (their warnings, `entry()`)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "fp8bench", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=timeout)
+    if fresh:
+        return subprocess.run([sys.executable, "-m", "fp8bench", *args], capture_output=True, text=True,
+                              cwd=cwd or ROOT, env=env, timeout=timeout)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        proc = forked_cli.start(list(args), cwd or ROOT, env, str(out), str(err))
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+            raise subprocess.TimeoutExpired(["fp8bench", *args], timeout)
+        return subprocess.CompletedProcess(["fp8bench", *args], proc.exitcode, out.read_text(), err.read_text())
+
+
+def fp8bench_process(*args: str, cwd: Path | None = None, env: dict | None = None, new_session: bool = False):
+    """`fp8bench ARGS` started and left running, output discarded (a test that kills it midway): a
+    multiprocessing.Process forked as `fp8bench` forks them; `new_session` for killing its process group."""
+    return forked_cli.start(list(args), cwd or ROOT, dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+                            new_session=new_session)
 
 
 def fp8bench_many(calls: list[dict], workers: int = 2) -> list[subprocess.CompletedProcess]:
@@ -63,6 +85,11 @@ def fp8bench_many(calls: list[dict], workers: int = 2) -> list[subprocess.Comple
 @pytest.fixture
 def cli():
     return fp8bench
+
+
+@pytest.fixture(scope="session")
+def cli_process():
+    return fp8bench_process
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,6 @@
 """Runs are crash-safe: records are fsync'ed per case, failures are isolated, SIGKILL + resume loses nothing."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -57,24 +55,20 @@ def _shard_lines(run_dir: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_sigkill_midway_then_resume_records_every_case_once(tmp_path):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    args = [sys.executable, "-m", "fp8bench", "run", *SWEEP, "run_id=killed", f"results_dir={tmp_path}",
-            "store.ingest=false"]
+def test_sigkill_midway_then_resume_records_every_case_once(tmp_path, cli, cli_process):
     run_dir = tmp_path / "runs" / "killed"
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = cli_process("run", *SWEEP, "run_id=killed", f"results_dir={tmp_path}", "store.ingest=false")
     deadline = time.time() + 120
     while time.time() < deadline and (not run_dir.exists() or len(_shard_lines(run_dir)) < 25):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.kill()  # SIGKILL
+    proc.join()
     before = len(_shard_lines(run_dir))
     points, _ = expand(SWEEP)
     total = len(plan(points))
     assert 25 <= before < total, f"kill landed at {before} of {total}"
 
-    res = subprocess.run([sys.executable, "-m", "fp8bench", "run", *SWEEP, "resume=killed", f"results_dir={tmp_path}"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    res = cli("run", *SWEEP, "resume=killed", f"results_dir={tmp_path}")
     assert res.returncode == 0, res.stderr
     assert f"{before} cases already recorded" in res.stderr or f"{before - 1} cases already recorded" in res.stderr
 
@@ -88,11 +82,9 @@ def test_sigkill_midway_then_resume_records_every_case_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_hydra_multirun_jobs_share_one_run_and_ingest_together(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "fp8bench", "run", "-m", "workload=gemm", "model=tiny",
-                          "format=bf16,e4m3", "scaling=none,current", "backend=emulated,torch",
-                          "workload.linears=[o]", "measure.iters=3", f"results_dir={tmp_path}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+def test_hydra_multirun_jobs_share_one_run_and_ingest_together(tmp_path, cli):
+    res = cli("run", "-m", "workload=gemm", "model=tiny", "format=bf16,e4m3", "scaling=none,current",
+              "backend=emulated,torch", "workload.linears=[o]", "measure.iters=3", f"results_dir={tmp_path}")
     assert res.returncode == 0, res.stderr[-2000:]
     [run_dir] = (tmp_path / "runs").iterdir()
     shards = sorted(p.name for p in run_dir.glob("shard-*.jsonl"))

@@ -1,10 +1,6 @@
 """The `train` workload on CPU: it learns, it resumes exactly, it records divergence, parity is judged."""
 
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -64,31 +60,26 @@ def test_fp8_training_under_the_emulator_learns(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_from_checkpoint_with_the_same_curve(tmp_path):
+def test_killed_run_resumes_from_checkpoint_with_the_same_curve(tmp_path, cli, cli_process):
     args = [*TINY, "format=bf16", "scaling=none", "backend=torch", "workload.train.bf16_seeds=1",
             "workload.train.steps=80", "workload.train.ckpt_every=20", "workload.train.eval_every=40",
             "workload.batch=4", "workload.seq=32", "store.ingest=false"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "fp8bench", "run", *args]
-    ref = subprocess.run([*cmd, f"results_dir={tmp_path / 'ref'}", "run_id=ref"], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=300)
+    ref = cli("run", *args, f"results_dir={tmp_path / 'ref'}", "run_id=ref")
     assert ref.returncode == 0, ref.stderr[-2000:]
 
-    killed = subprocess.Popen([*cmd, f"results_dir={tmp_path / 'k'}", "run_id=k"], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed = cli_process("run", *args, f"results_dir={tmp_path / 'k'}", "run_id=k")
     work = tmp_path / "k" / "runs" / "k" / "work"
     deadline = time.time() + 240
-    while not list(work.glob("*/checkpoint.pt")) and time.time() < deadline and killed.poll() is None:
+    while not list(work.glob("*/checkpoint.pt")) and time.time() < deadline and killed.is_alive():
         time.sleep(0.05)
     time.sleep(0.3)  # let it train past the checkpoint, so the kill lands mid-training
-    assert killed.poll() is None, "the run finished before it could be killed"
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
+    assert killed.is_alive(), "the run finished before it could be killed"
+    killed.kill()  # SIGKILL
+    killed.join()
     _, before, _ = read_run(tmp_path / "k" / "runs" / "k")
     assert before == []  # nothing recorded: the case was in flight
 
-    resumed = subprocess.run([*cmd, f"results_dir={tmp_path / 'k'}", "resume=k"], capture_output=True,
-                             text=True, env=env, cwd=ROOT, timeout=300)
+    resumed = cli("run", *args, f"results_dir={tmp_path / 'k'}", "resume=k")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     [a] = read_run(tmp_path / "ref" / "runs" / "ref")[1]
     [b] = read_run(tmp_path / "k" / "runs" / "k")[1]

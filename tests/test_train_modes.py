@@ -4,8 +4,6 @@ and Accelerate's loops train the same BF16 curve on `tiny`, and a distributed ru
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -59,29 +57,25 @@ def test_every_mode_trains_the_same_bf16_curve(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_distributed_run_honours_master_weights_and_resumes(tmp_path):
+def test_a_distributed_run_honours_master_weights_and_resumes(tmp_path, cli, cli_process):
     args = [*SMALL, "backend=torch", "workload.train.steps=60", "workload.train.eval_every=20",
             "workload.train.ckpt_every=10", "workload.train.master_weights=bf16"]
     dist = ["workload.train.nproc=2", "workload.train.strategy=fsdp2"]
-    cmd = [sys.executable, "-m", "fp8bench", "run", *args, *dist]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
 
     def run(out, *extra):
-        done = subprocess.run([*cmd, f"results_dir={out}", *extra], capture_output=True, text=True, env=env,
-                              cwd=ROOT, timeout=600)
+        done = cli("run", *args, *dist, f"results_dir={out}", *extra, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
 
     run(tmp_path / "ref", "run_id=ref")
     # killed after its first checkpoint, torchrun and its ranks with it (one process group)
-    killed = subprocess.Popen([*cmd, f"results_dir={tmp_path / 'k'}", "run_id=k"], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    killed = cli_process("run", *args, *dist, f"results_dir={tmp_path / 'k'}", "run_id=k", new_session=True)
     work = tmp_path / "k" / "runs" / "k" / "work"
     deadline = time.time() + 300
-    while not list(work.glob("*/checkpoint.pt")) and time.time() < deadline and killed.poll() is None:
+    while not list(work.glob("*/checkpoint.pt")) and time.time() < deadline and killed.is_alive():
         time.sleep(0.05)
-    assert killed.poll() is None, "the run finished before it could be killed"
+    assert killed.is_alive(), "the run finished before it could be killed"
     os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
+    killed.join()
     run(tmp_path / "k", "resume=k")
 
     [ref] = read_run(tmp_path / "ref" / "runs" / "ref")[1]
