@@ -43,3 +43,51 @@ def test_a_training_recipe_is_recommended_on_loss_parity(tmp_path):
     failed = [_train("fail", "bf16", s, 1000.0) for s in range(3)] + [_train("fail", "e4m3", 0, 1300.0, parity=0.0)]
     [row] = _advice(tmp_path, "fail", failed).to_dict("records")
     assert row["loss_parity"].startswith("FAIL") and row["recommended"].startswith("no recommendation")
+
+
+def _ingest(tmp_path, runs: dict) -> store.duckdb.DuckDBPyConnection:
+    """One DuckDB file holding each run of {run_id: (started_at, records)}."""
+    con = store.connect(tmp_path / "parity.duckdb")
+    for run_id, (started, records) in runs.items():
+        run_dir = tmp_path / "runs" / run_id
+        write_manifest(run_dir, {"run_id": run_id, "started_at": started, "git_commit": run_id, "git_dirty": False,
+                                 "device_name": "GPU", "config": {}, "env": {"env_id": "e", "device_name": "GPU"}})
+        with ShardWriter(run_dir) as w:
+            for r in records:
+                w.write(r)
+        store.ingest(con, [run_dir])
+    return con
+
+
+def _step_record(run_id, model, fmt, seed, status="ok", reason=""):
+    """A training case; ingest judges parity (fp8bench.analysis.parity) where a run holds a BF16 band."""
+    scaling = "none" if fmt == "bf16" else "blockwise"
+    final = 2.0 + 0.01 * (seed - 1) if fmt == "bf16" else 2.0
+    metrics = {"tokens_per_s": 1000.0, "loss_final": final, "peak_mem_bytes": 2.0**30}
+    if status == "diverged":
+        metrics = {"tokens_per_s": 900.0, "peak_mem_bytes": 2.0**30}
+    name = f"b8s128n200.seed{seed}" if fmt == "bf16" else "b8s128n200"
+    return CaseRecord(run_id=run_id, case_id=f"train.{model}.{name}.{fmt}.{scaling}.triton", workload="train",
+                      model=model, format=fmt, scaling=scaling, backend="triton", shape_name=name,
+                      shape={"batch": 8, "seq": 128, "steps": 200, "seed": seed}, status=status, reason=reason,
+                      metrics=[Metric.of(k, v) for k, v in metrics.items()])
+
+
+def test_the_parity_table_keeps_a_judged_verdict_and_lists_a_diverged_recipe(tmp_path):
+    """A later run of an FP8 case without a BF16 band beside it does not hide the verdict of the run that
+    judged it; a recipe that diverged beside a band is listed with its divergence, not left out."""
+    from fp8bench.report.markdown import parity_block
+
+    band = [_step_record("judged", "m", "bf16", s) for s in range(3)]
+    con = _ingest(tmp_path, {
+        "judged": (1.8e9, [*band, _step_record("judged", "m", "e4m3", 0)]),
+        "again": (1.9e9, [_step_record("again", "m", "e4m3", 0)]),
+        "nan": (1.9e9, [*(_step_record("nan", "m2", "bf16", s) for s in range(3)),
+                        _step_record("nan", "m2", "e4m3", 0, status="diverged",
+                                     reason="loss became nan at step 1 (lr 4e-05)")])})
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in parity_block(con).splitlines()[2:]]
+    fp8 = {r[0].split(" · ")[1]: r for r in rows if r[2].startswith("e4m3")}
+    assert fp8["m"][7].startswith("pass") and fp8["m"][8] == "`judged`"
+    assert fp8["m2"][7] == "diverged: loss became nan at step 1 (lr 4e-05)" and fp8["m2"][8] == "`nan`"
+    assert fp8["m2"][6] == "" and fp8["m2"][3] == "900"  # no final loss; the speed until it diverged
+    assert not any("`again`" in r for r in rows)

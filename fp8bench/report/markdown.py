@@ -127,13 +127,16 @@ def steps_block(con) -> str:
 
 def parity_block(con) -> str:
     """Every training run that judged loss parity (a BF16 band of seeds beside FP8 recipes): each case's speed,
-    peak memory, final validation loss and verdict, per model and run."""
+    peak memory, final validation loss and verdict, per model and run. A recipe that diverged in such a run is
+    listed with the step it diverged at (its verdict, as plain as a failed band). Each case comes from its
+    latest run among the judging ones: a later run of the same case without a band beside it does not hide
+    the verdict."""
     runs = data.runs(con)
     commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
-    t = data.latest(data.cases(con))
-    t = t[(t["workload"] == "train") & (t["status"] == "ok")]
-    judged = set(t.loc[t["parity_pass"].notna(), "run_id"])
-    t = t[t["run_id"].isin(judged)]
+    t = data.cases(con)
+    t = t[(t["workload"] == "train") & t["status"].isin(["ok", "diverged"])]
+    judged = set(t.loc[t["parity_pass"].notna(), "run_id"]) | set(_banded_runs(t))
+    t = data.latest(t[t["run_id"].isin(judged)])
     if t.empty:
         return "No training run with a loss-parity verdict is recorded.\n"
 
@@ -141,9 +144,12 @@ def parity_block(con) -> str:
     t = t.assign(nproc=shapes.str.get("nproc").fillna(1), seed=shapes.str.get("seed"),
                  setting=[f"{s['batch']}x{s['seq']}, {s['steps']} steps"
                           + (f", {layout}" if (layout := distributed_layout(s)) else "") for s in shapes])
-    band = t[(t["format"] == "bf16") & (t["nproc"] == 1)].groupby(["run_id", "model", "backend", "variant"])["seed"].nunique()
+    ok = t[t["status"] == "ok"]
+    band = ok[(ok["format"] == "bf16") & (ok["nproc"] == 1)].groupby(["run_id", "model", "backend", "variant"])["seed"].nunique()
 
     def verdict(r) -> str:
+        if r["status"] == "diverged":
+            return f"diverged: {r['reason']}"
         if r["format"] == "bf16":
             if r["nproc"] > 1:
                 return "(the distributed runs' speed twin)"
@@ -155,14 +161,30 @@ def parity_block(con) -> str:
         return (("pass" if r["parity_pass"] == 1.0 else "FAIL")
                 + f" (gap {r['loss_gap_vs_bf16']:+.3f}, allowed {r['loss_gap_allowed']:.3f}{area})")
 
+    def number(value, spec: str) -> str:
+        return "" if pd.isna(value) else format(value, spec)
+
     rows = [[f"{r['device']} · {r['model']}", r["setting"],
              r["recipe"] + ("" if r["format"] != "bf16" else f" seed {r['seed']}"),
-             f"{r['tokens_per_s']:,.0f}", "" if pd.isna(r["speedup"]) else f"{r['speedup']:.2f}x",
-             f"{r['peak_mem_bytes'] / 2**30:.2f}", f"{r['loss_final']:.4f}", verdict(r), f"`{r['run_id']}`",
-             commits.get(r["run_id"], "")]
+             number(r["tokens_per_s"], ",.0f"), "" if pd.isna(r["speedup"]) else f"{r['speedup']:.2f}x",
+             number(r["peak_mem_bytes"] / 2**30, ".2f"),
+             "" if r["status"] == "diverged" else number(r["loss_final"], ".4f"), verdict(r),
+             f"`{r['run_id']}`", commits.get(r["run_id"], "")]
             for _, r in t.sort_values(["model", "run_id", "backend", "format", "scaling", "shape_name"]).iterrows()]
     return table(["device · model", "batch x seq, steps", "recipe", "tokens/s", "vs BF16", "peak GiB",
                   "final val loss", "parity", "run", "commit"], rows)
+
+
+def _banded_runs(train: pd.DataFrame) -> list[str]:
+    """Runs that trained a BF16 band (MIN_SEEDS seeds of one model and implementation, one process) beside at
+    least one FP8 recipe: the runs that judge parity, whether or not their FP8 recipes lived to a verdict."""
+    shapes = train["shape_json"].map(json.loads)
+    t = train.assign(seed=shapes.str.get("seed"), nproc=shapes.str.get("nproc").fillna(1))
+    bf16 = t[(t["format"] == "bf16") & (t["status"] == "ok") & (t["nproc"] == 1)]
+    seeds = bf16.groupby(["run_id", "model", "backend", "variant"], dropna=False)["seed"].nunique()
+    banded = {run for (run, *_), n in seeds.items() if n >= MIN_SEEDS}
+    with_fp8 = set(t.loc[t["format"] != "bf16", "run_id"])
+    return sorted(banded & with_fp8)
 
 
 KINDS = {"headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block}
