@@ -17,16 +17,22 @@ def _train(run_id, fmt, seed, tokens_per_s, parity=None):
                       shape={}, status="ok", metrics=[Metric.of(k, v) for k, v in metrics.items()])
 
 
+def _ingest(tmp_path, runs: dict) -> store.duckdb.DuckDBPyConnection:
+    """One DuckDB file holding each run of {run_id: (started_at, records)}."""
+    con = store.connect(tmp_path / "parity.duckdb")
+    for run_id, (started, records) in runs.items():
+        run_dir = tmp_path / "runs" / run_id
+        write_manifest(run_dir, {"run_id": run_id, "started_at": started, "git_commit": run_id, "git_dirty": False,
+                                 "device_name": "GPU", "config": {}, "env": {"env_id": "e", "device_name": "GPU"}})
+        with ShardWriter(run_dir) as w:
+            for r in records:
+                w.write(r)
+        store.ingest(con, [run_dir])
+    return con
+
+
 def _advice(tmp_path, run_id, records):
-    run_dir = tmp_path / "runs" / run_id
-    write_manifest(run_dir, {"run_id": run_id, "started_at": 1.8e9, "git_commit": "c", "git_dirty": False,
-                             "device_name": "GPU", "config": {}, "env": {"env_id": "e", "device_name": "GPU"}})
-    with ShardWriter(run_dir) as w:
-        for r in records:
-            w.write(r)
-    con = store.connect(tmp_path / f"{run_id}.duckdb")
-    store.ingest(con, [run_dir])
-    return advisor(data.cases(con))
+    return advisor(data.cases(_ingest(tmp_path / run_id, {run_id: (1.8e9, records)})))
 
 
 def test_a_training_recipe_without_a_parity_verdict_is_not_recommended(tmp_path):
@@ -43,20 +49,6 @@ def test_a_training_recipe_is_recommended_on_loss_parity(tmp_path):
     failed = [_train("fail", "bf16", s, 1000.0) for s in range(3)] + [_train("fail", "e4m3", 0, 1300.0, parity=0.0)]
     [row] = _advice(tmp_path, "fail", failed).to_dict("records")
     assert row["loss_parity"].startswith("FAIL") and row["recommended"].startswith("no recommendation")
-
-
-def _ingest(tmp_path, runs: dict) -> store.duckdb.DuckDBPyConnection:
-    """One DuckDB file holding each run of {run_id: (started_at, records)}."""
-    con = store.connect(tmp_path / "parity.duckdb")
-    for run_id, (started, records) in runs.items():
-        run_dir = tmp_path / "runs" / run_id
-        write_manifest(run_dir, {"run_id": run_id, "started_at": started, "git_commit": run_id, "git_dirty": False,
-                                 "device_name": "GPU", "config": {}, "env": {"env_id": "e", "device_name": "GPU"}})
-        with ShardWriter(run_dir) as w:
-            for r in records:
-                w.write(r)
-        store.ingest(con, [run_dir])
-    return con
 
 
 def _step_record(run_id, model, fmt, seed, status="ok", reason=""):

@@ -133,19 +133,24 @@ def parity_block(con) -> str:
     the verdict."""
     runs = data.runs(con)
     commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
+    none = "No training run with a loss-parity verdict is recorded.\n"
     t = data.cases(con)
     t = t[(t["workload"] == "train") & t["status"].isin(["ok", "diverged"])]
-    judged = set(t.loc[t["parity_pass"].notna(), "run_id"]) | set(_banded_runs(t))
-    t = data.latest(t[t["run_id"].isin(judged)])
     if t.empty:
-        return "No training run with a loss-parity verdict is recorded.\n"
-
+        return none
     shapes = t["shape_json"].map(json.loads)
     t = t.assign(nproc=shapes.str.get("nproc").fillna(1), seed=shapes.str.get("seed"),
                  setting=[f"{s['batch']}x{s['seq']}, {s['steps']} steps"
                           + (f", {layout}" if (layout := distributed_layout(s)) else "") for s in shapes])
-    ok = t[t["status"] == "ok"]
-    band = ok[(ok["format"] == "bf16") & (ok["nproc"] == 1)].groupby(["run_id", "model", "backend", "variant"])["seed"].nunique()
+    # BF16 seeds per run and implementation (one process each); MIN_SEEDS of them beside an FP8 recipe make a
+    # run a judging one, whether or not its FP8 recipes lived to a verdict
+    bf16 = t[(t["format"] == "bf16") & (t["status"] == "ok") & (t["nproc"] == 1)]
+    band = bf16.groupby(["run_id", "model", "backend", "variant"])["seed"].nunique()
+    banded = {run for (run, *_), n in band.items() if n >= MIN_SEEDS} & set(t.loc[t["format"] != "bf16", "run_id"])
+    judged = set(t.loc[t["parity_pass"].notna(), "run_id"]) | banded
+    t = data.latest(t[t["run_id"].isin(judged)])
+    if t.empty:
+        return none
 
     def verdict(r) -> str:
         if r["status"] == "diverged":
@@ -173,18 +178,6 @@ def parity_block(con) -> str:
             for _, r in t.sort_values(["model", "run_id", "backend", "format", "scaling", "shape_name"]).iterrows()]
     return table(["device · model", "batch x seq, steps", "recipe", "tokens/s", "vs BF16", "peak GiB",
                   "final val loss", "parity", "run", "commit"], rows)
-
-
-def _banded_runs(train: pd.DataFrame) -> list[str]:
-    """Runs that trained a BF16 band (MIN_SEEDS seeds of one model and implementation, one process) beside at
-    least one FP8 recipe: the runs that judge parity, whether or not their FP8 recipes lived to a verdict."""
-    shapes = train["shape_json"].map(json.loads)
-    t = train.assign(seed=shapes.str.get("seed"), nproc=shapes.str.get("nproc").fillna(1))
-    bf16 = t[(t["format"] == "bf16") & (t["status"] == "ok") & (t["nproc"] == 1)]
-    seeds = bf16.groupby(["run_id", "model", "backend", "variant"], dropna=False)["seed"].nunique()
-    banded = {run for (run, *_), n in seeds.items() if n >= MIN_SEEDS}
-    with_fp8 = set(t.loc[t["format"] != "bf16", "run_id"])
-    return sorted(banded & with_fp8)
 
 
 KINDS = {"headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block}
