@@ -74,12 +74,18 @@ def fp8bench_process(*args: str, cwd: Path | None = None, env: dict | None = Non
 
 def fp8bench_many(calls: list[dict], workers: int = 2) -> list[subprocess.CompletedProcess]:
     """`fp8bench(**call)` for each call, `workers` processes at a time, results in order: the CLI tests that
-    start many independent processes (each mostly interpreter start and imports) overlap them on the cores."""
+    start many independent processes (each mostly interpreter start and imports) overlap them on the cores.
+    Each process gets one torch thread (OMP_NUM_THREADS=1, unless the call's env says otherwise): processes
+    of two threads each, side by side on two cores, spin against each other."""
     from concurrent.futures import ThreadPoolExecutor
 
+    def one(call: dict) -> subprocess.CompletedProcess:
+        options = {k: v for k, v in call.items() if k != "args"}
+        options["env"] = {"OMP_NUM_THREADS": "1", **(options.get("env") or {})}
+        return fp8bench(*call["args"], **options)
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda call: fp8bench(*call["args"], **{k: v for k, v in call.items() if k != "args"}),
-                             calls))
+        return list(pool.map(one, calls))
 
 
 @pytest.fixture

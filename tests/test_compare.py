@@ -289,11 +289,14 @@ def test_identical_pairs_of_small_cpu_runs_call_no_change(tmp_path, cli, capsys)
     def pair(k: int) -> list:
         args = ["run", "workload=gemm", "backend=torch", "model=tiny", "workload.linears=[o]", "measure.rounds=6",
                 f"results_dir={tmp_path / f'pair{k}'}"]
-        return [cli(*args, f"run_id={side}", env={"FP8BENCH_GIT_COMMIT": f"{side}{k}", "FP8BENCH_GIT_DIRTY": "0"})
+        return [cli(*args, f"run_id={side}", env={"FP8BENCH_GIT_COMMIT": f"{side}{k}", "FP8BENCH_GIT_DIRTY": "0",
+                                                  "OMP_NUM_THREADS": "1"})
                 for side in ("base", "head")]
 
     # two pairs at a time, each pair's base then head: the other pair's runs share the two cores, a machine at
-    # least as busy as the shared one the docstring describes
+    # least as busy as the shared one the docstring describes. One torch thread each: two processes of two
+    # threads on two cores spin against each other (a tiny GEMM read 95 ms instead of 7), which made each run
+    # 2-4x longer without making the machine any busier than full.
     with ThreadPoolExecutor(max_workers=2) as pool:
         pairs = list(pool.map(pair, range(n_pairs)))
     for k, runs in enumerate(pairs):
