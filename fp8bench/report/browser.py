@@ -3,6 +3,7 @@ links, and any request that is not a local file. Used by the tests and by `scrip
 
 from __future__ import annotations
 
+import atexit
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,23 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+_driver = None
+
+
+def _playwright():
+    """The process's one Playwright, started on first use and stopped at exit. Its sync API refuses to start a
+    second one while one runs in the thread: a PageReader held open (the tests keep one for their whole
+    session) made a later check_site or check_asv_site fail with "Sync API inside the asyncio loop". Each check
+    launches and closes its own browser in it."""
+    global _driver
+    if _driver is None:
+        from playwright.sync_api import sync_playwright
+
+        _driver = sync_playwright().start()
+        atexit.register(_driver.stop)
+    return _driver
 
 
 @dataclass
@@ -32,11 +50,9 @@ class PageCheck:
 
 
 def check_site(site: Path, screenshot: Path | None = None) -> list[PageCheck]:
-    from playwright.sync_api import sync_playwright
-
     results = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+    browser = _playwright().chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+    try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         current: list[PageCheck] = []
         page.on("console", lambda m: current[-1].errors.append(m.text) if m.type == "error" else None)
@@ -73,6 +89,7 @@ def check_site(site: Path, screenshot: Path | None = None) -> list[PageCheck]:
             page.goto((site / "index.html").resolve().as_uri())
             page.wait_for_load_state("load")
             page.screenshot(path=str(screenshot), full_page=False)
+    finally:
         browser.close()
     return results
 
@@ -88,10 +105,7 @@ class PageReader:
     browser (a launch costs seconds; the tests read a site dozens of times)."""
 
     def __enter__(self) -> PageReader:
-        from playwright.sync_api import sync_playwright
-
-        self._pw = sync_playwright().start()
-        self._browser = self._pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        self._browser = _playwright().chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
         return self
 
     def __call__(self, site: Path, name: str, script: str = "document.body.innerText") -> object:
@@ -105,7 +119,6 @@ class PageReader:
 
     def __exit__(self, *exc) -> None:
         self._browser.close()
-        self._pw.stop()
 
 
 @dataclass
@@ -122,12 +135,10 @@ def check_asv_site(html_dir: Path, benchmark: str, params: str = "") -> AsvCheck
     """Open asv's published site from file:// (its pages read JSON next to them, which Chromium allows from
     files only with --allow-file-access-from-files: the offline way to view `asv publish` output), then one
     benchmark's graph page; collect console errors."""
-    from playwright.sync_api import sync_playwright
-
     check = AsvCheck()
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path(),
-                                     args=[*CHROMIUM_ARGS, "--allow-file-access-from-files"])
+    browser = _playwright().chromium.launch(executable_path=chromium_path(),
+                                            args=[*CHROMIUM_ARGS, "--allow-file-access-from-files"])
+    try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.on("console", lambda m: check.errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: check.errors.append(str(e)))
@@ -152,5 +163,6 @@ def check_asv_site(html_dir: Path, benchmark: str, params: str = "") -> AsvCheck
         except Exception:  # noqa: BLE001 - a missing graph is the finding, reported as graph_drawn=False
             check.graph_drawn = False
         page.wait_for_timeout(1000)
+    finally:
         browser.close()
     return check
