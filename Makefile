@@ -52,17 +52,19 @@ results-page: $(STAMP)
 plan: $(STAMP)
 	$(BIN)/fp8bench plan sweep=$(SWEEP)
 
-# The import layering (.importlinter) is part of the tests: a change that breaks it fails here.
+# The import layering (.importlinter) is part of the tests: a change that breaks it fails here. One pytest worker
+# per core (pytest-xdist), each test module on one worker (its module fixtures built once), torch's threads
+# shared out among the workers (tests/conftest.py).
 test: $(STAMP)
 	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research asv_plugins
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q -m "not gpu"
+	$(BIN)/python -m pytest -q -m "not gpu" -n auto --dist loadfile
 
-# The edit-test loop: lint, layering and every test not marked slow (about a minute on two cores).
+# The edit-test loop: lint, layering and every test not marked slow (under half a minute on two cores).
 test-fast: $(STAMP)
 	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research asv_plugins
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q -m "not gpu and not slow"
+	$(BIN)/python -m pytest -q -m "not gpu and not slow" -n auto --dist loadfile
 
 # Record this commit's asv results for this machine and publish the asv site (offline) into results/site/asv.
 asv: $(STAMP)

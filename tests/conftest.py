@@ -14,6 +14,20 @@ if not torch.cuda.is_available():
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist (`make test` runs one worker per core) each worker, and every process it starts (the
+    forked CLI, new interpreters, torchrun's ranks), gets its share of the cores as torch threads: workers of
+    two threads each on two cores spin against each other. An OMP_NUM_THREADS already set is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
+    if os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+_share_the_cores()
+
 DATA_SIDE = ["test_advisor.py", "test_compare.py", "test_docs.py", "test_launch.py", "test_memory_model.py",
              "test_report.py", "test_report_selection.py", "test_roofline.py", "test_runner.py", "test_store.py",
              "test_training_steps_report.py", "test_waterfall.py"]
