@@ -164,3 +164,28 @@ def test_a_spread_loaded_after_the_runs_gives_them_their_across_box_intervals(tm
     con.execute("DELETE FROM measurements WHERE metric LIKE '%_box_%'")
     store.ingest(con, [results / "spread"])
     assert con.execute(query).fetchone()[0] == before
+
+
+def test_an_export_without_the_training_host_bound_label_gains_it_at_ingest(tmp_path):
+    """Exports written before training steps were judged host-bound carry their speedups only: ingest derives
+    the label from the export's own step and kernel times (once, however often it is loaded)."""
+    run_dir = tmp_path / "runs" / "t"
+    write_manifest(run_dir, {"run_id": "t", "started_at": 1.7e9, "device_name": "NVIDIA H200",
+                             "env": {"env_id": "e1", "device_name": "NVIDIA H200"}, "config": {}})
+    with ShardWriter(run_dir) as w:
+        for fmt, step_ms, busy_ms in (("bf16", 34.9, 12.6), ("e4m3", 118.0, 15.0)):
+            scaling = "none" if fmt == "bf16" else "blockwise"
+            w.write(CaseRecord(run_id="t", case_id=f"train.gpt.b8.seed0.{fmt}.{scaling}.triton", workload="train",
+                               model="gpt", format=fmt, scaling=scaling, backend="triton", shape_name="b8.seed0",
+                               shape={}, params={"tokens": 4096}, status="ok",
+                               metrics=[Metric.of("time_ms", step_ms), Metric.of("gpu_busy_ms", busy_ms)]))
+    con = store.connect(tmp_path / "a.duckdb")
+    store.ingest(con, [tmp_path / "runs"])
+    label = "SELECT case_id, value FROM measurements WHERE metric = 'host_bound'"
+    assert con.execute(label).fetchall() == [("train.gpt.b8.seed0.e4m3.blockwise.triton", 1.0)]
+    con.execute("DELETE FROM measurements WHERE metric = 'host_bound'")  # as an older export has it
+    store.export(con, ["t"], tmp_path / "export")
+    con2 = store.connect(tmp_path / "b.duckdb")
+    for _ in range(2):
+        store.ingest(con2, [tmp_path / "export"])
+        assert con2.execute(label).fetchall() == [("train.gpt.b8.seed0.e4m3.blockwise.triton", 1.0)]

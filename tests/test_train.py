@@ -176,3 +176,26 @@ def test_the_band_is_one_implementations_seeds_never_a_mix():
     for backend in ("accelerate", "te"):
         assert out[backend]["loss_gap_vs_bf16"] == pytest.approx(0.05)
         assert out[backend]["loss_gap_allowed"] == pytest.approx(prediction_allowance([1.20, 1.21, 1.19]))
+
+
+def test_a_training_speedup_is_host_bound_when_either_step_leaves_the_gpu_idle():
+    from fp8bench.analysis.derive import derive_train_host_bound, derived_metrics
+
+    def step(fmt, time_ms, busy_ms, backend="triton"):
+        r = _rec(fmt, 0, 1.2, [3.0, 1.2], [5.5, 1.2], backend=backend, time_ms=time_ms)
+        r.metrics.append(Metric.of("gpu_busy_ms", busy_ms))
+        return r
+
+    # train-bw2 on the H200: BF16 12.6 ms of kernels in a 34.9 ms step, the blockwise recipe 15.0 in 118.0
+    host = {r.backend: ms for r, ms, _ in derive_train_host_bound([step("bf16", 34.9, 12.6),
+                                                                   step("e4m3", 118.0, 15.0)])}
+    assert [m.name for m in host["triton"]] == ["host_bound"] and host["triton"][0].value == 1.0
+    # a Llama-2-7B step keeps the GPU busy on both sides: device-bound
+    [(_, [device], _)] = derive_train_host_bound([step("bf16", 770.9, 760.0, "te"), step("e4m3", 610.6, 600.0, "te")])
+    assert device.value == 0.0
+    # unknown without the profiled steps (a CPU run, the emulator): nothing derived
+    assert derive_train_host_bound([step("bf16", 34.9, 12.6), _rec("e4m3", 0, 1.2, [3.0], [5.5], backend="triton")]) == []
+    # ingest derives it beside the speedup
+    names = {m.name for r, ms, _ in derived_metrics([step("bf16", 34.9, 12.6), step("e4m3", 118.0, 15.0)])
+             for m in ms}
+    assert {"speedup_vs_bf16", "host_bound"} <= names

@@ -1,14 +1,46 @@
 """Metrics computed at ingest from several cases of one run (or from a run and its GPU model's between-box
-spread): the speedups over each case's BF16 twin, their across-box intervals and the training parity verdicts."""
+spread): the speedups over each case's BF16 twin, whether a training step's speedup is host-bound, their
+across-box intervals and the training parity verdicts."""
 
 from __future__ import annotations
 
 from fp8bench.analysis.parity import derive_parity
-from fp8bench.core.records import CaseRecord, Metric, derive_box_intervals, derive_speedups
+from fp8bench.core.records import CaseRecord, Metric, derive_box_intervals, derive_speedups, twin_key
+from fp8bench.core.speedup import is_host_bound
+
+
+def step_busy_pct(r: CaseRecord) -> float | None:
+    """The share of a training step the GPU was busy: the profiled steps' kernel time per step
+    (`gpu_busy_ms`) over the timed steps' median (`time_ms`); None where either was not measured."""
+    busy, step = r.metric("gpu_busy_ms"), r.metric("time_ms")
+    if busy is None or not step:
+        return None
+    return min(100.0, 100.0 * busy / step)
+
+
+def derive_train_host_bound(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
+    """`host_bound` for training steps, whose speedups are formed here rather than in the run: 1 when the
+    recipe's step or its BF16 twin's kept the GPU busy for less than HOST_BOUND_BUSY_PCT of the step, as the
+    one-step workloads judge their timings in the run (fp8bench.run.groups). A host-bound training speedup
+    compares the two recipes' Python and launch costs as much as their kernels (gpt-125m at 8x512 on the H200:
+    12.6 ms of kernels in a 35-48 ms BF16 step)."""
+    twins = {twin_key(r): r for r in records if r.workload == "train" and r.format == "bf16" and r.status == "ok"}
+    out = []
+    for r in records:
+        twin = twins.get(twin_key(r))
+        if (r.workload != "train" or r.format == "bf16" or r.status != "ok" or twin is None
+                or r.metric("host_bound") is not None):
+            continue
+        bound = is_host_bound(step_busy_pct(twin), step_busy_pct(r))
+        if bound is not None:
+            out.append((r, [Metric.of("host_bound", float(bound))], True))
+    return out
 
 
 def derived_metrics(records: list[CaseRecord], spread: dict[str, float] | None = None,
                     ) -> list[tuple[CaseRecord, list[Metric], bool]]:
     """Every metric computed from several cases of one run, or from a run and its device's calibration:
-    speedups, their across-box intervals (`spread`: derive_box_intervals), the training parity verdicts."""
-    return derive_speedups(records) + derive_box_intervals(records, spread or {}) + derive_parity(records)
+    speedups, whether training speedups are host-bound, their across-box intervals (`spread`:
+    derive_box_intervals), the training parity verdicts."""
+    return (derive_speedups(records) + derive_train_host_bound(records) + derive_box_intervals(records, spread or {})
+            + derive_parity(records))

@@ -259,21 +259,22 @@ VARIANT_SQL = "CASE WHEN position('+' IN c.case_id) > 0 THEN substr(c.case_id, p
 """variant_of in SQL, over a `cases` table aliased `c` (all of the suffix: 'torchao+compile' of accelerate)."""
 
 
-def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
-    """speedup_vs_bf16 = time of the BF16 case of the same workload, model, shape, backend and variant in
-    the same run / this case's time, for the cases that did not measure it side by side with their twin
-    (MEASUREMENT_VERSION 4: train cases, and runs recorded before). The emulator is not a kernel and gets
-    none. An FSDP2 run with FP8 all-gather ('...fsdp2x2fp8ag') is measured against BF16 FSDP2 on as many
-    GPUs: BF16 gathers in BF16."""
-    def key(r: CaseRecord) -> tuple:
-        shape = r.shape_name.removesuffix(FP8_ALL_GATHER_TAG)
-        return (r.workload, r.model, shape, r.backend, variant_of(r.case_id), r.params.get("tokens"))
+def twin_key(r: CaseRecord) -> tuple:
+    """What a case and its BF16 twin share: workload, model, shape, backend, variant and tokens. An FSDP2 run
+    with FP8 all-gather ('...fsdp2x2fp8ag') pairs with BF16 FSDP2 on as many GPUs: BF16 gathers in BF16."""
+    shape = r.shape_name.removesuffix(FP8_ALL_GATHER_TAG)
+    return (r.workload, r.model, shape, r.backend, variant_of(r.case_id), r.params.get("tokens"))
 
-    base = {key(r): r.metric("time_ms") for r in records if r.format == "bf16" and r.status == "ok"}
+
+def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
+    """speedup_vs_bf16 = time of the BF16 case of the same `twin_key` in the same run / this case's time, for
+    the cases that did not measure it side by side with their twin (MEASUREMENT_VERSION 4: train cases, and
+    runs recorded before). The emulator is not a kernel and gets none."""
+    base = {twin_key(r): r.metric("time_ms") for r in records if r.format == "bf16" and r.status == "ok"}
     out = []
     for r in records:
         t = r.metric("time_ms")
-        b = base.get(key(r))
+        b = base.get(twin_key(r))
         measured = r.metric("speedup_vs_bf16") is not None
         if r.format != "bf16" and r.status == "ok" and r.backend != "emulated" and t and b and not measured:
             out.append((r, [Metric.of("speedup_vs_bf16", b / t)], True))

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import duckdb
 
-from fp8bench.analysis.derive import derived_metrics
+from fp8bench.analysis.derive import derive_train_host_bound, derived_metrics
 from fp8bench.core.records import (
     LEGACY_VERSION_SQL,
     MANIFEST,
     SHARD_GLOB,
     CaseRecord,
+    Metric,
     ShardProblem,
     StoreError,
     read_run,
@@ -190,6 +191,29 @@ def _rederive_box_intervals(con, device: str) -> None:
         con.executemany("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, true)", rows)
 
 
+def _derive_train_host_bound(con, run_ids: list[str]) -> None:
+    """An export written before training steps were judged host-bound (analysis.derive.derive_train_host_bound)
+    carries their speedups without the label: derive it from the export's own step and kernel times."""
+    rows = con.execute("""
+        SELECT c.run_id, c.case_id, c.model, c.format, c.backend, c.shape_name, c.status,
+               json_extract(c.params, '$.tokens') AS tokens, m.metric, m.value
+        FROM cases c JOIN measurements m USING (run_id, case_id)
+        WHERE c.workload = 'train' AND c.run_id IN (SELECT unnest(?::VARCHAR[]))
+          AND m.metric IN ('time_ms', 'gpu_busy_ms', 'host_bound')""", [run_ids]).fetchall()
+    by_case: dict[tuple[str, str], CaseRecord] = {}
+    for run_id, case_id, model, fmt, backend, shape_name, status, tokens, metric, value in rows:
+        rec = by_case.setdefault((run_id, case_id), CaseRecord(
+            run_id=run_id, case_id=case_id, workload="train", model=model, format=fmt, scaling="", backend=backend,
+            shape_name=shape_name, shape={}, status=status, params={} if tokens is None else {"tokens": json.loads(tokens)}))
+        rec.metrics.append(Metric.of(metric, value))
+    derived = []
+    for run_id in run_ids:
+        derived += derive_train_host_bound([r for (rid, _), r in by_case.items() if rid == run_id])
+    rows = [(r.run_id, r.case_id, m.name, m.value, m.unit, m.direction) for r, ms, _ in derived for m in ms]
+    if rows:
+        con.executemany("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, true)", rows)
+
+
 def spread_for(con, device_name: str | None) -> dict[str, float]:
     """{series: half-width} of a device's between-box spread ({} when none was measured)."""
     return dict(con.execute("SELECT series, half_width FROM speedup_spreads WHERE device_name = ?",
@@ -343,6 +367,7 @@ def _ingest_export(con, folder: Path) -> list[str]:
         for t in TABLES:  # by name: an export written before a column existed leaves it NULL
             con.execute(f"INSERT INTO {t} BY NAME SELECT * FROM read_parquet(?)", [str(folder / f"{t}.parquet")])
         _fill_legacy_versions(con)
+        _derive_train_host_bound(con, run_ids)
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
