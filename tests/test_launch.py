@@ -37,6 +37,35 @@ def test_local_processes_launcher_runs_each_job_in_its_own_process_one_after_ano
     assert rows == (4, 4, 4)  # 2 jobs x 2 GEMMs, nothing lost or duplicated
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", ["3,5", None])
+def test_a_local_processes_job_sees_the_launching_process_gpus_and_can_import_the_launcher(tmp_path, monkeypatch,
+                                                                                          devices):
+    """submitit's controller sets a job's CUDA_VISIBLE_DEVICES from gpus_per_node (the preset's 0: "", no GPU);
+    the launcher's setup lines give the job the launching process's, or unset it as it was, and put the plugin
+    folder on the job's PYTHONPATH (the job unpickles the launcher by its hydra_plugins name)."""
+    import submitit
+
+    from fp8bench.config.compose import register_schema
+
+    register_schema()  # puts fp8bench's hydra_plugins folder on sys.path, as `fp8bench run` does
+    from hydra_plugins.fp8bench_local_processes import job_setup
+
+    if devices is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", devices)
+
+    def seen():
+        import importlib.util
+
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), importlib.util.find_spec("hydra_plugins.fp8bench_local_processes") is not None
+
+    executor = submitit.AutoExecutor(cluster="local", folder=tmp_path / "jobs")
+    executor.update_parameters(gpus_per_node=0, timeout_min=1, local_setup=job_setup(dict(os.environ)))
+    assert executor.submit(seen).result() == (devices, True)
+
+
 _PIN = """
 import sys, time
 from pathlib import Path
