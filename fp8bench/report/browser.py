@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -17,21 +18,24 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-_driver = None
+_drivers = threading.local()
 
 
 def _playwright():
-    """The process's one Playwright, started on first use and stopped at exit. Its sync API refuses to start a
-    second one while one runs in the thread: a PageReader held open (the tests keep one for their whole
-    session) made a later check_site or check_asv_site fail with "Sync API inside the asyncio loop". Each check
-    launches and closes its own browser in it."""
-    global _driver
-    if _driver is None:
+    """This thread's one Playwright, started on first use (the main thread's is stopped at exit). Its sync API
+    refuses to start a second one while one runs in the thread: a PageReader held open (the tests keep one
+    for their whole session) made a later check_site or check_asv_site fail with "Sync API inside the asyncio
+    loop". A Playwright serves only the thread that started it, hence one per thread; while it runs, that
+    thread counts as running an asyncio loop (asyncio.run fails there). Each check launches and closes its
+    own browser in it."""
+    driver = getattr(_drivers, "driver", None)
+    if driver is None:
         from playwright.sync_api import sync_playwright
 
-        _driver = sync_playwright().start()
-        atexit.register(_driver.stop)
-    return _driver
+        driver = _drivers.driver = sync_playwright().start()
+        if threading.current_thread() is threading.main_thread():
+            atexit.register(driver.stop)
+    return driver
 
 
 @dataclass
