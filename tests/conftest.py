@@ -22,8 +22,9 @@ def _share_the_cores() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
-    if os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    threads = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # OpenMP allows "4,2": the outer level
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
 
 
 _share_the_cores()

@@ -47,10 +47,11 @@ def cli_child(args: list[str], cwd: str, env: dict, stdout: str, stderr: str, ne
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    if env.get("OMP_NUM_THREADS"):  # a new interpreter's torch reads it at import; the server's has imported
+    threads = env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if threads.isdigit() and int(threads) > 0:  # a new interpreter's torch reads it at import; the server's has
         import torch
 
-        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        torch.set_num_threads(int(threads))
     for fd, path in ((1, stdout), (2, stderr)):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's own stdout, flushed on exit

@@ -193,6 +193,10 @@ def test_a_training_speedup_is_host_bound_when_either_step_leaves_the_gpu_idle()
     # a Llama-2-7B step keeps the GPU busy on both sides: device-bound
     [(_, [device], _)] = derive_train_host_bound([step("bf16", 770.9, 760.0, "te"), step("e4m3", 610.6, 600.0, "te")])
     assert device.value == 0.0
+    # either side host-bound makes the speedup host-bound: a busy twin with an idle recipe, and the reverse
+    for twin, own in (((100.0, 95.0), (100.0, 50.0)), ((100.0, 50.0), (100.0, 95.0))):
+        [(_, [either], _)] = derive_train_host_bound([step("bf16", *twin, "te"), step("e4m3", *own, "te")])
+        assert either.value == 1.0, (twin, own)
     # unknown without the profiled steps (a CPU run, the emulator): nothing derived
     assert derive_train_host_bound([step("bf16", 34.9, 12.6), _rec("e4m3", 0, 1.2, [3.0], [5.5], backend="triton")]) == []
     # ingest derives it beside the speedup

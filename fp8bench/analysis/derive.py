@@ -28,8 +28,8 @@ def derive_train_host_bound(records: list[CaseRecord]) -> list[tuple[CaseRecord,
     out = []
     for r in records:
         twin = twins.get(twin_key(r))
-        if (r.workload != "train" or r.format == "bf16" or r.status != "ok" or twin is None
-                or r.metric("host_bound") is not None):
+        if (r.workload != "train" or r.format == "bf16" or r.status != "ok" or r.backend == "emulated"
+                or twin is None or r.metric("host_bound") is not None):
             continue
         bound = is_host_bound(step_busy_pct(twin), step_busy_pct(r))
         if bound is not None:
