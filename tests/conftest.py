@@ -22,9 +22,8 @@ def _share_the_cores() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
-    threads = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # OpenMP allows "4,2": the outer level
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
+    if threads := forked_cli.torch_threads(os.environ):
+        torch.set_num_threads(threads)
 
 
 _share_the_cores()

@@ -14,6 +14,12 @@ _PRELOAD = ["torch", "pandas", "scipy.special", "duckdb", "pyarrow", "hydra", "o
 _forks = None
 
 
+def torch_threads(env: dict) -> int | None:
+    """The thread count OMP_NUM_THREADS asks torch for (OpenMP allows "4,2": the outer level), None if unset."""
+    threads = env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(threads) if threads.isdigit() and int(threads) > 0 else None
+
+
 def fork_context():
     """multiprocessing's forkserver, its server having imported `_PRELOAD` once. Each CLI call is still a new
     process (its own memory, Hydra and Triton state, exit status, signals), forked from a process that has
@@ -47,11 +53,10 @@ def cli_child(args: list[str], cwd: str, env: dict, stdout: str, stderr: str, ne
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    threads = env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if threads.isdigit() and int(threads) > 0:  # a new interpreter's torch reads it at import; the server's has
+    if threads := torch_threads(env):  # a new interpreter's torch reads it at import; the server's has imported
         import torch
 
-        torch.set_num_threads(int(threads))
+        torch.set_num_threads(threads)
     for fd, path in ((1, stdout), (2, stderr)):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's own stdout, flushed on exit

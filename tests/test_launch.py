@@ -46,8 +46,6 @@ def test_a_local_processes_job_sees_the_launching_process_gpus_and_can_import_th
     folder on the job's PYTHONPATH (the job unpickles the launcher by its hydra_plugins name)."""
     import submitit
 
-    from fp8bench.config.compose import register_schema
-
     register_schema()  # puts fp8bench's hydra_plugins folder on sys.path, as `fp8bench run` does
     from hydra_plugins.fp8bench_local_processes import job_setup
 

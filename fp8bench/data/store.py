@@ -22,6 +22,7 @@ from fp8bench.core.records import (
     Metric,
     ShardProblem,
     StoreError,
+    derive_box_intervals,
     read_run,
 )
 
@@ -167,51 +168,46 @@ BOX_INPUTS = ("speedup_vs_bf16", "speedup_vs_bf16_lo", "speedup_vs_bf16_hi", "sp
               "speedup_vs_bf16_kernel_lo", "speedup_vs_bf16_kernel_hi", "host_bound")
 
 
-def _rederive_box_intervals(con, device: str) -> None:
-    """A spread loaded after a device's runs: derive their across-box intervals now (records.derive_box_intervals),
-    replacing any derived from an earlier spread."""
-    from fp8bench.core.records import Metric, derive_box_intervals
-
+def _stored_records(con, where: str, params: list, metrics: tuple[str, ...]) -> list[CaseRecord]:
+    """The stored cases matching `where` (over `cases c` joined with `runs r`) as CaseRecords holding only
+    `metrics`: what a derivation over runs already in the database reads."""
     rows = con.execute(f"""
-        SELECT c.run_id, c.case_id, c.workload, c.status, m.metric, m.value
+        SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.params,
+               c.status, m.metric, m.value
         FROM cases c JOIN runs r USING (run_id) JOIN measurements m USING (run_id, case_id)
-        WHERE r.device_name = ? AND m.metric IN ({", ".join("'" + m + "'" for m in BOX_INPUTS)})""",
-                       [device]).fetchall()
+        WHERE {where} AND m.metric IN (SELECT unnest(?::VARCHAR[]))""", [*params, list(metrics)]).fetchall()
     by_case: dict[tuple[str, str], CaseRecord] = {}
-    for run_id, case_id, workload, status, metric, value in rows:
+    for run_id, case_id, workload, model, fmt, scaling, backend, shape_name, case_params, status, metric, value in rows:
         rec = by_case.setdefault((run_id, case_id), CaseRecord(
-            run_id=run_id, case_id=case_id, workload=workload, model="", format="", scaling="", backend="",
-            shape_name="", shape={}, status=status))
+            run_id=run_id, case_id=case_id, workload=workload, model=model, format=fmt, scaling=scaling,
+            backend=backend, shape_name=shape_name, shape={}, params=json.loads(case_params or "{}"), status=status))
         rec.metrics.append(Metric.of(metric, value))
-    con.execute("DELETE FROM measurements WHERE derived AND metric LIKE 'speedup_vs_bf16%_box_%' AND run_id IN "
-                "(SELECT run_id FROM runs WHERE device_name = ?)", [device])
-    derived = derive_box_intervals(list(by_case.values()), spread_for(con, device))
+    return list(by_case.values())
+
+
+def _insert_derived(con, derived: list[tuple[CaseRecord, list[Metric], bool]]) -> None:
     rows = [(r.run_id, r.case_id, m.name, m.value, m.unit, m.direction) for r, ms, _ in derived for m in ms]
     if rows:
         con.executemany("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, true)", rows)
+
+
+def _rederive_box_intervals(con, device: str) -> None:
+    """A spread loaded after a device's runs: derive their across-box intervals now (records.derive_box_intervals),
+    replacing any derived from an earlier spread."""
+    records = _stored_records(con, "r.device_name = ?", [device], BOX_INPUTS)
+    con.execute("DELETE FROM measurements WHERE derived AND metric LIKE 'speedup_vs_bf16%_box_%' AND run_id IN "
+                "(SELECT run_id FROM runs WHERE device_name = ?)", [device])
+    _insert_derived(con, derive_box_intervals(records, spread_for(con, device)))
 
 
 def _derive_train_host_bound(con, run_ids: list[str]) -> None:
     """An export written before training steps were judged host-bound (analysis.derive.derive_train_host_bound)
     carries their speedups without the label: derive it from the export's own step and kernel times."""
-    rows = con.execute("""
-        SELECT c.run_id, c.case_id, c.model, c.format, c.backend, c.shape_name, c.status,
-               json_extract(c.params, '$.tokens') AS tokens, m.metric, m.value
-        FROM cases c JOIN measurements m USING (run_id, case_id)
-        WHERE c.workload = 'train' AND c.run_id IN (SELECT unnest(?::VARCHAR[]))
-          AND m.metric IN ('time_ms', 'gpu_busy_ms', 'host_bound')""", [run_ids]).fetchall()
-    by_case: dict[tuple[str, str], CaseRecord] = {}
-    for run_id, case_id, model, fmt, backend, shape_name, status, tokens, metric, value in rows:
-        rec = by_case.setdefault((run_id, case_id), CaseRecord(
-            run_id=run_id, case_id=case_id, workload="train", model=model, format=fmt, scaling="", backend=backend,
-            shape_name=shape_name, shape={}, status=status, params={} if tokens is None else {"tokens": json.loads(tokens)}))
-        rec.metrics.append(Metric.of(metric, value))
-    derived = []
-    for run_id in run_ids:
-        derived += derive_train_host_bound([r for (rid, _), r in by_case.items() if rid == run_id])
-    rows = [(r.run_id, r.case_id, m.name, m.value, m.unit, m.direction) for r, ms, _ in derived for m in ms]
-    if rows:
-        con.executemany("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, true)", rows)
+    by_run: dict[str, list[CaseRecord]] = {}
+    for r in _stored_records(con, "c.workload = 'train' AND c.run_id IN (SELECT unnest(?::VARCHAR[]))", [run_ids],
+                             ("time_ms", "gpu_busy_ms", "host_bound")):
+        by_run.setdefault(r.run_id, []).append(r)
+    _insert_derived(con, [d for records in by_run.values() for d in derive_train_host_bound(records)])
 
 
 def spread_for(con, device_name: str | None) -> dict[str, float]:

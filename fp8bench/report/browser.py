@@ -23,9 +23,9 @@ _drivers = threading.local()
 
 def _playwright():
     """This thread's one Playwright, started on first use (the main thread's is stopped at exit). Its sync API
-    refuses to start a second one while one runs in the thread: a PageReader held open (the tests keep one
-    for their whole session) made a later check_site or check_asv_site fail with "Sync API inside the asyncio
-    loop". A Playwright serves only the thread that started it, hence one per thread; while it runs, that
+    refuses to start a second one while one runs in the thread: a PageReader held open (the tests' `page_text`
+    fixture keeps one for the whole pytest run) made a later check_site or check_asv_site fail with "Sync API
+    inside the asyncio loop". A Playwright serves only the thread that started it, hence one per thread; while it runs, that
     thread counts as running an asyncio loop (asyncio.run fails there). Each check launches and closes its
     own browser in it."""
     driver = getattr(_drivers, "driver", None)
