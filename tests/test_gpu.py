@@ -319,7 +319,7 @@ def test_a_training_step_is_split_into_kernel_categories_that_add_up(tmp_path):
     among them, and the profiled steps run like the timed ones. A step mostly of kernels (a wider tiny model,
     32 x 1024 tokens: 18.3 ms of kernels in a 20-25 ms step): the profiler's own host cost lengthens a step of
     Python and launches, so the tiny model at 8 x 128 (a 15 ms step) read 20.2 ms profiled, twice, on one
-    H200 box at 6c837be (it passed on another at 77e5b25); the wider one read 21.1 and 24.2 ms profiled
+    H200 box at 908f0b9 (it passed on another at 77e5b25); the wider one read 21.1 and 24.2 ms profiled
     against 24.9 and 20.4 ms timed on that box."""
     wide = ["model.hidden=1024", "model.ffn=2816", "model.heads=8", "model.kv_heads=2", "workload.batch=32",
             "workload.seq=1024"]
