@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml
 	@if $(PIP_INSTALL) uv >>$(INSTALL_LOG) 2>&1 && UV_CACHE_DIR=$(UV_CACHE) $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -e "$(EXTRAS)" >>$(INSTALL_LOG) 2>&1; then \
 	  echo "installed with uv" >>$(INSTALL_LOG); \
 	else \
-	  echo "uv did not install the project (log above): pip installs it" | tee -a $(INSTALL_LOG); \
+	  echo "uv did not install the project (see $(INSTALL_LOG)): pip installs it" | tee -a $(INSTALL_LOG); \
 	  $(PIP_INSTALL) -e "$(EXTRAS)" $(LOGGED); \
 	fi
 	@rm -rf $(UV_CACHE)
