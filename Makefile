@@ -26,11 +26,14 @@ LOGGED = >>$(INSTALL_LOG) 2>&1 || { tail -40 $(INSTALL_LOG); exit 1; }
 # torch comes through pip, which reads this machine's pip configuration (where the CPU wheel lies); its bytecode
 # is compiled on every core afterwards (pip compiles one file at a time; a compile error, such as torch's
 # Python 3.12-only test helpers, only leaves that file to be compiled at import). The rest goes through uv,
-# which fetches and unpacks in parallel and compiles on every core: ~35 s where pip took ~70 s on two cores. If
-# uv cannot be installed or fails, pip installs the rest as before. uv's cache lives in the venv's folder (the
-# same disk, so its files are hard links, not copies) and is removed afterwards.
+# which fetches and unpacks in parallel and compiles what it installs on every core: ~35 s where pip took ~70 s
+# on two cores. uv reads PyPI, not pip's configuration (its local wheels, its constraints), so the torch pip
+# installed is pinned for it (TORCH_PIN): an extra that wanted another torch fails uv's resolution, and then, as
+# when uv cannot be installed or fails otherwise, pip installs the rest under the machine's configuration. uv's
+# cache lives in the venv's folder (the same disk, so its files are hard links, not copies) and is removed.
 EXTRAS := .[dev,cpu-extras,integrations]
 UV_CACHE := $(VENV)/.uv-cache
+TORCH_PIN := $(VENV)/torch-pin.txt
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,13 +41,14 @@ $(STAMP): pyproject.toml
 	@$(PIP_INSTALL) --upgrade pip $(LOGGED)
 	@$(PIP_INSTALL) --no-compile "$(TORCH)" $(LOGGED)
 	@$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/torch" >>$(INSTALL_LOG) 2>&1 || true
-	@if $(PIP_INSTALL) uv >>$(INSTALL_LOG) 2>&1 && UV_CACHE_DIR=$(UV_CACHE) $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -e "$(EXTRAS)" >>$(INSTALL_LOG) 2>&1; then \
-	  echo "installed with uv" >>$(INSTALL_LOG); \
+	@echo "torch==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("torch"))')" > $(TORCH_PIN)
+	@if $(PIP_INSTALL) uv >>$(INSTALL_LOG) 2>&1 && UV_CACHE_DIR=$(UV_CACHE) $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode --constraint $(TORCH_PIN) -e "$(EXTRAS)" >>$(INSTALL_LOG) 2>&1; then \
+	  rm -rf $(UV_CACHE); echo "installed with uv" >>$(INSTALL_LOG); \
 	else \
+	  rm -rf $(UV_CACHE); \
 	  echo "uv did not install the project (see $(INSTALL_LOG)): pip installs it" | tee -a $(INSTALL_LOG); \
 	  $(PIP_INSTALL) -e "$(EXTRAS)" $(LOGGED); \
 	fi
-	@rm -rf $(UV_CACHE)
 	@touch $(STAMP)
 
 # The sweep on this machine, then everything under results/ (the committed H200 exports too) into one DuckDB.
@@ -73,7 +77,8 @@ plan: $(STAMP)
 # shared out among the workers (tests/conftest.py).
 # The tests write bytecode caches (__pycache__/, ignored by git) even where PYTHONDONTWRITEBYTECODE is set, as on
 # the dev and CI machines: otherwise every process the tests start (torchrun ranks, asv's benchmarks, fresh
-# interpreters) compiles fp8bench's modules again (~0.5 s each; the suite took 254 s against 268 s, one run each on two cores).
+# interpreters) compiles fp8bench's modules again (~0.5 s a process; whole suites took 254 s against 268 s, one
+# run each on two cores: within the VM's run-to-run spread, so the gain is not measured beyond the per-process one).
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 
 test: $(STAMP)

@@ -146,7 +146,9 @@ def _slowed_cuda(fn: Callable[[], object], fraction: float,
         # round must not send the length far off (an unbounded step once made a 3% filler add 15x)
         factor = fraction * b / (s - b) if s > b else 2.0
         iters = max(1, round(iters * min(2.0, max(0.5, factor))))
-    # without a round within a tenth, the length that came closest, not the last (untried) correction
+    # without a round within a tenth, the length that came closest, not the last (untried) correction. The
+    # fraction returned is that round's own reading, so it leans toward the set one: tests judge what the
+    # knob added by their own runs with and without it (tests/test_gpu.py)
     iters = best_iters
     return slowed, best_added
 
