@@ -23,14 +23,10 @@ PIP_INSTALL := $(BIN)/python -m pip install -q --no-cache-dir
 INSTALL_LOG := $(VENV)/install.log
 LOGGED = >>$(INSTALL_LOG) 2>&1 || { tail -40 $(INSTALL_LOG); exit 1; }
 
-# torch comes through pip, which reads this machine's pip configuration (where the CPU wheel lies); its bytecode
-# is compiled on every core afterwards (pip compiles one file at a time; a compile error, such as torch's
-# Python 3.12-only test helpers, only leaves that file to be compiled at import). The rest goes through uv,
-# which fetches and unpacks in parallel and compiles what it installs on every core: ~35 s where pip took ~70 s
-# on two cores. uv reads PyPI, not pip's configuration (its local wheels, its constraints), so the torch pip
-# installed is pinned for it (TORCH_PIN): an extra that wanted another torch fails uv's resolution, and then, as
-# when uv cannot be installed or fails otherwise, pip installs the rest under the machine's configuration. uv's
-# cache lives in the venv's folder (the same disk, so its files are hard links, not copies) and is removed.
+# torch through pip (it reads this machine's pip configuration, where the CPU wheel lies), its bytecode compiled
+# on every core (a file that does not compile is compiled at import); the rest through uv, parallel, with that
+# torch pinned (uv reads PyPI, not pip's configuration), and through pip when uv fails. Why and how long:
+# docs/architecture.md, "Tests in tiers". uv's cache sits on the venv's disk (hard links) and is removed.
 EXTRAS := .[dev,cpu-extras,integrations]
 UV_CACHE := $(VENV)/.uv-cache
 TORCH_PIN := $(VENV)/torch-pin.txt
@@ -76,9 +72,7 @@ plan: $(STAMP)
 # per core (pytest-xdist), each test module on one worker (its module fixtures built once), torch's threads
 # shared out among the workers (tests/conftest.py).
 # The tests write bytecode caches (__pycache__/, ignored by git) even where PYTHONDONTWRITEBYTECODE is set, as on
-# the dev and CI machines: otherwise every process the tests start (torchrun ranks, asv's benchmarks, fresh
-# interpreters) compiles fp8bench's modules again (~0.5 s a process; whole suites took 254 s against 268 s, one
-# run each on two cores: within the VM's run-to-run spread, so the gain is not measured beyond the per-process one).
+# the dev and CI machines: otherwise every process they start compiles fp8bench's modules again (~0.5 s each).
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 
 test: $(STAMP)

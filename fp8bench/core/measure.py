@@ -94,10 +94,8 @@ def _event_ms(fn: Callable[[], object], n: int) -> float:
 
 
 FEEDBACK_ROUNDS = 8
-"""At most this many feedback rounds (~0.8 s each on a 2 ms GEMM). With 5, and the last round's length kept,
-tests/test_gpu.py's knob test failed in each of four pytest runs on H200 boxes at ad83aea, in the three that
-showed why because a slowed run reported an added fraction outside 0.09-0.11 (0.087 for a set 0.10, where it
-was printed)."""
+"""At most this many feedback rounds (~0.8 s each on a 2 ms GEMM): on some H200 boxes 5 left one slowed run in
+three more than a tenth off the set fraction (results/h200-checks/pytest_gpu_ad83aea.log)."""
 
 
 def _slowed_cuda(fn: Callable[[], object], fraction: float,
