@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._launch import Launcher
 from ._tune import INTERPRETING, steady_do_bench, tuning_configs
 from .quantize_blockwise import m_major_empty
 
@@ -172,6 +173,7 @@ def configs_for(fast_accum: bool) -> list[triton.Config]:
 _AUTOTUNED = {fast: triton.autotune(configs=tuning_configs(configs_for(fast), interpreter=configs_for(fast)[0]),
                                     key=["M", "N", "K"], do_bench=steady_do_bench)(_gemm_kernel)
               for fast in (False, True)}
+_LAUNCH_AUTOTUNED = {fast: Launcher(kernel) for fast, kernel in _AUTOTUNED.items()}
 
 
 def m_major(sa: torch.Tensor) -> torch.Tensor:
@@ -222,7 +224,7 @@ def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
         return (min(tiles, sms) if meta.get("PERSISTENT") else tiles,)
     args = (a_desc, b_desc, c_desc, sa, sb.contiguous(), m, n, k, n_kgroups, sa.stride(0), sa.stride(1))
     if config is None:
-        _AUTOTUNED[fast_accum][grid](*args, NUM_SMS=sms)
+        _LAUNCH_AUTOTUNED[fast_accum](grid, *args, NUM_SMS=sms)
     else:
         _set_block_shapes({"a_desc": a_desc, "b_desc": b_desc, "c_desc": c_desc, **config.kwargs})
         _gemm_kernel[grid](*args, **config.kwargs, NUM_SMS=sms, num_warps=config.num_warps,

@@ -70,6 +70,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ._launch import Launcher
 from .gemm_blockwise import GROUP as BLOCK_K
 from .gemm_blockwise import _tile, check_operands, m_major
 
@@ -390,12 +391,15 @@ def runs_on(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
+_launch_gemm = Launcher(_gemm_kernel)
+
+
 def _launch(a, sa_t, b, sb, c, config: Config, persistent: bool, n_kgroups: int) -> None:
     m, n = c.shape
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     sms = _sm_count(a.device)
-    _gemm_kernel[(min(tiles, sms) if persistent else tiles,)](
-        _descriptor(a, [config.block_m, BLOCK_K]), _descriptor(b, [config.sub_n, BLOCK_K]),
+    _launch_gemm(
+        (min(tiles, sms) if persistent else tiles,), _descriptor(a, [config.block_m, BLOCK_K]), _descriptor(b, [config.sub_n, BLOCK_K]),
         _descriptor(c, [config.block_m // 2, config.sub_n]),
         TensorDescriptor.from_tensor(sa_t, [1, config.block_m], SCALES_LAYOUT), sb, m, n, n_kgroups,
         BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._launch import Launcher
 from ._tune import steady_do_bench, tuning_configs
 from .gemm_blockwise import GROUP, _tile, check_operands
 
@@ -65,6 +66,9 @@ _AUTOTUNED = triton.autotune(configs=tuning_configs(CONFIGS, interpreter=INTERPR
                              do_bench=steady_do_bench)(_gemm_wgrad_kernel)
 
 
+_launch_autotuned = Launcher(_AUTOTUNED)
+
+
 def gemm_blockwise_wgrad(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
                          config: triton.Config | None = None) -> torch.Tensor:
     """BF16 [M, N] from E4M3 A [M, K] and B [N, K], both with 1x128 inverse scales along K (any strides; M- and
@@ -79,7 +83,7 @@ def gemm_blockwise_wgrad(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
     args = (a_desc, b_desc, c_desc, sa, sb, m, n, k, n_kgroups, sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1))
     if config is None:
-        _AUTOTUNED[grid](*args)
+        _launch_autotuned(grid, *args)
     else:
         _set_block_shapes({"a_desc": a_desc, "b_desc": b_desc, "c_desc": c_desc, **config.kwargs})
         _gemm_wgrad_kernel[grid](*args, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, pow2_floor, round_to_e4m3
+from ._launch import Launcher
 from ._tune import steady_do_bench, tuning_configs
 
 GROUP = 128
@@ -105,6 +106,10 @@ def _quantize_along_m_kernel(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st
     tl.store(st_ptr + cols * st_sk + tl.program_id(0) * st_sm, exact_rcp(scale), mask=cols < K)
 
 
+_launch_1x128, _launch_128x128, _launch_along_m = map(
+    Launcher, (_quantize_1x128_kernel, _quantize_128x128_kernel, _quantize_along_m_kernel))
+
+
 def m_major_empty(m: int, groups: int, device: torch.device) -> torch.Tensor:
     """Room for 1x128 scales [m, groups] laid out M-major: a view of a [groups, m] buffer whose rows are padded to
     16 bytes, so each starts aligned (TMA's rule)."""
@@ -129,9 +134,9 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow
             s = m_major_empty(m, n_groups, x.device)
         else:
             s = torch.empty((m, n_groups), device=x.device, dtype=torch.float32)
-        _quantize_1x128_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n_groups, meta["GROUPS"]))](
-            x, y, s, m, k, x.stride(0), x.stride(1), n_groups, s.stride(0), s.stride(1), GROUP_K=GROUP,
-            POW2=pow2_scales)
+        _launch_1x128(lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n_groups, meta["GROUPS"])),
+                      x, y, s, m, k, x.stride(0), x.stride(1), n_groups, s.stride(0), s.stride(1), GROUP_K=GROUP,
+                      POW2=pow2_scales)
     elif block == (GROUP, GROUP):
         s = _quantize_blocks(x, y, None, pow2_scales)
     else:
@@ -144,8 +149,8 @@ def _quantize_blocks(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor | None, 
     m, k = x.shape
     n_groups = triton.cdiv(k, GROUP)
     s = torch.empty((triton.cdiv(m, GROUP), n_groups), device=x.device, dtype=torch.float32)
-    _quantize_128x128_kernel[(triton.cdiv(m, GROUP), n_groups)](
-        x, y, y if yt is None else yt, s, m, k, x.stride(0), x.stride(1), n_groups, POW2=pow2_scales,
+    _launch_128x128((triton.cdiv(m, GROUP), n_groups), x, y, y if yt is None else yt, s, m, k, x.stride(0),
+                    x.stride(1), n_groups, POW2=pow2_scales,
         TRANSPOSE=yt is not None)
     return s
 
@@ -176,8 +181,9 @@ def quantize_blockwise_both(x: torch.Tensor, weight: bool = False, pow2_scales: 
     m, k = x.shape
     yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
     st = m_major_empty(k, triton.cdiv(m, GROUP), x.device)
-    _quantize_along_m_kernel[lambda meta: (triton.cdiv(m, GROUP), triton.cdiv(k, meta["BLOCK_K"]))](
-        x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0), st.stride(1), GROUP_M=GROUP, POW2=pow2_scales)
+    _launch_along_m(lambda meta: (triton.cdiv(m, GROUP), triton.cdiv(k, meta["BLOCK_K"])),
+                    x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0), st.stride(1), GROUP_M=GROUP,
+                    POW2=pow2_scales)
     return y, s, yt, st
 
 

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, round_to_e4m3
+from ._launch import Launcher
 from ._tune import steady_do_bench, tuning_configs
 
 AMAX_TILE = (64, 128)
@@ -68,6 +69,9 @@ def _cast_transpose_kernel(x_ptr, y_ptr, yt_ptr, amax_ptr, inv_scale_ptr, M, N, 
         tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
 
 
+_launch_amax, _launch_cast = Launcher(_amax_kernel), Launcher(_cast_transpose_kernel)
+
+
 def quantize_current(x: torch.Tensor, transpose: bool = True,
                      amax_programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(Y [M, N] E4M3, Yᵀ [N, M] E4M3 contiguous or None, inverse scale: float32 scalar tensor).
@@ -78,12 +82,12 @@ def quantize_current(x: torch.Tensor, transpose: bool = True,
     amax = torch.zeros((), device=x.device, dtype=torch.float32)
     inv_scale = torch.empty((), device=x.device, dtype=torch.float32)
     tiles = triton.cdiv(m, AMAX_TILE[0]) * triton.cdiv(n, AMAX_TILE[1])
-    _amax_kernel[(min(tiles, amax_programs or 4 * _sm_count(x.device)),)](
-        x, amax, m, n, x.stride(0), x.stride(1), BLOCK_M=AMAX_TILE[0], BLOCK_N=AMAX_TILE[1], num_warps=4)
+    _launch_amax((min(tiles, amax_programs or 4 * _sm_count(x.device)),),
+                 x, amax, m, n, x.stride(0), x.stride(1), BLOCK_M=AMAX_TILE[0], BLOCK_N=AMAX_TILE[1], num_warps=4)
     y = torch.empty((m, n), device=x.device, dtype=torch.float8_e4m3fn)
     yt = torch.empty((n, m), device=x.device, dtype=torch.float8_e4m3fn) if transpose else y
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-    _cast_transpose_kernel[grid](x, y, yt, amax, inv_scale, m, n, x.stride(0), x.stride(1), TRANSPOSE=transpose)
+    _launch_cast(grid, x, y, yt, amax, inv_scale, m, n, x.stride(0), x.stride(1), TRANSPOSE=transpose)
     return y, (yt if transpose else None), inv_scale
 
 

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from ._fp8 import round_to_e4m3
+from ._launch import Launcher
 
 MX_BLOCK = 32
 E4M3_EMAX = 8
@@ -43,6 +44,9 @@ def _quantize_mx_kernel(x_ptr, y_ptr, e_ptr, M, K, stride_m, stride_k, n_blocks,
     tl.store(e_ptr + rows[:, None] * n_blocks + blocks[None, :], (shared + 127).to(tl.uint8), mask=emask)
 
 
+_launch_mx = Launcher(_quantize_mx_kernel)
+
+
 def quantize_mx(x: torch.Tensor, block_m: int = 16, blocks_per_prog: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """(elements [M, K] E4M3, E8M0 biased exponents [M, ceil(K/32)] uint8)."""
     if x.dim() != 2:
@@ -52,8 +56,8 @@ def quantize_mx(x: torch.Tensor, block_m: int = 16, blocks_per_prog: int = 4) ->
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
     e = torch.empty((m, n_blocks), device=x.device, dtype=torch.uint8)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n_blocks, blocks_per_prog))
-    _quantize_mx_kernel[grid](x, y, e, m, k, x.stride(0), x.stride(1), n_blocks, BLOCK_M=block_m,
-                     BLOCKS_PER_PROG=blocks_per_prog, MXB=MX_BLOCK)
+    _launch_mx(grid, x, y, e, m, k, x.stride(0), x.stride(1), n_blocks, BLOCK_M=block_m,
+               BLOCKS_PER_PROG=blocks_per_prog, MXB=MX_BLOCK)
     return y, e
 
 

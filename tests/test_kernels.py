@@ -111,6 +111,62 @@ def test_saturation_and_zeros(k):
     assert y.float()[1, 3] == 448.0 and y.float()[2, 0] == -448.0 and torch.all(y.float()[0] == 0)
 
 
+def test_launch_key_tells_apart_what_triton_specializes_a_binary_on(k):
+    """The fast launch reuses a compiled binary only for calls Triton would have given the same one."""
+    from fp8bench_kernels._launch import launch_key
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x = torch.zeros(64, 64, dtype=torch.bfloat16, device=DEV)
+    base = launch_key((x, 64, x.stride(0)), {"POW2": False})
+    assert launch_key((torch.ones_like(x), 64, 64), {"POW2": False}) == base  # another tensor alike
+    for other in [((x.view(-1)[1:], 64, 64), {"POW2": False}),  # 2 bytes on: not 16-byte aligned
+                  ((x.float(), 64, 64), {"POW2": False}), ((x, 65, 64), {"POW2": False}),
+                  ((x, 1, 64), {"POW2": False}), ((x, 64, 64), {"POW2": True}), ((x, 64, 64), {})]:
+        assert launch_key(*other) != base, other
+    assert launch_key((x, True), {}) != launch_key((x, 1), {})
+    desc = TensorDescriptor.from_tensor(x, [16, 32])
+    assert launch_key((desc,), {}) == launch_key((TensorDescriptor.from_tensor(x.clone(), [16, 32]),), {})
+    assert launch_key((desc,), {}) != launch_key((TensorDescriptor.from_tensor(x, [32, 32]),), {})
+    assert launch_key((desc,), {}) != launch_key((TensorDescriptor.from_tensor(x[:32], [16, 32]),), {})
+
+
+@pytest.mark.gpu
+def test_launches_after_the_first_bypass_triton_and_give_the_same_bits(k):
+    """Each kernel's second call with a key goes straight to the compiled binary (its launcher counts it) and
+    writes what the first wrote; an input 2 bytes off alignment gets its own binary through Triton."""
+    from fp8bench_kernels import gemm_blockwise_gluon as g
+    from fp8bench_kernels import gemm_blockwise_wgrad as w
+    from fp8bench_kernels import quantize_blockwise as qb
+    from fp8bench_kernels import quantize_current as qc
+    from fp8bench_kernels import quantize_mx as qm
+
+    x = data(4096, 2048)
+    calls = {"current": (lambda t: qc.quantize_current(t), [qc._launch_amax, qc._launch_cast]),
+             "1x128 both": (lambda t: qb.quantize_blockwise_both(t), [qb._launch_1x128, qb._launch_along_m]),
+             "128x128 both": (lambda t: qb.quantize_blockwise_both(t, weight=True), [qb._launch_128x128]),
+             "mx": (lambda t: qm.quantize_mx(t), [qm._launch_mx])}
+    for name, (cast, launchers) in calls.items():
+        first = cast(x)
+        before = [lau.fast_launches for lau in launchers]
+        second = cast(x.clone())
+        assert all(lau.fast_launches > b for lau, b in zip(launchers, before, strict=True)), name
+        assert all(torch.equal(bits(u), bits(v)) for u, v in zip(first, second, strict=True)), name
+    # a view starting one BF16 element in (each row 2 bytes on): Triton's own path, a binary of its own
+    off = torch.empty(4096 * 2048 + 1, dtype=torch.bfloat16, device=DEV)[1:].view(4096, 2048)
+    off.copy_(x)
+    y, s = qb.quantize_blockwise(off, (1, 128))
+    ry, rs = qb.quantize_blockwise_reference(x, (1, 128))
+    assert torch.equal(bits(y), bits(ry)) and torch.equal(s, rs)
+    a, sa, b, sb = gemm_operands(k, 4096, 2048, 4096)
+    gemms = {"gluon": (lambda: g.gemm_blockwise_gluon(a, sa, b, sb, g.CONFIGS[0]), g._launch_gemm),
+             "wgrad": (lambda: w.gemm_blockwise_wgrad(a, sa, *qb.quantize_blockwise(data(2048, 4096, 2), (1, 128))),
+                       w._launch_autotuned)}
+    for name, (gemm, launcher) in gemms.items():
+        first = gemm()
+        before = launcher.fast_launches
+        assert torch.equal(gemm(), first) and launcher.fast_launches > before, name
+
+
 GEMMS = ([pytest.param(8192, 8192, 8192, marks=pytest.mark.gpu), pytest.param(8192, 4096, 11008, marks=pytest.mark.gpu)]
          if CUDA else [(64, 128, 256), (100, 136, 304)])
 
