@@ -22,25 +22,38 @@ from triton.compiler.compiler import CompiledKernel
 from triton.runtime.autotuner import Autotuner
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) on the host: `triton.cdiv` is a constexpr function whose call costs ~2 µs of dispatch, and
+    a cast's launcher computes several."""
+    return -(-a // b)
+
+
 def _spec(arg: Any) -> Any:
+    kind = type(arg)
+    if kind is int:  # most arguments; a bool is typed apart below (True == 1, but Triton types them apart)
+        return arg
     if isinstance(arg, torch.Tensor):
         return arg.dtype, arg.data_ptr() % 16 == 0
     base = getattr(arg, "base", None)
     if isinstance(base, torch.Tensor) and hasattr(arg, "block_shape"):  # a host-side tensor descriptor
         return (base.dtype, base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides),
                 tuple(arg.block_shape), getattr(arg, "layout", None))
-    return type(arg), arg  # the type too: True == 1, but Triton types them apart
+    return kind, arg
 
 
 def launch_key(args: tuple, kwargs: dict) -> tuple:
-    """What selects a compiled binary, for `args` and the constexpr `kwargs` of one call."""
+    """What selects a compiled binary, for `args` and the constexpr `kwargs` of one call (keywords in the
+    order given: another order only misses the cache)."""
     return (torch.cuda.current_device() if torch.cuda.is_available() else -1, *map(_spec, args),
-            *sorted((name, _spec(v)) for name, v in kwargs.items()))
+            *[(name, _spec(value)) for name, value in kwargs.items()])
 
 
 class Launcher:
     """`Launcher(kernel)(grid, *args, **kwargs)` does what `kernel[grid](*args, **kwargs)` does, faster after
     the first call with a key (module docstring). `fast_launches` counts the calls that bypassed Triton."""
+
+    direct = True
+    """False: every call goes through Triton (scripts/recipe_bench.py times the host's cost both ways)."""
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel
@@ -52,7 +65,7 @@ class Launcher:
     def __call__(self, grid, *args, **kwargs) -> None:
         key = launch_key(args, kwargs)
         hit = self._compiled.get(key)
-        if hit is None:
+        if hit is None or not Launcher.direct:
             compiled = self.kernel[grid](*args, **kwargs)
             if isinstance(compiled, CompiledKernel):  # None under the interpreter
                 config = self.kernel.best_config if self.tuned else None

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._launch import Launcher
+from ._launch import Launcher, cdiv
 from ._tune import INTERPRETING, steady_do_bench, tuning_configs
 from .quantize_blockwise import m_major_empty
 
@@ -197,10 +197,10 @@ def check_operands(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
         raise ValueError(f"A {tuple(a.shape)} and B {tuple(b.shape)} must share K and be contiguous row-major")
     if k % 16 or n % 8:
         raise ValueError(f"TMA needs 16-byte aligned rows: K={k} must be a multiple of 16 and N={n} of 8")
-    n_kgroups = triton.cdiv(k, GROUP)
-    if sa.shape != (m, n_kgroups) or sb.shape != (triton.cdiv(n, b_rows), n_kgroups):
+    n_kgroups = cdiv(k, GROUP)
+    if sa.shape != (m, n_kgroups) or sb.shape != (cdiv(n, b_rows), n_kgroups):
         raise ValueError(f"scales {tuple(sa.shape)} / {tuple(sb.shape)} do not match the 1x128 / {b_rows}x128 layout "
-                         f"({m}, {n_kgroups}) / ({triton.cdiv(n, b_rows)}, {n_kgroups})")
+                         f"({m}, {n_kgroups}) / ({cdiv(n, b_rows)}, {n_kgroups})")
     return m, n, n_kgroups
 
 
@@ -220,7 +220,7 @@ def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
 
     def grid(meta):
-        tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["NSUB"] * GROUP)
+        tiles = cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["NSUB"] * GROUP)
         return (min(tiles, sms) if meta.get("PERSISTENT") else tiles,)
     args = (a_desc, b_desc, c_desc, sa, sb.contiguous(), m, n, k, n_kgroups, sa.stride(0), sa.stride(1))
     if config is None:

@@ -70,7 +70,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._launch import Launcher
+from ._launch import Launcher, cdiv
 from .gemm_blockwise import GROUP as BLOCK_K
 from .gemm_blockwise import _tile, check_operands, m_major
 
@@ -396,7 +396,7 @@ _launch_gemm = Launcher(_gemm_kernel)
 
 def _launch(a, sa_t, b, sb, c, config: Config, persistent: bool, n_kgroups: int) -> None:
     m, n = c.shape
-    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    tiles = cdiv(m, config.block_m) * cdiv(n, config.block_n)
     sms = _sm_count(a.device)
     _launch_gemm(
         (min(tiles, sms) if persistent else tiles,), _descriptor(a, [config.block_m, BLOCK_K]), _descriptor(b, [config.sub_n, BLOCK_K]),

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._launch import Launcher
+from ._launch import Launcher, cdiv
 from ._tune import steady_do_bench, tuning_configs
 from .gemm_blockwise import GROUP, _tile, check_operands
 
@@ -80,7 +80,7 @@ def gemm_blockwise_wgrad(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
     a_desc, b_desc, c_desc = (TensorDescriptor.from_tensor(t, dummy) for t in (a, b, c))
 
     def grid(meta):
-        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+        return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
     args = (a_desc, b_desc, c_desc, sa, sb, m, n, k, n_kgroups, sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1))
     if config is None:
         _launch_autotuned(grid, *args)

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, pow2_floor, round_to_e4m3
-from ._launch import Launcher
+from ._launch import Launcher, cdiv
 from ._tune import steady_do_bench, tuning_configs
 
 GROUP = 128
@@ -113,7 +113,7 @@ _launch_1x128, _launch_128x128, _launch_along_m = map(
 def m_major_empty(m: int, groups: int, device: torch.device) -> torch.Tensor:
     """Room for 1x128 scales [m, groups] laid out M-major: a view of a [groups, m] buffer whose rows are padded to
     16 bytes, so each starts aligned (TMA's rule)."""
-    return torch.empty((groups, triton.cdiv(m, 4) * 4), device=device, dtype=torch.float32)[:, :m].t()
+    return torch.empty((groups, cdiv(m, 4) * 4), device=device, dtype=torch.float32)[:, :m].t()
 
 
 def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow2_scales: bool = False,
@@ -127,14 +127,14 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow
     if m_major_scales and block != (1, GROUP):
         raise ValueError(f"m_major_scales is for 1x128 scales, not block={block!r}")
     m, k = x.shape
-    n_groups = triton.cdiv(k, GROUP)
+    n_groups = cdiv(k, GROUP)
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
     if block == (1, GROUP):
         if m_major_scales:
             s = m_major_empty(m, n_groups, x.device)
         else:
             s = torch.empty((m, n_groups), device=x.device, dtype=torch.float32)
-        _launch_1x128(lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n_groups, meta["GROUPS"])),
+        _launch_1x128(lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n_groups, meta["GROUPS"])),
                       x, y, s, m, k, x.stride(0), x.stride(1), n_groups, s.stride(0), s.stride(1), GROUP_K=GROUP,
                       POW2=pow2_scales)
     elif block == (GROUP, GROUP):
@@ -147,9 +147,9 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow
 def _quantize_blocks(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor | None, pow2_scales: bool) -> torch.Tensor:
     """128x128 blocks of X into Y (and Yᵀ when given, in the same pass); returns the block scales."""
     m, k = x.shape
-    n_groups = triton.cdiv(k, GROUP)
-    s = torch.empty((triton.cdiv(m, GROUP), n_groups), device=x.device, dtype=torch.float32)
-    _launch_128x128((triton.cdiv(m, GROUP), n_groups), x, y, y if yt is None else yt, s, m, k, x.stride(0),
+    n_groups = cdiv(k, GROUP)
+    s = torch.empty((cdiv(m, GROUP), n_groups), device=x.device, dtype=torch.float32)
+    _launch_128x128((cdiv(m, GROUP), n_groups), x, y, y if yt is None else yt, s, m, k, x.stride(0),
                     x.stride(1), n_groups, POW2=pow2_scales,
         TRANSPOSE=yt is not None)
     return s
@@ -180,8 +180,8 @@ def quantize_blockwise_both(x: torch.Tensor, weight: bool = False, pow2_scales: 
     y, s = quantize_blockwise(x, (1, GROUP), pow2_scales, m_major_scales=True)
     m, k = x.shape
     yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
-    st = m_major_empty(k, triton.cdiv(m, GROUP), x.device)
-    _launch_along_m(lambda meta: (triton.cdiv(m, GROUP), triton.cdiv(k, meta["BLOCK_K"])),
+    st = m_major_empty(k, cdiv(m, GROUP), x.device)
+    _launch_along_m(lambda meta: (cdiv(m, GROUP), cdiv(k, meta["BLOCK_K"])),
                     x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0), st.stride(1), GROUP_M=GROUP,
                     POW2=pow2_scales)
     return y, s, yt, st
@@ -204,7 +204,7 @@ def quantize_blockwise_reference(x: torch.Tensor, block: tuple[int, int] = (1, G
 
 def bytes_moved(x: torch.Tensor, block: tuple[int, int] = (1, GROUP)) -> int:
     m, k = x.shape
-    n_scales = m * triton.cdiv(k, GROUP) if block == (1, GROUP) else triton.cdiv(m, GROUP) * triton.cdiv(k, GROUP)
+    n_scales = m * cdiv(k, GROUP) if block == (1, GROUP) else cdiv(m, GROUP) * cdiv(k, GROUP)
     return x.numel() * x.element_size() + x.numel() + 4 * n_scales
 
 

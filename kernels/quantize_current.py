@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, round_to_e4m3
-from ._launch import Launcher
+from ._launch import Launcher, cdiv
 from ._tune import steady_do_bench, tuning_configs
 
 AMAX_TILE = (64, 128)
@@ -81,12 +81,12 @@ def quantize_current(x: torch.Tensor, transpose: bool = True,
     m, n = x.shape
     amax = torch.zeros((), device=x.device, dtype=torch.float32)
     inv_scale = torch.empty((), device=x.device, dtype=torch.float32)
-    tiles = triton.cdiv(m, AMAX_TILE[0]) * triton.cdiv(n, AMAX_TILE[1])
+    tiles = cdiv(m, AMAX_TILE[0]) * cdiv(n, AMAX_TILE[1])
     _launch_amax((min(tiles, amax_programs or 4 * _sm_count(x.device)),),
                  x, amax, m, n, x.stride(0), x.stride(1), BLOCK_M=AMAX_TILE[0], BLOCK_N=AMAX_TILE[1], num_warps=4)
     y = torch.empty((m, n), device=x.device, dtype=torch.float8_e4m3fn)
     yt = torch.empty((n, m), device=x.device, dtype=torch.float8_e4m3fn) if transpose else y
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
+    grid = lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n, meta["BLOCK_N"]))  # noqa: E731
     _launch_cast(grid, x, y, yt, amax, inv_scale, m, n, x.stride(0), x.stride(1), TRANSPOSE=transpose)
     return y, (yt if transpose else None), inv_scale
 

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ._fp8 import round_to_e4m3
-from ._launch import Launcher
+from ._launch import Launcher, cdiv
 
 MX_BLOCK = 32
 E4M3_EMAX = 8
@@ -52,10 +52,10 @@ def quantize_mx(x: torch.Tensor, block_m: int = 16, blocks_per_prog: int = 4) ->
     if x.dim() != 2:
         raise ValueError(f"quantize_mx takes a 2-D tensor, got shape {tuple(x.shape)}")
     m, k = x.shape
-    n_blocks = triton.cdiv(k, MX_BLOCK)
+    n_blocks = cdiv(k, MX_BLOCK)
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
     e = torch.empty((m, n_blocks), device=x.device, dtype=torch.uint8)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n_blocks, blocks_per_prog))
+    grid = (cdiv(m, block_m), cdiv(n_blocks, blocks_per_prog))
     _launch_mx(grid, x, y, e, m, k, x.stride(0), x.stride(1), n_blocks, BLOCK_M=block_m,
                BLOCKS_PER_PROG=blocks_per_prog, MXB=MX_BLOCK)
     return y, e
@@ -79,4 +79,4 @@ def dequantize_mx(y: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
 
 def bytes_moved(x: torch.Tensor) -> int:
     """Read X once, write the E4M3 elements and one E8M0 byte per 32."""
-    return x.numel() * x.element_size() + x.numel() + x.shape[0] * triton.cdiv(x.shape[1], MX_BLOCK)
+    return x.numel() * x.element_size() + x.numel() + x.shape[0] * cdiv(x.shape[1], MX_BLOCK)

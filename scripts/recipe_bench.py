@@ -120,17 +120,22 @@ def casts(copy: float) -> list[dict]:
     return rows
 
 
-def host_cost(calls: int = 300, profile: tuple[str, ...] = ()) -> list[dict]:
+def host_cost(calls: int = 300, rounds: int = 3, profile: tuple[str, ...] = ()) -> list[dict]:
     """Wall time per call where the kernels take microseconds: the queue never fills, so this is the CPU's
-    cost of one call (Python, allocations, launches). Each op named in `profile` is also run under cProfile,
-    its most expensive functions printed."""
+    cost of one call (Python, allocations, launches). Each op is timed with its kernels launched directly
+    (`Launcher.direct`, the default) and through Triton's dispatch, in alternating rounds (the host's speed
+    drifts too); the median round of each is kept. Each op named in `profile` is also run under cProfile
+    (direct launches), its most expensive functions printed."""
+    from fp8bench_kernels._launch import Launcher
+
     rows = []
     x = torch.randn(256, 256, device="cuda").bfloat16()
     ops = dict((name, fn) for name, (fn, _) in cast_calls(x).items())
     for impl in ("triton", "torch"):
         op = get_backend(impl).gemm(x, x, GemmRole.FPROP, recipe(impl, "blockwise"))
         ops[f"gemm blockwise {impl}"] = op.kernel_only
-    for name, fn in ops.items():
+
+    def per_call_us(fn) -> float:
         for _ in range(20):
             fn()
         torch.cuda.synchronize()
@@ -138,9 +143,19 @@ def host_cost(calls: int = 300, profile: tuple[str, ...] = ()) -> list[dict]:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-        us = (time.perf_counter() - t0) / calls * 1e6
-        rows.append({"op": name, "host_us_per_call": us})
-        print(f"{name:>24} host {us:6.1f} µs per call", flush=True)
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    for name, fn in ops.items():
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for r in range(rounds):
+            for direct in ((True, False) if r % 2 == 0 else (False, True)):
+                Launcher.direct = direct
+                times[direct].append(per_call_us(fn))
+        Launcher.direct = True
+        direct_us, triton_us = statistics.median(times[True]), statistics.median(times[False])
+        rows.append({"op": name, "host_us_per_call": direct_us, "host_us_per_call_via_triton": triton_us})
+        print(f"{name:>24} host {direct_us:6.1f} µs per call ({triton_us:6.1f} through Triton's dispatch)",
+              flush=True)
         if name in profile:
             import cProfile
             import pstats
@@ -175,8 +190,11 @@ def markdown(recorded: dict) -> str:
             + " |" for kern in kernels]
         out += ["", f"Copy bandwidth {recorded['copy_gbps']:.0f} GB/s.", ""]
     if "host" in recorded:
-        out += ["| call at 256×256 | host µs per call |", "|---|---|"]
-        out += [f"| {r['op']} | {r['host_us_per_call']:.0f} |" for r in recorded["host"]]
+        via = "host_us_per_call_via_triton" in recorded["host"][0]  # older files: one column
+        out += ["| call at 256×256 | host µs per call" + (" | through Triton's dispatch |" if via else " |"),
+                "|---|---|" + ("---|" if via else "")]
+        out += [f"| {r['op']} | {r['host_us_per_call']:.0f} |"
+                + (f" {r['host_us_per_call_via_triton']:.0f} |" if via else "") for r in recorded["host"]]
     return "\n".join(out)
 
 
