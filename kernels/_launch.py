@@ -15,6 +15,7 @@ Under Triton's interpreter nothing is compiled and every call goes through Trito
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -58,24 +59,41 @@ class Launcher:
     def __init__(self, kernel) -> None:
         self.kernel = kernel
         self.tuned = isinstance(kernel, Autotuner)
-        self.arg_names: list[str] = list(kernel.arg_names)
+        python_fn = (kernel.fn if self.tuned else kernel).fn
+        self.name = python_fn.__name__
+        signature = inspect.signature(python_fn).parameters
+        self.arg_names: list[str] = list(signature)
+        # parameters with defaults, which neither the call nor the config may name (Triton binds them too)
+        self.defaults = {name: p.default for name, p in signature.items() if p.default is not inspect.Parameter.empty}
         self._compiled: dict[tuple, tuple[CompiledKernel, dict, Any]] = {}
         self.fast_launches = 0
+
+    def arguments(self, args: tuple, kwargs: dict, tuned_kwargs: dict) -> dict:
+        """Every parameter's value, by name, as Triton binds them: defaults, then the call's positional and
+        keyword arguments, then the tuned config's."""
+        named = dict(self.defaults)
+        named.update(zip(self.arg_names, args, strict=False))  # the rest come as keywords
+        named.update(kwargs)
+        named.update(tuned_kwargs)
+        return named
 
     def __call__(self, grid, *args, **kwargs) -> None:
         key = launch_key(args, kwargs)
         hit = self._compiled.get(key)
         if hit is None or not Launcher.direct:
             compiled = self.kernel[grid](*args, **kwargs)
+            config = self.kernel.best_config if self.tuned else None
+            tuned_kwargs = dict(config.kwargs) if config else {}
+            # checked on every call through Triton, the interpreter's included: a later direct launch binds
+            # the same way, so CI sees a parameter it would miss
+            missing = set(self.arg_names) - set(self.arguments(args, kwargs, tuned_kwargs))
+            if missing:
+                raise TypeError(f"{self.name}: no value for {sorted(missing)} to launch directly with")
             if isinstance(compiled, CompiledKernel):  # None under the interpreter
-                config = self.kernel.best_config if self.tuned else None
-                self._compiled[key] = (compiled, dict(config.kwargs) if config else {},
-                                       config.pre_hook if config else None)
+                self._compiled[key] = (compiled, tuned_kwargs, config.pre_hook if config else None)
             return
         compiled, tuned_kwargs, pre_hook = hit
-        named = dict(zip(self.arg_names, args, strict=False))  # the rest come as keywords
-        named.update(kwargs)
-        named.update(tuned_kwargs)
+        named = self.arguments(args, kwargs, tuned_kwargs)
         if pre_hook is not None:
             pre_hook(named)
         shape = grid(named) if callable(grid) else grid
