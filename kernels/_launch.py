@@ -11,7 +11,11 @@ binary directly (`CompiledKernel[grid](*args)`), running the config's pre-hook a
 The key holds everything Triton specializes a binary on, and more: each tensor's dtype and whether its address
 is 16-byte aligned, each integer's exact value (Triton specializes 1 and multiples of 16), a tensor
 descriptor's dtype, alignment, shape, strides, block shape and layout, and every other argument as it is.
-Under Triton's interpreter nothing is compiled and every call goes through Triton."""
+Under Triton's interpreter nothing is compiled and every call goes through Triton.
+
+What a direct launch does not redo: Triton's check that the kernel's globals have not changed (ours read only
+constexpr globals, which tests/test_kernels.py checks), its pre-run hooks (none are set), and the options it
+reads from `triton.knobs` on each call (debug, instrumentation): set those before a kernel's first call."""
 
 from __future__ import annotations
 
@@ -78,14 +82,17 @@ class Launcher:
         return named
 
     def __call__(self, grid, *args, **kwargs) -> None:
+        if not Launcher.direct:  # Triton's own call and nothing else (the A/B's other arm)
+            self.kernel[grid](*args, **kwargs)
+            return
         key = launch_key(args, kwargs)
         hit = self._compiled.get(key)
-        if hit is None or not Launcher.direct:
+        if hit is None:
             compiled = self.kernel[grid](*args, **kwargs)
             config = self.kernel.best_config if self.tuned else None
             tuned_kwargs = dict(config.kwargs) if config else {}
-            # checked on every call through Triton, the interpreter's included: a later direct launch binds
-            # the same way, so CI sees a parameter it would miss
+            # checked on each key's first call, under the interpreter too: a later direct launch binds the
+            # same way, so CI sees a parameter it would miss
             missing = set(self.arg_names) - set(self.arguments(args, kwargs, tuned_kwargs))
             if missing:
                 raise TypeError(f"{self.name}: no value for {sorted(missing)} to launch directly with")

@@ -131,40 +131,59 @@ def test_launch_key_tells_apart_what_triton_specializes_a_binary_on(k):
 
 
 @pytest.mark.gpu
-def test_launches_after_the_first_bypass_triton_and_give_the_same_bits(k):
-    """Each kernel's second call with a key goes straight to the compiled binary (its launcher counts it) and
-    writes what the first wrote; an input 2 bytes off alignment gets its own binary through Triton."""
+def test_direct_launches_write_what_launches_through_triton_write(k):
+    """After a kernel's first call with a key, the next call goes straight to its binary (its launcher counts it)
+    and, on other data, writes the bits the same call writes through Triton; an input 2 bytes off alignment is a
+    key of its own, whose first call goes through Triton."""
     from fp8bench_kernels import gemm_blockwise_gluon as g
     from fp8bench_kernels import gemm_blockwise_wgrad as w
     from fp8bench_kernels import quantize_blockwise as qb
     from fp8bench_kernels import quantize_current as qc
     from fp8bench_kernels import quantize_mx as qm
+    from fp8bench_kernels._launch import Launcher
 
-    x = data(4096, 2048)
-    calls = {"current": (lambda t: qc.quantize_current(t), [qc._launch_amax, qc._launch_cast]),
-             "1x128 both": (lambda t: qb.quantize_blockwise_both(t), [qb._launch_1x128, qb._launch_along_m]),
-             "128x128 both": (lambda t: qb.quantize_blockwise_both(t, weight=True), [qb._launch_128x128]),
-             "mx": (lambda t: qm.quantize_mx(t), [qm._launch_mx])}
-    for name, (cast, launchers) in calls.items():
-        first = cast(x)
+    def same(u, v):
+        return all(torch.equal(bits(s.reshape(-1)), bits(t.reshape(-1))) for s, t in zip(u, v, strict=True))
+
+    def direct_then_through_triton(call, launchers):
         before = [lau.fast_launches for lau in launchers]
-        second = cast(x.clone())
-        assert all(lau.fast_launches > b for lau, b in zip(launchers, before, strict=True)), name
-        assert all(torch.equal(bits(u.reshape(-1)), bits(v.reshape(-1))) for u, v in zip(first, second, strict=True)), name
-    # a view starting one BF16 element in (each row 2 bytes on): Triton's own path, a binary of its own
+        direct = call()
+        Launcher.direct = False
+        try:
+            through_triton = call()
+        finally:
+            Launcher.direct = True
+        assert [lau.fast_launches for lau in launchers] == [b + 1 for b in before]  # once each, the first call
+        return direct, through_triton
+
+    x, other = data(4096, 2048), data(4096, 2048, seed=3)
+    casts = {"current": (qc.quantize_current, [qc._launch_amax, qc._launch_cast]),
+             "1x128 both": (qb.quantize_blockwise_both, [qb._launch_1x128, qb._launch_along_m]),
+             "128x128 both": (lambda t: qb.quantize_blockwise_both(t, weight=True), [qb._launch_128x128]),
+             "mx": (qm.quantize_mx, [qm._launch_mx])}
+    for name, (cast, launchers) in casts.items():
+        cast(x)  # the key's first call: through Triton (compiled, tuned)
+        assert same(*direct_then_through_triton(lambda cast=cast: cast(other), launchers)), name
+
+    # a view one BF16 element in: the same shape and strides, only the address 2 bytes off 16-byte alignment
     off = torch.empty(4096 * 2048 + 1, dtype=torch.bfloat16, device=DEV)[1:].view(4096, 2048)
     off.copy_(x)
-    y, s = qb.quantize_blockwise(off, (1, 128))
-    ry, rs = qb.quantize_blockwise_reference(x, (1, 128))
-    assert torch.equal(bits(y), bits(ry)) and torch.equal(s, rs)
+    qb.quantize_blockwise(x, (1, 128))
+    before = qb._launch_1x128.fast_launches
+    first = qb.quantize_blockwise(off, (1, 128))
+    assert qb._launch_1x128.fast_launches == before  # a key of its own: through Triton
+    assert same(first, qb.quantize_blockwise_reference(x, (1, 128)))
+    assert same(qb.quantize_blockwise(off, (1, 128)), first) and qb._launch_1x128.fast_launches == before + 1
+
     a, sa, b, sb = gemm_operands(k, 4096, 2048, 4096)
-    gemms = {"gluon": (lambda: g.gemm_blockwise_gluon(a, sa, b, sb, g.CONFIGS[0]), g._launch_gemm),
-             "wgrad": (lambda: w.gemm_blockwise_wgrad(a, sa, *qb.quantize_blockwise(data(2048, 4096, 2), (1, 128))),
-                       w._launch_autotuned)}
+    a2, sa2 = qb.quantize_blockwise(data(4096, 4096, 5), (1, 128))
+    bw, sbw = qb.quantize_blockwise(data(2048, 4096, 2), (1, 128))
+    gemms = {"gluon": (lambda a, sa: g.gemm_blockwise_gluon(a, sa, b, sb, g.CONFIGS[0]), g._launch_gemm),
+             "wgrad": (lambda a, sa: w.gemm_blockwise_wgrad(a, sa, bw, sbw), w._launch_autotuned)}
     for name, (gemm, launcher) in gemms.items():
-        first = gemm()
-        before = launcher.fast_launches
-        assert torch.equal(gemm(), first) and launcher.fast_launches > before, name
+        gemm(a, sa)
+        direct, through_triton = direct_then_through_triton(lambda gemm=gemm: gemm(a2, sa2), [launcher])
+        assert torch.equal(direct, through_triton), name
 
 
 GEMMS = ([pytest.param(8192, 8192, 8192, marks=pytest.mark.gpu), pytest.param(8192, 4096, 11008, marks=pytest.mark.gpu)]
