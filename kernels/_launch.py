@@ -67,7 +67,7 @@ class Launcher:
         self.name = python_fn.__name__
         signature = inspect.signature(python_fn).parameters
         self.arg_names: list[str] = list(signature)
-        # parameters with defaults, which neither the call nor the config may name (Triton binds them too)
+        # a parameter with a default may be left out by both the call and the config: Triton binds the default
         self.defaults = {name: p.default for name, p in signature.items() if p.default is not inspect.Parameter.empty}
         self._compiled: dict[tuple, tuple[CompiledKernel, dict, Any]] = {}
         self.fast_launches = 0

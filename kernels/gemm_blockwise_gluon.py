@@ -399,7 +399,8 @@ def _launch(a, sa_t, b, sb, c, config: Config, persistent: bool, n_kgroups: int)
     tiles = cdiv(m, config.block_m) * cdiv(n, config.block_n)
     sms = _sm_count(a.device)
     _launch_gemm(
-        (min(tiles, sms) if persistent else tiles,), _descriptor(a, [config.block_m, BLOCK_K]), _descriptor(b, [config.sub_n, BLOCK_K]),
+        (min(tiles, sms) if persistent else tiles,),
+        _descriptor(a, [config.block_m, BLOCK_K]), _descriptor(b, [config.sub_n, BLOCK_K]),
         _descriptor(c, [config.block_m // 2, config.sub_n]),
         TensorDescriptor.from_tensor(sa_t, [1, config.block_m], SCALES_LAYOUT), sb, m, n, n_kgroups,
         BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,

@@ -125,8 +125,8 @@ def host_cost(calls: int = 300, rounds: int = 4, profile: tuple[str, ...] = ()) 
     cost of one call (Python, allocations, launches). Each op is timed with its kernels launched directly
     (`Launcher.direct`, the default) and through Triton's dispatch, in rounds that alternate which goes first
     (an even number: each goes first equally often; the host's speed drifts too); the median round of each
-    is kept. Each op named in `profile` is also run under cProfile
-    (direct launches), its most expensive functions printed."""
+    is kept. Each op named in `profile` is also run under cProfile (direct launches), its most expensive
+    functions printed."""
     from fp8bench_kernels._launch import Launcher
 
     rows = []
