@@ -40,7 +40,8 @@ def _spec(arg: Any) -> Any:
     if isinstance(arg, torch.Tensor):
         return arg.dtype, arg.data_ptr() % 16 == 0
     base = getattr(arg, "base", None)
-    if isinstance(base, torch.Tensor) and hasattr(arg, "block_shape"):  # a host-side tensor descriptor
+    if hasattr(base, "data_ptr") and hasattr(arg, "block_shape"):  # a host-side tensor descriptor (its base a
+        # tensor, or anything with the dtype and data_ptr() that Triton reads of it)
         return (base.dtype, base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides),
                 tuple(arg.block_shape), getattr(arg, "layout", None))
     return kind, arg
@@ -85,7 +86,16 @@ class Launcher:
         if not Launcher.direct:  # Triton's own call and nothing else (the A/B's other arm)
             self.kernel[grid](*args, **kwargs)
             return
-        key = launch_key(args, kwargs)
+        self.launch(launch_key(args, kwargs), grid, args, kwargs)
+
+    def launch(self, key: tuple, grid, args: tuple, kwargs: dict) -> None:
+        """The call with a key of the caller's own, cheaper to build than `launch_key` where the caller knows
+        what varies: it must tell apart any two calls that Triton could compile to different binaries (the
+        device, dtypes, alignments, integers and descriptors' blocks and layouts of `launch_key`). A launcher
+        called this way should be called this way only, so that its keys come from one rule."""
+        if not Launcher.direct:
+            self.kernel[grid](*args, **kwargs)
+            return
         hit = self._compiled.get(key)
         if hit is None:
             compiled = self.kernel[grid](*args, **kwargs)

@@ -377,9 +377,32 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
-    # the layouts and SM count are looked up once: every call of the GEMM pays its host time in a training step
-    return TensorDescriptor.from_tensor(t, block, _smem_layout(tuple(block), t.dtype == torch.float8_e4m3fn))
+class _Address:
+    """What Triton reads of a host-side descriptor's base: its dtype (to specialize) and `data_ptr()` (to encode
+    the TMA descriptor at launch). A cached descriptor built on it keeps no tensor alive."""
+
+    __slots__ = ("address", "dtype")
+
+    def __init__(self, address: int, dtype: torch.dtype) -> None:
+        self.address, self.dtype = address, dtype
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_descriptor(address: int, dtype: torch.dtype, shape: tuple, strides: tuple, block: tuple,
+                       layout) -> TensorDescriptor:
+    layout = layout or _smem_layout(block, dtype == torch.float8_e4m3fn)
+    return TensorDescriptor(_Address(address, dtype), list(shape), list(strides), list(block), layout)
+
+
+def _descriptor(t: torch.Tensor, block: tuple[int, int], layout=None) -> TensorDescriptor:
+    """`TensorDescriptor.from_tensor(t, block, layout)` (by default NVMMA's layout for t's dtype), kept by
+    address, shape and strides: building and validating four descriptors cost ~16 µs of a call's host time on a
+    CPU machine, and a training step's GEMMs meet the same addresses step after step (the caching allocator's
+    blocks). Each descriptor is validated once, when built (alignment included: the address is its key)."""
+    return _cached_descriptor(t.data_ptr(), t.dtype, t.shape, t.stride(), block, layout)
 
 
 SCALES_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
@@ -398,13 +421,16 @@ def _launch(a, sa_t, b, sb, c, config: Config, persistent: bool, n_kgroups: int)
     m, n = c.shape
     tiles = cdiv(m, config.block_m) * cdiv(n, config.block_n)
     sms = _sm_count(a.device)
-    _launch_gemm(
-        (min(tiles, sms) if persistent else tiles,),
-        _descriptor(a, [config.block_m, BLOCK_K]), _descriptor(b, [config.sub_n, BLOCK_K]),
-        _descriptor(c, [config.block_m // 2, config.sub_n]),
-        TensorDescriptor.from_tensor(sa_t, [1, config.block_m], SCALES_LAYOUT), sb, m, n, n_kgroups,
-        BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
-        PROMOTE=config.promote, PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, num_warps=4)
+    args = (_descriptor(a, (config.block_m, BLOCK_K)), _descriptor(b, (config.sub_n, BLOCK_K)),
+            _descriptor(c, (config.block_m // 2, config.sub_n)), _descriptor(sa_t, (1, config.block_m), SCALES_LAYOUT),
+            sb, m, n, n_kgroups)
+    # all Triton specializes this kernel on: the operands' dtypes and the config fix the descriptors' dtypes,
+    # blocks and layouts (their bases are 16-byte aligned, or building them failed); sb's alignment; the ints
+    key = (a.device.index, a.dtype, b.dtype, sb.dtype, config, persistent, sb.data_ptr() % 16 == 0, m, n, n_kgroups)
+    _launch_gemm.launch(
+        key, (min(tiles, sms) if persistent else tiles,), args,
+        dict(BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
+             PROMOTE=config.promote, PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, num_warps=4))
 
 
 _picked: dict[tuple, tuple[Config, bool]] = {}

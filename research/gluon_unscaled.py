@@ -134,7 +134,7 @@ def unscaled_gluon_gemm(a: torch.Tensor, b: torch.Tensor, in_flight: int, stages
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     ones = torch.ones((triton.cdiv(k, BLOCK_K), triton.cdiv(m, 4) * 4), device=a.device)  # scales for the producer
     _kernel[(min(tiles, sms) if persistent else tiles,)](
-        _descriptor(a, [128, BLOCK_K]), _descriptor(b, [128, BLOCK_K]), _descriptor(c, [64, 128]),
+        _descriptor(a, (128, BLOCK_K)), _descriptor(b, (128, BLOCK_K)), _descriptor(c, (64, 128)),
         TensorDescriptor.from_tensor(ones[:, :m], [1, 128], SCALES_LAYOUT), m, n,
         triton.cdiv(k, BLOCK_K), 1.0, BLOCK_M=128, SUB_N=128, GROUP_M=8, STAGES=stages, IN_FLIGHT=in_flight,
         MULTIPLY=multiply and not in_flight, SIDE=0 if in_flight else side,

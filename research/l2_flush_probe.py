@@ -10,8 +10,9 @@ Gluon GEMM's host time go?
    (warm L2). Beside each cast: a plain copy of the same input (`dst.copy_(x)`), the same way. Percentages are
    of the 2 GB copy's bandwidth (`fp8bench.analysis.calibrate.copy_gbps`, the cast line's reference).
 2. Host time of one call of the Gluon blockwise GEMM at 256x256x256 (its kernel takes a few microseconds), and
-   of its parts, each timed alone in a loop: the four tensor descriptors, the launch key, the direct launch of
-   the compiled kernel with ready descriptors, and cuBLAS's blockwise call through torch.
+   of its parts, each timed alone in a loop: its four tensor descriptors (kept by address, and built anew as
+   `TensorDescriptor.from_tensor` builds them), binding the arguments, the direct launch of the compiled kernel
+   with ready descriptors, and cuBLAS's blockwise call through torch.
 
 Usage on the GPU box: python3 research/l2_flush_probe.py OUT.json
 """
@@ -101,8 +102,6 @@ def l2_flush(copy: float) -> list[dict]:
 
 def gemm_host(calls: int = 2000) -> dict:
     from fp8bench_kernels import gemm_blockwise_gluon as gg
-    from fp8bench_kernels._launch import launch_key
-    from fp8bench_kernels.gemm_blockwise import m_major
 
     from fp8bench.backends import get_backend
     from fp8bench.core.types import GemmRole
@@ -113,31 +112,24 @@ def gemm_host(calls: int = 2000) -> dict:
     ops = {impl: get_backend(impl).gemm(x, x, GemmRole.FPROP, recipe(impl, "blockwise")).kernel_only
            for impl in ("triton", "torch")}
     ops["triton"]()
-    ((compiled, _, _),) = gg._launch_gemm._compiled.values()
-    a = torch.empty(256, 256, device="cuda", dtype=torch.float8_e4m3fn)
-    sa_t = m_major(torch.ones(256, 2, device="cuda")).t()
-    c = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
-    config = gg.CONFIGS[0]
-
-    def descriptors():
-        return (gg._descriptor(a, [config.block_m, gg.BLOCK_K]), gg._descriptor(a, [config.sub_n, gg.BLOCK_K]),
-                gg._descriptor(c, [config.block_m // 2, config.sub_n]),
-                gg.TensorDescriptor.from_tensor(sa_t, [1, config.block_m], gg.SCALES_LAYOUT))
-    captured = {}
     launcher = gg._launch_gemm
 
-    def recording(grid, *args, **kwargs):  # `_launch` looks its launcher up at each call
-        captured.update(grid=grid, args=args, kwargs=kwargs)
-        launcher(grid, *args, **kwargs)
-    gg._launch_gemm = recording
+    class Recording:  # `_launch` looks its launcher up at each call: this one keeps the last call's arguments
+        def launch(self, key, grid, args, kwargs):
+            self.call = (key, grid, args, kwargs)
+            launcher.launch(key, grid, args, kwargs)
+    recording = gg._launch_gemm = Recording()
     try:
         ops["triton"]()
     finally:
         gg._launch_gemm = launcher
-    args, kwargs, grid = captured["args"], captured["kwargs"], captured["grid"]
+    key, grid, args, kwargs = recording.call
+    ((compiled, _, _),) = launcher._compiled.values()
     named = launcher.arguments(args, kwargs, {})
     ordered = [named[n] for n in launcher.arg_names]
     launch = compiled[(*grid, 1, 1)[:3]]
+    blocks = [(d.base, tuple(d.block_shape), d.layout) for d in args[:4]]
+    tensors = [torch.empty(d.shape, dtype=d.base.dtype, device="cuda") for d in args[:4]]
 
     def wall_us(fn) -> float:
         for _ in range(50):
@@ -149,7 +141,11 @@ def gemm_host(calls: int = 2000) -> dict:
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) / calls * 1e6
     parts = {"gluon gemm call": ops["triton"], "cublas blockwise call": ops["torch"],
-             "four descriptors": descriptors, "launch key": lambda: launch_key(args, kwargs),
+             "four descriptors, kept": lambda: [gg._descriptor(t, blk, lay) for t, (_, blk, lay)
+                                                in zip(tensors, blocks, strict=True)],
+             "four descriptors, built": lambda: [gg.TensorDescriptor.from_tensor(t, list(blk), lay) for t, (_, blk, lay)
+                                                 in zip(tensors, blocks, strict=True)],
+             "bind arguments": lambda: launcher.arguments(args, kwargs, {}),
              "direct launch, ready arguments": lambda: launch(*ordered),
              "torch.empty C": lambda: torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)}
     out = {}

@@ -130,6 +130,30 @@ def test_launch_key_tells_apart_what_triton_specializes_a_binary_on(k):
     assert launch_key((desc,), {}) != launch_key((TensorDescriptor.from_tensor(x[:32], [16, 32]),), {})
 
 
+def test_gluon_gemm_keeps_descriptors_by_address_and_no_tensor_alive():
+    """The Gluon GEMM's descriptors are built once per address, shape, strides and block, on a base that holds
+    the address only: a kept descriptor pins no memory, and Triton keys it as it keys the tensor's own."""
+    import weakref
+
+    from fp8bench_kernels import gemm_blockwise_gluon as g
+    from fp8bench_kernels._launch import launch_key
+
+    t = torch.zeros(256, 256, dtype=torch.float8_e4m3fn)
+    d = g._descriptor(t, (128, 128))
+    assert g._descriptor(t, (128, 128)) is d
+    assert (d.base.data_ptr(), d.shape, d.strides, d.block_shape) == (t.data_ptr(), [256, 256], [256, 1], [128, 128])
+    built = g.TensorDescriptor.from_tensor(t, [128, 128], d.layout)
+    assert launch_key((d,), {}) == launch_key((built,), {})
+    for other in [g._descriptor(t[128:], (128, 128)), g._descriptor(t, (64, 128)), g._descriptor(t[:, :128], (128, 128)),
+                  g._descriptor(t.view(torch.uint8), (128, 128), d.layout)]:
+        assert other is not d and launch_key((other,), {}) != launch_key((d,), {})
+    alive = weakref.ref(t)
+    del t, built
+    assert alive() is None
+    with pytest.raises(AssertionError, match="16-byte aligned"):  # validated when built, as from_tensor does
+        g._descriptor(torch.zeros(256 * 256 + 1, dtype=torch.float8_e4m3fn)[1:].view(256, 256), (128, 128))
+
+
 @pytest.mark.gpu
 def test_direct_launches_write_what_launches_through_triton_write(k):
     """After a kernel's first call with a key, the next call goes straight to its binary (its launcher counts it)
