@@ -124,7 +124,7 @@ def gemm_host(calls: int = 2000) -> dict:
     finally:
         gg._launch_gemm = launcher
     key, grid, args, kwargs = recording.call
-    ((compiled, _, _),) = launcher._compiled.values()
+    compiled = launcher._compiled[key][0]
     named = launcher.arguments(args, kwargs, {})
     ordered = [named[n] for n in launcher.arg_names]
     launch = compiled[(*grid, 1, 1)[:3]]
