@@ -15,6 +15,7 @@ Gluon GEMM's host time go?
    with ready descriptors, and cuBLAS's blockwise call through torch.
 
 Usage on the GPU box: python3 research/l2_flush_probe.py OUT.json
+Anywhere, the Markdown tables of a recorded file: python3 research/l2_flush_probe.py --markdown OUT.json
 """
 
 from __future__ import annotations
@@ -158,7 +159,21 @@ def gemm_host(calls: int = 2000) -> dict:
     return result
 
 
+def markdown(recorded: dict) -> str:
+    out = ["| kernel | input | % of copy, zeroing flush | reading flush | no flush |", "|---|---|---|---|---|"]
+    for r in recorded["l2_flush"]:
+        out.append(f"| {r['kernel']} | {r['shape'][0]}×{r['shape'][1]} ({r['input_mb']:.0f} MB) | "
+                   f"{r['zeroing_pct_of_copy']:.1f} | {r['reading_pct_of_copy']:.1f} | {r['none_pct_of_copy']:.1f} |")
+    out += ["", f"Copy bandwidth (2 GB) {recorded['copy_gbps']:.0f} GB/s.", "",
+            "| host, Gluon GEMM at 256×256×256 | µs per call |", "|---|---|"]
+    out += [f"| {name} | {us:.1f} |" for name, us in recorded["gemm_host_us"].items()]
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
+    if sys.argv[1] == "--markdown":
+        print(markdown(json.loads(open(sys.argv[2]).read())), end="")
+        return 0
     copy = copy_gbps(torch.device("cuda"), 2 * 1024**3, 0.3)
     print(f"copy bandwidth (2 GB): {copy:.0f} GB/s", flush=True)
     out = {"device": torch.cuda.get_device_name(), "copy_gbps": copy, "gemm_host_us": gemm_host(),

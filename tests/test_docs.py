@@ -99,3 +99,20 @@ def test_the_headline_says_what_each_fastest_training_recipe_did_to_the_loss(com
     assert by_key[("NVIDIA H200 · llama2-7b", "train")][5] == "FAIL at llama-350m"
     assert all(r[5] == "" for r in rows if r[1] in ("layer", "mlp"))
     assert all(r[5] for r in rows if r[1] == "train")
+
+
+def _kernel_tables() -> list[str]:
+    """The commands behind docs/kernels.md's generated blocks (each prints its block from a committed file)."""
+    return re.findall(r"<!-- generated: python3 (\S+ --markdown \S+) -->", (ROOT / "docs" / "kernels.md").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", _kernel_tables())
+def test_the_kernel_tables_are_the_committed_measurements(command):
+    res = subprocess.run([sys.executable, *command.split()], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert generated_block("kernels.md", command) == res.stdout
+
+
+def test_every_kernel_table_is_checked():
+    assert len(_kernel_tables()) >= 3  # the GEMM/cast/host file, the host file at 5797233, the L2 flush probe
