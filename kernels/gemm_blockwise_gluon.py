@@ -83,11 +83,12 @@ _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_
 
 
 @gluon.jit
-def _load_step(a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, step, total, M, N, n_kgroups,
-               BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
-               STAGES: gl.constexpr):
+def _load_step(a_desc, b_desc, sa_desc, sb_desc, a_smem, b_smem, sa_smem, sb_smem, ready, empty, step, total, M, N,
+               n_kgroups, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
+               STAGES: gl.constexpr, COL_SCALES: gl.constexpr):
     """TMA-load this program's `step`-th (tile, K group) into ring stage step % STAGES once both math warpgroups
-    have released it (nothing past `total`): A's and B's tiles and the 1x128 scales of A's rows."""
+    have released it (nothing past `total`): A's and B's tiles, the 1x128 scales of A's rows and (COL_SCALES,
+    the weight gradient) those of B's rows, the tile's columns."""
     stage = step % STAGES
     pred = step < total
     # a fresh barrier counts as released once (parity 1), so the first lap does not wait
@@ -96,8 +97,12 @@ def _load_step(a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, s
                          HALVES * SUB_N, GROUP_M)
     k = (step % n_kgroups) * GROUP
     bar = ready.index(stage)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + HALVES * b_desc.block_type.nbytes + sa_desc.block_type.nbytes,
-                    pred=pred)
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + HALVES * b_desc.block_type.nbytes + sa_desc.block_type.nbytes
+    if COL_SCALES:
+        mbarrier.expect(bar, nbytes + sb_desc.block_type.nbytes, pred=pred)
+        _tma_load(sb_desc, [step % n_kgroups, off_n], bar, sb_smem.index(stage), pred=pred)
+    else:
+        mbarrier.expect(bar, nbytes, pred=pred)
     _tma_load(a_desc, [off_m, k], bar, a_smem.index(stage), pred=pred)
     _tma_load(sa_desc, [step % n_kgroups, off_m], bar, sa_smem.index(stage), pred=pred)
     _tma_load(b_desc, [off_n, k], bar, b_smem.index(HALVES * stage), pred=pred)
@@ -117,14 +122,14 @@ def _steps(M, N, n_kgroups, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _loader(a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, M, N, n_kgroups,
+def _loader(a_desc, b_desc, sa_desc, sb_desc, a_smem, b_smem, sa_smem, sb_smem, ready, empty, M, N, n_kgroups,
             BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
-            STAGES: gl.constexpr):
+            STAGES: gl.constexpr, COL_SCALES: gl.constexpr):
     """Producer warp: every load of the program, in order, as stages free up."""
     total = _steps(M, N, n_kgroups, BLOCK_M, HALVES * SUB_N)
     for step in range(total):
-        _load_step(a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, step, total, M, N, n_kgroups,
-                   BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES)
+        _load_step(a_desc, b_desc, sa_desc, sb_desc, a_smem, b_smem, sa_smem, sb_smem, ready, empty, step, total, M,
+                   N, n_kgroups, BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, COL_SCALES)
 
 
 @gluon.jit
@@ -133,6 +138,16 @@ def _weight_scales(sb_ptr, off_n, kg, n_kgroups, N, SUB_N: gl.constexpr):
     sb0 = gl.load(sb_ptr + (off_n // GROUP) * n_kgroups + kg)
     sb1 = gl.load(sb_ptr + ((off_n + SUB_N) // GROUP) * n_kgroups + kg, mask=off_n + SUB_N < N, other=1.0)
     return sb0, sb1
+
+
+@gluon.jit
+def _scaled(t, rows, cols, COL_SCALES: gl.constexpr):
+    """t times its rows' scales and (COL_SCALES) its columns' too: the outer product sa ⊗ sb of the weight
+    gradient, applied as two broadcasts rather than a tile of scales held in registers."""
+    t = t * gl.expand_dims(rows, 1)
+    if COL_SCALES:
+        t = t * gl.expand_dims(cols, 0)
+    return t
 
 
 @gluon.jit
@@ -170,17 +185,21 @@ def _your_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, WG: gl.constexpr,
-              BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
-              STAGES: gl.constexpr, PROMOTE: gl.constexpr, PINGPONG: gl.constexpr):
+def _consumer(a_smem, b_smem, sa_smem, sb_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups,
+              WG: gl.constexpr, BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr,
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, PROMOTE: gl.constexpr, PINGPONG: gl.constexpr,
+              COL_SCALES: gl.constexpr):
     """One math warpgroup: rows [WG·64, WG·64 + 64) of each tile, every column half. Each K group's wgmmas are
     waited for at once (ptxas serializes every wgmma of a kernel that reads an accumulator while another wgmma
     is in flight); the overlap of scaling and tensor-core work comes from the other warpgroup, whose wgmmas
-    (PINGPONG) are issued between this one's."""
+    (PINGPONG) are issued between this one's. B's scales: one per half and group, read from `sb_ptr`
+    (128x128 blocks), or with COL_SCALES one per column and group, staged in `sb_smem` (1x128 groups along K:
+    the weight gradient; promote only)."""
     ROWS: gl.constexpr = BLOCK_M // 2
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, SUB_N, 32])
     row_scales: gl.constexpr = gl.SliceLayout(1, mma)
+    col_scales: gl.constexpr = gl.SliceLayout(0, mma)
     zero = gl.zeros((ROWS, SUB_N), gl.float32, mma)
     n_tiles = _n_tiles(M, N, BLOCK_M, HALVES * SUB_N)
     step = 0
@@ -191,14 +210,16 @@ def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, 
         acc0 = zero
         acc1 = zero
         t = zero  # promote's scratch tile
-        sb0, sb1 = _weight_scales(sb_ptr, off_n, 0, n_kgroups, N, SUB_N)
+        if not COL_SCALES:
+            sb0, sb1 = _weight_scales(sb_ptr, off_n, 0, n_kgroups, N, SUB_N)
         # rescale's previous-group scales: their own tensors, not aliases of s0/s1 (Triton's frontend would
         # then not carry them through the loop), and any value does for the first group, which ignores acc
         prev0 = gl.full([ROWS], 1.0, gl.float32, row_scales)
         prev1 = gl.full([ROWS], 1.0, gl.float32, row_scales)
         for kg in range(n_kgroups):
-            # the next group's weight scales now: their latency hides behind this group's wait and MMAs
-            nxt0, nxt1 = _weight_scales(sb_ptr, off_n, gl.minimum(kg + 1, n_kgroups - 1), n_kgroups, N, SUB_N)
+            if not COL_SCALES:
+                # the next group's weight scales now: their latency hides behind this group's wait and MMAs
+                nxt0, nxt1 = _weight_scales(sb_ptr, off_n, gl.minimum(kg + 1, n_kgroups - 1), n_kgroups, N, SUB_N)
             stage = step % STAGES
             mbarrier.wait(ready.index(stage), (step // STAGES) & 1)
             a = a_smem.index(stage).slice(WG * ROWS, ROWS)
@@ -214,11 +235,20 @@ def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, 
                 t = warpgroup_mma(a, b0, t, use_acc=False, is_async=True)
                 _your_turn(WG, PINGPONG)
                 sa = sa_rows.load(row_scales)  # read while the wgmmas run, before the stage is released
-                s0 = sa * sb0
-                s1 = sa * sb1
+                if COL_SCALES:  # this tile's columns of B's scales, staged like A's
+                    cols = sb_smem.index(stage).reshape([HALVES * SUB_N])
+                    c0 = cols.slice(0, SUB_N).load(col_scales)
+                    c1 = cols.slice((HALVES - 1) * SUB_N, SUB_N).load(col_scales)
+                    s0 = sa
+                    s1 = sa
+                else:
+                    s0 = sa * sb0
+                    s1 = sa * sb1
+                    c0 = s0  # unused
+                    c1 = s1
                 t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
                 if HALVES == 2:
-                    acc0 = acc0 + t * gl.expand_dims(s0, 1)
+                    acc0 = acc0 + _scaled(t, s0, c0, COL_SCALES)
                     if SUB_N == 128:  # else LLVM sums after the next wgmma: 64 more registers, spilled
                         acc0 = _settled(acc0)
                     _my_turn(WG, PINGPONG)
@@ -226,10 +256,10 @@ def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, 
                     _your_turn(WG, PINGPONG)
                     t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
                     mbarrier.arrive(empty.index(stage))
-                    acc1 = acc1 + t * gl.expand_dims(s1, 1)
+                    acc1 = acc1 + _scaled(t, s1, c1, COL_SCALES)
                 else:
                     mbarrier.arrive(empty.index(stage))
-                    acc0 = acc0 + t * gl.expand_dims(s0, 1)
+                    acc0 = acc0 + _scaled(t, s0, c0, COL_SCALES)
             else:  # rescale: the accumulator in this group's units, s applied after the loop
                 sa = sa_rows.load(row_scales)
                 s0 = sa * sb0
@@ -253,8 +283,9 @@ def _consumer(a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, 
                 mbarrier.arrive(empty.index(stage))
                 prev0 = s0
                 prev1 = s1
-            sb0 = nxt0
-            sb1 = nxt1
+            if not COL_SCALES:
+                sb0 = nxt0
+                sb1 = nxt1
             step += 1
         if not PROMOTE:
             acc0 = acc0 * gl.expand_dims(prev0, 1)
@@ -316,13 +347,42 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_desc, sb_ptr, M, N, n_kgroups,
     n_kgroups = gl.to_tensor(n_kgroups)
     # a producer warp loads; registers move from it to the math warpgroups (setmaxnreg). Loading from the first
     # math warpgroup instead (8 warps, no reallocation) was 10-20% slower on the H200.
+    # B's 1x128 column scales are the weight gradient's (`_gemm_wgrad_kernel`): here A's descriptor and buffer
+    # stand in for them, never read (COL_SCALES False)
     gl.warp_specialize([
-        (_consumer, (a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 0, BLOCK_M,
-                     SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, PINGPONG)),
-        (_consumer, (a_smem, b_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 1, BLOCK_M,
-                     SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, PINGPONG)),
-        (_loader, (a_desc, b_desc, sa_desc, a_smem, b_smem, sa_smem, ready, empty, M, N, n_kgroups, BLOCK_M, SUB_N,
-                   HALVES, GROUP_M, STAGES)),
+        (_consumer, (a_smem, b_smem, sa_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 0,
+                     BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, PINGPONG, False)),
+        (_consumer, (a_smem, b_smem, sa_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 1,
+                     BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, PINGPONG, False)),
+        (_loader, (a_desc, b_desc, sa_desc, sa_desc, a_smem, b_smem, sa_smem, sa_smem, ready, empty, M, N, n_kgroups,
+                   BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, False)),
+    ], [4, 1], [CONSUMER_REGS, 40])
+    _invalidate(ready, empty, STAGES)
+
+
+@gluon.jit
+def _gemm_wgrad_kernel(a_desc, b_desc, c_desc, sa_desc, sb_desc, M, N, n_kgroups,
+                       BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
+                       STAGES: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """`_gemm_kernel` for the weight gradient: B's scales are 1x128 groups along K too, one per column and
+    group, TMA-loaded with each stage as A's are (sb_desc: their [K/128, N] view, `m_major`); promote only."""
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [HALVES * STAGES, SUB_N, GROUP], b_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [2 * HALVES, BLOCK_M // 2, SUB_N], c_desc.layout)
+    sa_smem = gl.allocate_shared_memory(sa_desc.dtype, [STAGES, 1, BLOCK_M], sa_desc.layout)
+    sb_smem = gl.allocate_shared_memory(sb_desc.dtype, [STAGES, 1, HALVES * SUB_N], sb_desc.layout)
+    ready, empty = _ring_barriers(STAGES)
+    M = gl.to_tensor(M)  # as in _gemm_kernel: the partitions take IR values only
+    N = gl.to_tensor(N)
+    n_kgroups = gl.to_tensor(n_kgroups)
+    # M stands in for the consumers' sb_ptr, never read (COL_SCALES True)
+    gl.warp_specialize([
+        (_consumer, (a_smem, b_smem, sa_smem, sb_smem, c_smem, ready, empty, c_desc, M, M, N, n_kgroups, 0,
+                     BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, True, PINGPONG, True)),
+        (_consumer, (a_smem, b_smem, sa_smem, sb_smem, c_smem, ready, empty, c_desc, M, M, N, n_kgroups, 1,
+                     BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, True, PINGPONG, True)),
+        (_loader, (a_desc, b_desc, sa_desc, sb_desc, a_smem, b_smem, sa_smem, sb_smem, ready, empty, M, N, n_kgroups,
+                   BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, True)),
     ], [4, 1], [CONSUMER_REGS, 40])
     _invalidate(ready, empty, STAGES)
 
@@ -339,13 +399,16 @@ class Config(NamedTuple):
     pingpong: bool = True
     """the math warpgroups take turns issuing wgmmas (named barriers), so one scales while the other's run;
     False: they run free, tied only by the ring's mbarriers (the kernel before e8337d4, for the probes)"""
+    col_scales: bool = False
+    """the weight gradient's kernel (`_gemm_wgrad_kernel`): B's scales per column, 1x128 along K (promote only)"""
 
     @property
     def block_n(self) -> int:
         return self.halves * self.sub_n
 
     def smem_bytes(self) -> int:
-        ring = self.stages * ((self.block_m + self.block_n) * BLOCK_K + 4 * self.block_m)  # E4M3 A, B; A's scales
+        scales = 4 * (self.block_m + (self.block_n if self.col_scales else 0))  # FP32, per row (and column)
+        ring = self.stages * ((self.block_m + self.block_n) * BLOCK_K + scales)  # E4M3 A, B and the scales
         return ring + self.block_m * self.block_n * 2 + 16 * self.stages  # + the BF16 C tile, mbarriers
 
 
@@ -365,6 +428,14 @@ H200 yet, so the tuner leaves them out: `research/gemm_variant_probe.py --gluon`
 time them next to CONFIGS. None now. The last were CONFIGS with the math warpgroups taking turns (`pingpong`),
 now the default: in an A/B on the H200 at e8337d4 (best of three do_bench, five shapes) the turns took promote
 on 128x256 tiles up 5-11% and rescale 2-5%, and moved the 128x128 configs by -1 to +6%."""
+
+WGRAD_CONFIGS = (Config(128, 128, 1, 4, True, col_scales=True), Config(128, 128, 1, 5, True, col_scales=True),
+                 Config(128, 64, 2, 4, True, col_scales=True))
+"""The weight gradient's kernel on CONFIGS' promote tiles of 128x128 (rescale cannot fold a scale per column into
+its accumulator; on 128x256 the column scales took promote's two sums and scratch past the registers: 656 bytes
+spilled). They compile cleanly for sm_90 (CI checks them as it checks CONFIGS) but have not yet run on the H200:
+the `triton` backend's wgrad stays on `gemm_blockwise_wgrad` until `pytest -m gpu` has checked them and a
+benchmark has timed them against it."""
 
 
 @functools.cache
@@ -466,6 +537,49 @@ def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
     return c
 
 
+_launch_wgrad = Launcher(_gemm_wgrad_kernel)
+
+
+def _launch_wgrad_config(a, sa_t, b, sb_t, c, config: Config, persistent: bool, n_kgroups: int) -> None:
+    m, n = c.shape
+    tiles = cdiv(m, config.block_m) * cdiv(n, config.block_n)
+    args = (_descriptor(a, (config.block_m, BLOCK_K)), _descriptor(b, (config.sub_n, BLOCK_K)),
+            _descriptor(c, (config.block_m // 2, config.sub_n)), _descriptor(sa_t, (1, config.block_m), SCALES_LAYOUT),
+            _descriptor(sb_t, (1, config.block_n), SCALES_LAYOUT), m, n, n_kgroups)
+    key = (a.device.index, a.dtype, b.dtype, config, persistent, m, n, n_kgroups)  # as `_launch`'s
+    _launch_wgrad.launch(
+        key, (min(tiles, _sm_count(a.device)) if persistent else tiles,), args,
+        dict(BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
+             PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, num_warps=4))
+
+
+def gemm_blockwise_gluon_wgrad(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                               config: Config | None = None, persistent: bool = True) -> torch.Tensor:
+    """`gemm_blockwise_wgrad` (both operands with 1x128 scales along K) on Hopper through this kernel's
+    structure. Without `config`, the fastest of WGRAD_CONFIGS and grid kinds is picked once per shape, as
+    `gemm_blockwise_gluon` picks."""
+    m, n, n_kgroups = check_operands(a, sa, b, sb, b_rows=1)
+    if config is not None and not (config.col_scales and config.promote):
+        raise ValueError(f"{config} is not a weight-gradient config (col_scales and promote): see WGRAD_CONFIGS")
+    sa_t, sb_t = m_major(sa).t(), m_major(sb).t()  # the [K/128, rows] views the producer's TMA reads
+    c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
+    if config is None:
+        key = ("wgrad", m, n, a.shape[1], sa.stride(), sb.stride(), a.device)
+        if key not in _picked:
+            from ._tune import steady_do_bench
+
+            options = [(cfg, pers) for cfg in WGRAD_CONFIGS for pers in (True, False)]
+            best = dict.fromkeys(options, float("inf"))
+            for _ in range(TUNING_ROUNDS):
+                for o in options:
+                    best[o] = min(best[o], steady_do_bench(
+                        lambda o=o: _launch_wgrad_config(a, sa_t, b, sb_t, c, *o, n_kgroups)))
+            _picked[key] = min(options, key=best.__getitem__)
+        config, persistent = _picked[key]
+    _launch_wgrad_config(a, sa_t, b, sb_t, c, config, persistent, n_kgroups)
+    return c
+
+
 def compile_sm90(config: Config):
     """Compile the kernel for sm_90 without a GPU (Triton's own compiler and ptxas): CI checks the PTX's
     structure with it, since Gluon cannot run under the interpreter."""
@@ -478,11 +592,18 @@ def compile_sm90(config: Config):
     signature = {"a_desc": desc("fp8e4nv", [config.block_m, 128], gl.float8e4nv),
                  "b_desc": desc("fp8e4nv", [config.sub_n, 128], gl.float8e4nv),
                  "c_desc": desc("bf16", [config.block_m // 2, config.sub_n], gl.bfloat16),
-                 "sa_desc": f"tensordesc<fp32[1, {config.block_m}],{SCALES_LAYOUT!r}>",
-                 "sb_ptr": "*fp32", "M": "i32", "N": "i32", "n_kgroups": "i32"}
+                 "sa_desc": f"tensordesc<fp32[1, {config.block_m}],{SCALES_LAYOUT!r}>"}
+    if config.col_scales:
+        signature["sb_desc"] = f"tensordesc<fp32[1, {config.block_n}],{SCALES_LAYOUT!r}>"
+    else:
+        signature["sb_ptr"] = "*fp32"
+    signature.update({"M": "i32", "N": "i32", "n_kgroups": "i32"})
     constants = {"BLOCK_M": config.block_m, "SUB_N": config.sub_n, "GROUP_M": 8, "STAGES": config.stages,
                  "HALVES": config.halves, "PROMOTE": config.promote, "PINGPONG": config.pingpong,
                  "CONSUMER_REGS": config.consumer_regs}
+    if config.col_scales:
+        del constants["PROMOTE"]
     signature.update(dict.fromkeys(constants, "constexpr"))
-    return triton.compile(GluonASTSource(_gemm_kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+    kernel = _gemm_wgrad_kernel if config.col_scales else _gemm_kernel
+    return triton.compile(GluonASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})

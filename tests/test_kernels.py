@@ -273,9 +273,10 @@ def test_autotuned_gemm_picks_only_among_one_numerics(k, m, n, kk, fast_accum):
 def gluon_configs():
     """The tuned configs, the candidates not yet timed on the H200 and the free-running promote the probes time
     against the tuned one: all must build and be right."""
-    from fp8bench_kernels.gemm_blockwise_gluon import CANDIDATES, CONFIGS
+    from fp8bench_kernels.gemm_blockwise_gluon import CANDIDATES, CONFIGS, WGRAD_CONFIGS
 
-    return CONFIGS + CANDIDATES + (CONFIGS[2]._replace(pingpong=False),)  # + the probes' free-running kernel
+    # + the probes' free-running kernel, and the weight gradient's
+    return CONFIGS + CANDIDATES + (CONFIGS[2]._replace(pingpong=False),) + WGRAD_CONFIGS
 
 
 _COMPILE_SM90 = """
@@ -470,6 +471,28 @@ def test_wgrad_gemm_matches_the_dequantized_reference(k, m, n, kk):
         assert sqnr_db(ref, c.float()) > 40.0, config
     with pytest.raises(ValueError, match="1x128"):
         k.gemm_blockwise_wgrad.gemm_blockwise_wgrad(a, sa, b, sb[:, :1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,kk", [(4096, 11008, 8192), (1040, 4112, 2064)])
+def test_gluon_wgrad_gemm_matches_the_dequantized_reference(k, m, n, kk):
+    """The Gluon structure with B's scales per column (WGRAD_CONFIGS), every config and grid kind, the tuner's
+    pick and row-major scales (copied M-major): at the shape of Llama-2-7B's down-projection weight gradient
+    (4096 x 11008 over 8192 tokens) and at one of partial tiles and groups everywhere (the scales' TMA
+    zero-fill past N)."""
+    from fp8bench_kernels import gemm_blockwise_gluon as g
+
+    a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128), m_major_scales=True)
+    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2), (1, 128), m_major_scales=True)
+    ref = k.gemm_blockwise_wgrad.gemm_blockwise_wgrad_reference(a, sa, b, sb)
+    runs = [(config, persistent) for config in g.WGRAD_CONFIGS for persistent in (True, False)]
+    for config, persistent in [*runs, (None, True)]:
+        c = g.gemm_blockwise_gluon_wgrad(a, sa, b, sb, config, persistent)
+        assert c.dtype == torch.bfloat16 and c.shape == (m, n)
+        assert sqnr_db(ref, c.float()) > 40.0, (config, persistent)
+    assert sqnr_db(ref, g.gemm_blockwise_gluon_wgrad(a, sa.contiguous(), b, sb.contiguous()).float()) > 40.0
+    with pytest.raises(ValueError, match="weight-gradient config"):
+        g.gemm_blockwise_gluon_wgrad(a, sa, b, sb, g.CONFIGS[0])
 
 
 LINEARS = ([pytest.param(8192, 4096, 11008, marks=pytest.mark.gpu), pytest.param(8208, 4112, 2064, marks=pytest.mark.gpu)]
