@@ -47,11 +47,15 @@ def _spec(arg: Any) -> Any:
     return kind, arg
 
 
+def current_device() -> int:
+    """The device Triton compiles and launches for (-1 without CUDA: the interpreter)."""
+    return torch.cuda.current_device() if torch.cuda.is_available() else -1
+
+
 def launch_key(args: tuple, kwargs: dict) -> tuple:
     """What selects a compiled binary, for `args` and the constexpr `kwargs` of one call (keywords in the
     order given: another order only misses the cache)."""
-    return (torch.cuda.current_device() if torch.cuda.is_available() else -1, *map(_spec, args),
-            *[(name, _spec(value)) for name, value in kwargs.items()])
+    return (current_device(), *map(_spec, args), *[(name, _spec(value)) for name, value in kwargs.items()])
 
 
 class Launcher:

@@ -70,7 +70,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._launch import Launcher, cdiv
+from ._launch import Launcher, cdiv, current_device
 from .gemm_blockwise import GROUP as BLOCK_K
 from .gemm_blockwise import _tile, check_operands, m_major
 
@@ -497,7 +497,8 @@ def _launch(a, sa_t, b, sb, c, config: Config, persistent: bool, n_kgroups: int)
             sb, m, n, n_kgroups)
     # all Triton specializes this kernel on: the operands' dtypes and the config fix the descriptors' dtypes,
     # blocks and layouts (their bases are 16-byte aligned, or building them failed); sb's alignment; the ints
-    key = (a.device.index, a.dtype, b.dtype, sb.dtype, config, persistent, sb.data_ptr() % 16 == 0, m, n, n_kgroups)
+    key = (current_device(), a.dtype, b.dtype, sa_t.dtype, sb.dtype, config, persistent, sb.data_ptr() % 16 == 0, m, n,
+           n_kgroups)
     _launch_gemm.launch(
         key, (min(tiles, sms) if persistent else tiles,), args,
         dict(BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
@@ -516,6 +517,8 @@ def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
     (`fast_accum`) rescale, and grid is picked once per shape and scale layout (the best of TUNING_ROUNDS timings
     of each, interleaved), as Triton's autotuner would."""
     m, n, n_kgroups = check_operands(a, sa, b, sb)
+    if config is not None and config.col_scales:
+        raise ValueError(f"{config} is the weight gradient's (col_scales): see gemm_blockwise_gluon_wgrad")
     sa_t = m_major(sa).t()  # the [K/128, M] view the producer's TMA reads
     sb = sb.contiguous()
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
@@ -546,7 +549,7 @@ def _launch_wgrad_config(a, sa_t, b, sb_t, c, config: Config, persistent: bool, 
     args = (_descriptor(a, (config.block_m, BLOCK_K)), _descriptor(b, (config.sub_n, BLOCK_K)),
             _descriptor(c, (config.block_m // 2, config.sub_n)), _descriptor(sa_t, (1, config.block_m), SCALES_LAYOUT),
             _descriptor(sb_t, (1, config.block_n), SCALES_LAYOUT), m, n, n_kgroups)
-    key = (a.device.index, a.dtype, b.dtype, config, persistent, m, n, n_kgroups)  # as `_launch`'s
+    key = (current_device(), a.dtype, b.dtype, sa_t.dtype, sb_t.dtype, config, persistent, m, n, n_kgroups)
     _launch_wgrad.launch(
         key, (min(tiles, _sm_count(a.device)) if persistent else tiles,), args,
         dict(BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
@@ -559,7 +562,7 @@ def gemm_blockwise_gluon_wgrad(a: torch.Tensor, sa: torch.Tensor, b: torch.Tenso
     structure. Without `config`, the fastest of WGRAD_CONFIGS and grid kinds is picked once per shape, as
     `gemm_blockwise_gluon` picks."""
     m, n, n_kgroups = check_operands(a, sa, b, sb, b_rows=1)
-    if config is not None and not (config.col_scales and config.promote):
+    if config is not None and not (config.col_scales and config.promote):  # (128x256 compiles, with spills)
         raise ValueError(f"{config} is not a weight-gradient config (col_scales and promote): see WGRAD_CONFIGS")
     sa_t, sb_t = m_major(sa).t(), m_major(sb).t()  # the [K/128, rows] views the producer's TMA reads
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)

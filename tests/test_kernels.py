@@ -147,11 +147,56 @@ def test_gluon_gemm_keeps_descriptors_by_address_and_no_tensor_alive():
     for other in [g._descriptor(t[128:], (128, 128)), g._descriptor(t, (64, 128)), g._descriptor(t[:, :128], (128, 128)),
                   g._descriptor(t.view(torch.uint8), (128, 128), d.layout)]:
         assert other is not d and launch_key((other,), {}) != launch_key((d,), {})
+    twin = torch.zeros_like(t)  # the same in all but its address
+    assert g._descriptor(twin, (128, 128)).base.data_ptr() == twin.data_ptr() != t.data_ptr()
+    # the same address and shape, other strides
+    square, strided = t.view(-1)[:128 * 128].view(128, 128), t[:128, :128]
+    assert g._descriptor(square, (128, 128)).strides == [128, 1] and g._descriptor(strided, (128, 128)).strides == [256, 1]
     alive = weakref.ref(t)
-    del t, built
+    del t, built, twin, square, strided
     assert alive() is None
     with pytest.raises(AssertionError, match="16-byte aligned"):  # validated when built, as from_tensor does
         g._descriptor(torch.zeros(256 * 256 + 1, dtype=torch.float8_e4m3fn)[1:].view(256, 256), (128, 128))
+
+
+def test_gluon_gemm_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
+    """The Gluon GEMMs key their direct launches themselves (cheaper than `launch_key` over 17 arguments): any two
+    calls that `launch_key` would give different binaries must get different keys from them too."""
+    from itertools import combinations
+
+    from fp8bench_kernels import gemm_blockwise_gluon as g
+    from fp8bench_kernels._launch import launch_key
+
+    class Recording:
+        def __init__(self):
+            self.keys = []
+
+        def launch(self, key, grid, args, kwargs):
+            self.keys.append((key, launch_key(args, kwargs)))
+    monkeypatch.setattr(g, "_sm_count", lambda device: 132)
+    fp8 = torch.float8_e4m3fn
+
+    def call(launch, m, n, k, misaligned_sb=False, wgrad=False):
+        groups = -(-k // 128)
+        a, b = torch.zeros(m, k, dtype=fp8), torch.zeros(n, k, dtype=fp8)
+        sa_t = g.m_major(torch.ones(m, groups)).t()
+        if wgrad:
+            launch(a, sa_t, b, g.m_major(torch.ones(n, groups)).t(), torch.empty(m, n, dtype=torch.bfloat16),
+                   g.WGRAD_CONFIGS[0], True, groups)
+            return
+        sb = torch.ones(-(-n // 128) * groups + 1)[int(misaligned_sb):][:-(-n // 128) * groups or None]
+        launch(a, sa_t, b, sb.view(-(-n // 128), groups), torch.empty(m, n, dtype=torch.bfloat16),
+               g.CONFIGS[3], True, groups)
+    shapes = [(256, 256, 256), (256, 256, 128), (272, 256, 256), (256, 272, 256), (256, 256, 384), (512, 256, 256)]
+    for launcher, launch, variants in [("_launch_gemm", g._launch, [*shapes, (256, 256, 256, True)]),
+                                       ("_launch_wgrad", g._launch_wgrad_config, [(*s, False, True) for s in shapes])]:
+        recording = Recording()
+        monkeypatch.setattr(g, launcher, recording)
+        for v in variants:
+            call(launch, *v)
+        for (ours1, theirs1), (ours2, theirs2) in combinations(recording.keys, 2):
+            assert theirs1 == theirs2 or ours1 != ours2, (ours1, ours2)
+        assert len({theirs for _, theirs in recording.keys}) == len(variants)  # each variant its own binary
 
 
 @pytest.mark.gpu
@@ -273,10 +318,16 @@ def test_autotuned_gemm_picks_only_among_one_numerics(k, m, n, kk, fast_accum):
 def gluon_configs():
     """The tuned configs, the candidates not yet timed on the H200 and the free-running promote the probes time
     against the tuned one: all must build and be right."""
-    from fp8bench_kernels.gemm_blockwise_gluon import CANDIDATES, CONFIGS, WGRAD_CONFIGS
+    from fp8bench_kernels.gemm_blockwise_gluon import CANDIDATES, CONFIGS
 
-    # + the probes' free-running kernel, and the weight gradient's
-    return CONFIGS + CANDIDATES + (CONFIGS[2]._replace(pingpong=False),) + WGRAD_CONFIGS
+    return CONFIGS + CANDIDATES + (CONFIGS[2]._replace(pingpong=False),)  # + the probes' free-running kernel
+
+
+def sm90_configs():
+    """What CI compiles for sm_90: `gluon_configs`, and the weight gradient's kernel taking turns and not."""
+    from fp8bench_kernels.gemm_blockwise_gluon import WGRAD_CONFIGS
+
+    return gluon_configs() + WGRAD_CONFIGS + (WGRAD_CONFIGS[0]._replace(pingpong=False),)
 
 
 _COMPILE_SM90 = """
@@ -299,14 +350,14 @@ def sm90_builds():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_SM90], input=json.dumps(gluon_configs()),
+    done = subprocess.run([sys.executable, "-c", _COMPILE_SM90], input=json.dumps(sm90_configs()),
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", gluon_configs(), ids=repr)
+@pytest.mark.parametrize("config", sm90_configs(), ids=repr)
 def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config, sm90_builds):
     """The Gluon kernel cannot run under the interpreter, so CI compiles it for sm_90 and checks what makes it
     fast: warp-specialized (register reallocation between producer and math warpgroups), FP8 wgmmas of the
@@ -482,10 +533,13 @@ def test_gluon_wgrad_gemm_matches_the_dequantized_reference(k, m, n, kk):
     zero-fill past N)."""
     from fp8bench_kernels import gemm_blockwise_gluon as g
 
+    rows = torch.logspace(-2, 2, n, device=DEV)[:, None]  # B's scales differ by column, not only along K
     a, sa = k.quantize_blockwise.quantize_blockwise(data(m, kk, 1), (1, 128), m_major_scales=True)
-    b, sb = k.quantize_blockwise.quantize_blockwise(data(n, kk, 2), (1, 128), m_major_scales=True)
+    b, sb = k.quantize_blockwise.quantize_blockwise((data(n, kk, 2) * rows).bfloat16(), (1, 128), m_major_scales=True)
     ref = k.gemm_blockwise_wgrad.gemm_blockwise_wgrad_reference(a, sa, b, sb)
     runs = [(config, persistent) for config in g.WGRAD_CONFIGS for persistent in (True, False)]
+    turns = g.gemm_blockwise_gluon_wgrad(a, sa, b, sb, g.WGRAD_CONFIGS[0])  # the turns order issue only
+    assert torch.equal(turns, g.gemm_blockwise_gluon_wgrad(a, sa, b, sb, g.WGRAD_CONFIGS[0]._replace(pingpong=False)))
     for config, persistent in [*runs, (None, True)]:
         c = g.gemm_blockwise_gluon_wgrad(a, sa, b, sb, config, persistent)
         assert c.dtype == torch.bfloat16 and c.shape == (m, n)
