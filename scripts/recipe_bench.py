@@ -10,8 +10,12 @@
    call replayed from a CUDA graph beside it (the launches and allocations taken out).
 3. Host cost: wall time per call at a shape whose kernels take a few microseconds, what each call costs the CPU;
    a call is GPU-bound only while this stays under its kernels' time.
+4. Weight-gradient GEMM rounds: per linear of Llama-2-7B (and gpt-125m's qkv), dW = dYᵀ·X with both operands in
+   1x128 groups along the tokens, the Gluon kernel (`gemm_blockwise_gluon_wgrad`) beside the Triton one the
+   backend runs (`gemm_blockwise_wgrad`), interleaved as in 1, each with its SQNR against the dequantized FP32
+   product. A shape whose kernel fails is recorded with its error; the others still run.
 
-Usage on the GPU box: python3 scripts/recipe_bench.py [--out FILE.json] [--rounds N] [--only gemm,cast,host]
+Usage on the GPU box: python3 scripts/recipe_bench.py [--out FILE.json] [--rounds N] [--only gemm,cast,host,wgrad]
 Anywhere, the Markdown tables of a recorded file: python3 scripts/recipe_bench.py --markdown FILE.json
 """
 
@@ -48,10 +52,7 @@ def gemm_rounds(rounds: int) -> list[dict]:
         ops = {impl: get_backend(impl).gemm(a, b, GemmRole.FPROP, recipe(impl, "blockwise"))
                for impl in ("triton", "torch")}
         ops["triton"].kernel_only()  # the Gluon kernel's per-shape tuning, before any timing
-        times: dict[str, list[float]] = {impl: [] for impl in ops}
-        for r in range(rounds):
-            for impl in (ops if r % 2 == 0 else reversed(list(ops))):
-                times[impl].append(do_bench(ops[impl].kernel_only, warmup=25, rep=100, return_mode="median"))
+        times = _rounds({impl: op.kernel_only for impl, op in ops.items()}, rounds)
         flops = 2.0 * m * n * k
         row = {"shape": name, "mnk": [m, n, k], "ran": ops["triton"].ran}
         for impl, label in (("triton", "ours"), ("torch", "cublas")):
@@ -69,6 +70,62 @@ def gemm_rounds(rounds: int) -> list[dict]:
     ratios = [r["ratio_to_cublas"] for r in rows]
     print(f"GEMM: median ratio to cuBLAS {statistics.median(ratios):.3f}, lowest {min(ratios):.3f}; widest "
           f"median/best {max(r['ours']['median_over_best'] for r in rows):.3f}", flush=True)
+    return rows
+
+
+WGRAD_SHAPES = {"llama2-7b wgrad_qkv": (12288, 4096, 8192), "llama2-7b wgrad_o": (4096, 4096, 8192),
+                "llama2-7b wgrad_gate_up": (22016, 4096, 8192), "llama2-7b wgrad_down": (4096, 11008, 8192),
+                "gpt-125m wgrad_qkv": (2304, 768, 4096)}
+"""dW = dYᵀ·X: M output features, N input features, K tokens (batch 2 × 4096 for Llama-2-7B, 1 × 4096 for
+gpt-125m)."""
+
+
+def _rounds(ops: dict, rounds: int) -> dict[str, list[float]]:
+    """`rounds` do_bench medians of each op, the order alternating between rounds."""
+    times: dict[str, list[float]] = {impl: [] for impl in ops}
+    for r in range(rounds):
+        for impl in (ops if r % 2 == 0 else reversed(list(ops))):
+            times[impl].append(do_bench(ops[impl], warmup=25, rep=100, return_mode="median"))
+    return times
+
+
+def _wgrad_row(name: str, m: int, n: int, k: int, rounds: int) -> dict:
+    from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon_wgrad
+    from fp8bench_kernels.gemm_blockwise_wgrad import gemm_blockwise_wgrad, gemm_blockwise_wgrad_reference
+    from fp8bench_kernels.quantize_blockwise import quantize_blockwise
+
+    from fp8bench.core.numerics import sqnr_db
+
+    a, sa = quantize_blockwise(torch.randn(m, k, device="cuda").bfloat16(), (1, 128), m_major_scales=True)
+    b, sb = quantize_blockwise(torch.randn(n, k, device="cuda").bfloat16(), (1, 128), m_major_scales=True)
+    ops = {"gluon": lambda: gemm_blockwise_gluon_wgrad(a, sa, b, sb),
+           "triton": lambda: gemm_blockwise_wgrad(a, sa, b, sb)}
+    ref = gemm_blockwise_wgrad_reference(a, sa, b, sb)
+    sqnr = {impl: sqnr_db(ref, op().float()) for impl, op in ops.items()}  # tunes both before any timing
+    del ref
+    times = _rounds(ops, rounds)
+    row: dict = {"shape": name, "mnk": [m, n, k]}
+    for impl in ops:
+        med, best = statistics.median(times[impl]), min(times[impl])
+        row[impl] = {"rounds_ms": times[impl], "median_tflops": 2.0 * m * n * k / med / 1e9,
+                     "median_over_best": med / best, "sqnr_db": sqnr[impl]}
+    row["ratio_to_triton"] = statistics.median(times["triton"]) / statistics.median(times["gluon"])
+    return row
+
+
+def wgrad_rounds(rounds: int) -> list[dict]:
+    rows = []
+    for name, (m, n, k) in WGRAD_SHAPES.items():
+        try:
+            row = _wgrad_row(name, m, n, k, rounds)
+            print(f"{name:>24} gluon {row['gluon']['median_tflops']:6.0f} TFLOPS ({row['gluon']['sqnr_db']:.1f} dB)"
+                  f"  triton {row['triton']['median_tflops']:6.0f} ({row['triton']['sqnr_db']:.1f} dB)  ratio "
+                  f"{row['ratio_to_triton']:.3f}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a kernel that fails on a shape is recorded, the rest still run
+            row = {"shape": name, "mnk": [m, n, k], "error": f"{type(exc).__name__}: {exc}"}
+            print(f"{name:>24} failed: {row['error']}", flush=True)
+        rows.append(row)
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -190,6 +247,18 @@ def markdown(recorded: dict) -> str:
             f"{cell[kern, s]['eager_pct_of_copy']:.0f}%; {cell[kern, s]['graph_pct_of_copy']:.0f}%" for s in shapes)
             + " |" for kern in kernels]
         out += ["", f"Copy bandwidth {recorded['copy_gbps']:.0f} GB/s.", ""]
+    if "wgrad" in recorded:
+        out += ["| wgrad shape (M×N×K) | Gluon: median TFLOPS | median / best | SQNR dB | Triton: median TFLOPS | "
+                "SQNR dB | Triton / Gluon (medians) |", "|---|---|---|---|---|---|---|"]
+        for r in recorded["wgrad"]:
+            head = f"| {r['shape']} ({'×'.join(map(str, r['mnk']))}) |"
+            if "error" in r:
+                out.append(head + f" failed: {r['error'][:120]} | | | | | |")
+                continue
+            g, t = r["gluon"], r["triton"]
+            out.append(head + f" {g['median_tflops']:.0f} | {g['median_over_best']:.3f} | {g['sqnr_db']:.1f} | "
+                       f"{t['median_tflops']:.0f} | {t['sqnr_db']:.1f} | {r['ratio_to_triton']:.3f} |")
+        out.append("")
     if "host" in recorded:
         via = "host_us_per_call_via_triton" in recorded["host"][0]  # older files: one column
         out += ["| call at 256×256 | host µs per call" + (" | through Triton's dispatch |" if via else " |"),
@@ -206,7 +275,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=Path("recipe_bench.json"))
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--only", default="host,cast,gemm", help="comma-separated parts: host, cast, gemm")
+    p.add_argument("--only", default="host,cast,gemm,wgrad", help="comma-separated parts: host, cast, gemm, wgrad")
     ns = p.parse_args()
     parts = set(ns.only.split(","))
     out: dict = {"device": torch.cuda.get_device_name(0)}
@@ -219,6 +288,8 @@ def main() -> int:
         out["casts"] = casts(copy)
     if "gemm" in parts:
         out["gemm"] = gemm_rounds(ns.rounds)
+    if "wgrad" in parts:
+        out["wgrad"] = wgrad_rounds(ns.rounds)
     ns.out.write_text(json.dumps(out, indent=1))
     return 0
 

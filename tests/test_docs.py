@@ -116,3 +116,18 @@ def test_the_kernel_tables_are_the_committed_measurements(command):
 
 def test_every_kernel_table_is_checked():
     assert len(_kernel_tables()) == (ROOT / "docs" / "kernels.md").read_text().count("<!-- generated:") >= 3
+
+
+def test_a_failed_wgrad_shape_is_a_row_of_its_own():
+    """recipe_bench records a weight-gradient shape whose kernel failed with its error; its table says so and
+    still lists the shapes that ran."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import recipe_bench
+
+    ran = {"shape": "llama2-7b wgrad_o", "mnk": [4096, 4096, 8192], "ratio_to_triton": 1.5,
+           "gluon": {"median_tflops": 900.0, "median_over_best": 1.01, "sqnr_db": 55.2},
+           "triton": {"median_tflops": 600.0, "sqnr_db": 55.0}}
+    failed = {"shape": "gpt-125m wgrad_qkv", "mnk": [2304, 768, 4096], "error": "RuntimeError: out of resources"}
+    rows = recipe_bench.markdown({"wgrad": [ran, failed]}).splitlines()
+    assert rows[2] == "| llama2-7b wgrad_o (4096×4096×8192) | 900 | 1.010 | 55.2 | 600 | 55.0 | 1.500 |"
+    assert rows[3].startswith("| gpt-125m wgrad_qkv (2304×768×4096) | failed: RuntimeError: out of resources |")
