@@ -332,9 +332,13 @@ def _invalidate(ready, empty, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _gemm_kernel(a_desc, b_desc, c_desc, sa_desc, sb_ptr, M, N, n_kgroups,
+def _gemm_kernel(a_desc, b_desc, c_desc, sa_desc, sb, M, N, n_kgroups,
                  BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
-                 STAGES: gl.constexpr, PROMOTE: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                 STAGES: gl.constexpr, PROMOTE: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                 COL_SCALES: gl.constexpr = False):
+    """`sb`: B's 128x128 scales, a pointer (fprop, dgrad); with COL_SCALES (the weight gradient, promote only)
+    a descriptor of B's 1x128 scales along K, their [K/128, N] view (`m_major`), TMA-loaded with each stage as
+    A's are."""
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [HALVES * STAGES, SUB_N, GROUP], b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [2 * HALVES, BLOCK_M // 2, SUB_N], c_desc.layout)
@@ -345,44 +349,25 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_desc, sb_ptr, M, N, n_kgroups,
     M = gl.to_tensor(M)
     N = gl.to_tensor(N)
     n_kgroups = gl.to_tensor(n_kgroups)
+    # what the partitions do not read stands in for what this kernel does not have: A's descriptor and buffer
+    # for B's column scales, M for B's scale pointer
+    if COL_SCALES:
+        sb_smem = gl.allocate_shared_memory(sb.dtype, [STAGES, 1, HALVES * SUB_N], sb.layout)
+        sb_desc = sb
+        sb_ptr = M
+    else:
+        sb_smem = sa_smem
+        sb_desc = sa_desc
+        sb_ptr = sb
     # a producer warp loads; registers move from it to the math warpgroups (setmaxnreg). Loading from the first
     # math warpgroup instead (8 warps, no reallocation) was 10-20% slower on the H200.
-    # B's 1x128 column scales are the weight gradient's (`_gemm_wgrad_kernel`): here A's descriptor and buffer
-    # stand in for them, never read (COL_SCALES False)
     gl.warp_specialize([
-        (_consumer, (a_smem, b_smem, sa_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 0,
-                     BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, PINGPONG, False)),
-        (_consumer, (a_smem, b_smem, sa_smem, sa_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 1,
-                     BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, PINGPONG, False)),
-        (_loader, (a_desc, b_desc, sa_desc, sa_desc, a_smem, b_smem, sa_smem, sa_smem, ready, empty, M, N, n_kgroups,
-                   BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, False)),
-    ], [4, 1], [CONSUMER_REGS, 40])
-    _invalidate(ready, empty, STAGES)
-
-
-@gluon.jit
-def _gemm_wgrad_kernel(a_desc, b_desc, c_desc, sa_desc, sb_desc, M, N, n_kgroups,
-                       BLOCK_M: gl.constexpr, SUB_N: gl.constexpr, HALVES: gl.constexpr, GROUP_M: gl.constexpr,
-                       STAGES: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """`_gemm_kernel` for the weight gradient: B's scales are 1x128 groups along K too, one per column and
-    group, TMA-loaded with each stage as A's are (sb_desc: their [K/128, N] view, `m_major`); promote only."""
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, GROUP], a_desc.layout)
-    b_smem = gl.allocate_shared_memory(b_desc.dtype, [HALVES * STAGES, SUB_N, GROUP], b_desc.layout)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, [2 * HALVES, BLOCK_M // 2, SUB_N], c_desc.layout)
-    sa_smem = gl.allocate_shared_memory(sa_desc.dtype, [STAGES, 1, BLOCK_M], sa_desc.layout)
-    sb_smem = gl.allocate_shared_memory(sb_desc.dtype, [STAGES, 1, HALVES * SUB_N], sb_desc.layout)
-    ready, empty = _ring_barriers(STAGES)
-    M = gl.to_tensor(M)  # as in _gemm_kernel: the partitions take IR values only
-    N = gl.to_tensor(N)
-    n_kgroups = gl.to_tensor(n_kgroups)
-    # M stands in for the consumers' sb_ptr, never read (COL_SCALES True)
-    gl.warp_specialize([
-        (_consumer, (a_smem, b_smem, sa_smem, sb_smem, c_smem, ready, empty, c_desc, M, M, N, n_kgroups, 0,
-                     BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, True, PINGPONG, True)),
-        (_consumer, (a_smem, b_smem, sa_smem, sb_smem, c_smem, ready, empty, c_desc, M, M, N, n_kgroups, 1,
-                     BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, True, PINGPONG, True)),
+        (_consumer, (a_smem, b_smem, sa_smem, sb_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 0,
+                     BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, PINGPONG, COL_SCALES)),
+        (_consumer, (a_smem, b_smem, sa_smem, sb_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 1,
+                     BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, PINGPONG, COL_SCALES)),
         (_loader, (a_desc, b_desc, sa_desc, sb_desc, a_smem, b_smem, sa_smem, sb_smem, ready, empty, M, N, n_kgroups,
-                   BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, True)),
+                   BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, COL_SCALES)),
     ], [4, 1], [CONSUMER_REGS, 40])
     _invalidate(ready, empty, STAGES)
 
@@ -400,7 +385,7 @@ class Config(NamedTuple):
     """the math warpgroups take turns issuing wgmmas (named barriers), so one scales while the other's run;
     False: they run free, tied only by the ring's mbarriers (the kernel before e8337d4, for the probes)"""
     col_scales: bool = False
-    """the weight gradient's kernel (`_gemm_wgrad_kernel`): B's scales per column, 1x128 along K (promote only)"""
+    """the weight gradient's (`gemm_blockwise_gluon_wgrad`): B's scales per column, 1x128 along K (promote only)"""
 
     @property
     def block_n(self) -> int:
@@ -489,24 +474,46 @@ _launch_gemm = Launcher(_gemm_kernel)
 
 
 def _launch(a, sa_t, b, sb, c, config: Config, persistent: bool, n_kgroups: int) -> None:
+    """One launch of `config`; `sb` is B's 128x128 scales, or with `config.col_scales` the [K/128, N] view of
+    its 1x128 ones."""
     m, n = c.shape
     tiles = cdiv(m, config.block_m) * cdiv(n, config.block_n)
-    sms = _sm_count(a.device)
+    if config.col_scales:
+        sb_arg, sb_aligned = _descriptor(sb, (1, config.block_n), SCALES_LAYOUT), True  # built: aligned
+    else:
+        sb_arg, sb_aligned = sb, sb.data_ptr() % 16 == 0
     args = (_descriptor(a, (config.block_m, BLOCK_K)), _descriptor(b, (config.sub_n, BLOCK_K)),
             _descriptor(c, (config.block_m // 2, config.sub_n)), _descriptor(sa_t, (1, config.block_m), SCALES_LAYOUT),
-            sb, m, n, n_kgroups)
+            sb_arg, m, n, n_kgroups)
     # all Triton specializes this kernel on: the operands' dtypes and the config fix the descriptors' dtypes,
     # blocks and layouts (their bases are 16-byte aligned, or building them failed); sb's alignment; the ints
-    key = (current_device(), a.dtype, b.dtype, sa_t.dtype, sb.dtype, config, persistent, sb.data_ptr() % 16 == 0, m, n,
-           n_kgroups)
+    key = (current_device(), a.dtype, b.dtype, sa_t.dtype, sb.dtype, config, persistent, sb_aligned, m, n, n_kgroups)
     _launch_gemm.launch(
-        key, (min(tiles, sms) if persistent else tiles,), args,
+        key, (min(tiles, _sm_count(a.device)) if persistent else tiles,), args,
         dict(BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
-             PROMOTE=config.promote, PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, num_warps=4))
+             PROMOTE=config.promote, PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs,
+             COL_SCALES=config.col_scales, num_warps=4))
 
 
 _picked: dict[tuple, tuple[Config, bool]] = {}
 TUNING_ROUNDS = 3
+
+
+def _pick(key: tuple, configs, run) -> tuple[Config, bool]:
+    """The fastest (config, persistent) of `configs` × both grid kinds for `key`, timed once per key through
+    `run(config, persistent)`, as Triton's autotuner would: rounds over all options, each option's best time
+    (on the H200 one timing of the same kernel moves by a few percent with the power-capped clock, as much as
+    the top configs differ)."""
+    if key not in _picked:
+        from ._tune import steady_do_bench
+
+        options = [(cfg, pers) for cfg in configs for pers in (True, False)]
+        best = dict.fromkeys(options, float("inf"))
+        for _ in range(TUNING_ROUNDS):
+            for o in options:
+                best[o] = min(best[o], steady_do_bench(lambda o=o: run(*o)))
+        _picked[key] = min(options, key=best.__getitem__)
+    return _picked[key]
 
 
 def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
@@ -514,8 +521,7 @@ def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
                          fast_accum: bool = False) -> torch.Tensor:
     """`gemm_blockwise` on Hopper through this kernel. `config` (with `persistent`: at most one program per SM,
     else one per tile) runs one tuning point; without it the fastest of the configs of one numerics, promote or
-    (`fast_accum`) rescale, and grid is picked once per shape and scale layout (the best of TUNING_ROUNDS timings
-    of each, interleaved), as Triton's autotuner would."""
+    (`fast_accum`) rescale, and grid is picked once per shape and scale layout (`_pick`)."""
     m, n, n_kgroups = check_operands(a, sa, b, sb)
     if config is not None and config.col_scales:
         raise ValueError(f"{config} is the weight gradient's (col_scales): see gemm_blockwise_gluon_wgrad")
@@ -523,63 +529,26 @@ def gemm_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
     sb = sb.contiguous()
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
     if config is None:
-        key = (m, n, a.shape[1], fast_accum, sa.stride(), a.device)
-        if key not in _picked:
-            from ._tune import steady_do_bench
-
-            options = [(cfg, pers) for cfg in CONFIGS if cfg.promote != fast_accum for pers in (True, False)]
-            # rounds over all options, each option's best time: on the H200 one timing of the same kernel moves
-            # by a few percent with the power-capped clock, as much as the top configs differ
-            best = dict.fromkeys(options, float("inf"))
-            for _ in range(TUNING_ROUNDS):
-                for o in options:
-                    best[o] = min(best[o], steady_do_bench(lambda o=o: _launch(a, sa_t, b, sb, c, *o, n_kgroups)))
-            _picked[key] = min(options, key=best.__getitem__)
-        config, persistent = _picked[key]
+        config, persistent = _pick((m, n, a.shape[1], fast_accum, sa.stride(), a.device),
+                                   [cfg for cfg in CONFIGS if cfg.promote != fast_accum],
+                                   lambda cfg, pers: _launch(a, sa_t, b, sb, c, cfg, pers, n_kgroups))
     _launch(a, sa_t, b, sb, c, config, persistent, n_kgroups)
     return c
 
 
-_launch_wgrad = Launcher(_gemm_wgrad_kernel)
-
-
-def _launch_wgrad_config(a, sa_t, b, sb_t, c, config: Config, persistent: bool, n_kgroups: int) -> None:
-    m, n = c.shape
-    tiles = cdiv(m, config.block_m) * cdiv(n, config.block_n)
-    args = (_descriptor(a, (config.block_m, BLOCK_K)), _descriptor(b, (config.sub_n, BLOCK_K)),
-            _descriptor(c, (config.block_m // 2, config.sub_n)), _descriptor(sa_t, (1, config.block_m), SCALES_LAYOUT),
-            _descriptor(sb_t, (1, config.block_n), SCALES_LAYOUT), m, n, n_kgroups)
-    key = (current_device(), a.dtype, b.dtype, sa_t.dtype, sb_t.dtype, config, persistent, m, n, n_kgroups)
-    _launch_wgrad.launch(
-        key, (min(tiles, _sm_count(a.device)) if persistent else tiles,), args,
-        dict(BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
-             PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, num_warps=4))
-
-
 def gemm_blockwise_gluon_wgrad(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
                                config: Config | None = None, persistent: bool = True) -> torch.Tensor:
-    """`gemm_blockwise_wgrad` (both operands with 1x128 scales along K) on Hopper through this kernel's
-    structure. Without `config`, the fastest of WGRAD_CONFIGS and grid kinds is picked once per shape, as
-    `gemm_blockwise_gluon` picks."""
+    """`gemm_blockwise_wgrad` (both operands with 1x128 scales along K) on Hopper through this kernel with
+    column scales. Without `config`, the fastest of WGRAD_CONFIGS and grid kinds is picked once per shape."""
     m, n, n_kgroups = check_operands(a, sa, b, sb, b_rows=1)
     if config is not None and not (config.col_scales and config.promote):  # (128x256 compiles, with spills)
         raise ValueError(f"{config} is not a weight-gradient config (col_scales and promote): see WGRAD_CONFIGS")
     sa_t, sb_t = m_major(sa).t(), m_major(sb).t()  # the [K/128, rows] views the producer's TMA reads
     c = torch.empty((m, n), device=a.device, dtype=torch.bfloat16)
     if config is None:
-        key = ("wgrad", m, n, a.shape[1], sa.stride(), sb.stride(), a.device)
-        if key not in _picked:
-            from ._tune import steady_do_bench
-
-            options = [(cfg, pers) for cfg in WGRAD_CONFIGS for pers in (True, False)]
-            best = dict.fromkeys(options, float("inf"))
-            for _ in range(TUNING_ROUNDS):
-                for o in options:
-                    best[o] = min(best[o], steady_do_bench(
-                        lambda o=o: _launch_wgrad_config(a, sa_t, b, sb_t, c, *o, n_kgroups)))
-            _picked[key] = min(options, key=best.__getitem__)
-        config, persistent = _picked[key]
-    _launch_wgrad_config(a, sa_t, b, sb_t, c, config, persistent, n_kgroups)
+        config, persistent = _pick(("wgrad", m, n, a.shape[1], sa.stride(), sb.stride(), a.device), WGRAD_CONFIGS,
+                                   lambda cfg, pers: _launch(a, sa_t, b, sb_t, c, cfg, pers, n_kgroups))
+    _launch(a, sa_t, b, sb_t, c, config, persistent, n_kgroups)
     return c
 
 
@@ -595,18 +564,12 @@ def compile_sm90(config: Config):
     signature = {"a_desc": desc("fp8e4nv", [config.block_m, 128], gl.float8e4nv),
                  "b_desc": desc("fp8e4nv", [config.sub_n, 128], gl.float8e4nv),
                  "c_desc": desc("bf16", [config.block_m // 2, config.sub_n], gl.bfloat16),
-                 "sa_desc": f"tensordesc<fp32[1, {config.block_m}],{SCALES_LAYOUT!r}>"}
-    if config.col_scales:
-        signature["sb_desc"] = f"tensordesc<fp32[1, {config.block_n}],{SCALES_LAYOUT!r}>"
-    else:
-        signature["sb_ptr"] = "*fp32"
-    signature.update({"M": "i32", "N": "i32", "n_kgroups": "i32"})
+                 "sa_desc": f"tensordesc<fp32[1, {config.block_m}],{SCALES_LAYOUT!r}>",
+                 "sb": f"tensordesc<fp32[1, {config.block_n}],{SCALES_LAYOUT!r}>" if config.col_scales else "*fp32",
+                 "M": "i32", "N": "i32", "n_kgroups": "i32"}
     constants = {"BLOCK_M": config.block_m, "SUB_N": config.sub_n, "GROUP_M": 8, "STAGES": config.stages,
                  "HALVES": config.halves, "PROMOTE": config.promote, "PINGPONG": config.pingpong,
-                 "CONSUMER_REGS": config.consumer_regs}
-    if config.col_scales:
-        del constants["PROMOTE"]
+                 "CONSUMER_REGS": config.consumer_regs, "COL_SCALES": config.col_scales}
     signature.update(dict.fromkeys(constants, "constexpr"))
-    kernel = _gemm_wgrad_kernel if config.col_scales else _gemm_kernel
-    return triton.compile(GluonASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+    return triton.compile(GluonASTSource(_gemm_kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})

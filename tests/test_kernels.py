@@ -176,27 +176,24 @@ def test_gluon_gemm_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypat
     monkeypatch.setattr(g, "_sm_count", lambda device: 132)
     fp8 = torch.float8_e4m3fn
 
-    def call(launch, m, n, k, misaligned_sb=False, wgrad=False):
+    def call(m, n, k, misaligned_sb=False, wgrad=False):
         groups = -(-k // 128)
         a, b = torch.zeros(m, k, dtype=fp8), torch.zeros(n, k, dtype=fp8)
-        sa_t = g.m_major(torch.ones(m, groups)).t()
+        sa_t, c = g.m_major(torch.ones(m, groups)).t(), torch.empty(m, n, dtype=torch.bfloat16)
         if wgrad:
-            launch(a, sa_t, b, g.m_major(torch.ones(n, groups)).t(), torch.empty(m, n, dtype=torch.bfloat16),
-                   g.WGRAD_CONFIGS[0], True, groups)
+            g._launch(a, sa_t, b, g.m_major(torch.ones(n, groups)).t(), c, g.WGRAD_CONFIGS[0], True, groups)
             return
         sb = torch.ones(-(-n // 128) * groups + 1)[int(misaligned_sb):][:-(-n // 128) * groups or None]
-        launch(a, sa_t, b, sb.view(-(-n // 128), groups), torch.empty(m, n, dtype=torch.bfloat16),
-               g.CONFIGS[3], True, groups)
+        g._launch(a, sa_t, b, sb.view(-(-n // 128), groups), c, g.CONFIGS[3], True, groups)
     shapes = [(256, 256, 256), (256, 256, 128), (272, 256, 256), (256, 272, 256), (256, 256, 384), (512, 256, 256)]
-    for launcher, launch, variants in [("_launch_gemm", g._launch, [*shapes, (256, 256, 256, True)]),
-                                       ("_launch_wgrad", g._launch_wgrad_config, [(*s, False, True) for s in shapes])]:
-        recording = Recording()
-        monkeypatch.setattr(g, launcher, recording)
-        for v in variants:
-            call(launch, *v)
-        for (ours1, theirs1), (ours2, theirs2) in combinations(recording.keys, 2):
-            assert theirs1 == theirs2 or ours1 != ours2, (ours1, ours2)
-        assert len({theirs for _, theirs in recording.keys}) == len(variants)  # each variant its own binary
+    variants = [*shapes, (256, 256, 256, True), *[(*s, False, True) for s in shapes]]  # fprop, then wgrad
+    recording = Recording()
+    monkeypatch.setattr(g, "_launch_gemm", recording)
+    for v in variants:
+        call(*v)
+    for (ours1, theirs1), (ours2, theirs2) in combinations(recording.keys, 2):
+        assert theirs1 == theirs2 or ours1 != ours2, (ours1, ours2)
+    assert len({theirs for _, theirs in recording.keys}) == len(variants)  # each variant its own binary
 
 
 @pytest.mark.gpu
