@@ -150,8 +150,7 @@ def _quantize_blocks(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor | None, 
     n_groups = cdiv(k, GROUP)
     s = torch.empty((cdiv(m, GROUP), n_groups), device=x.device, dtype=torch.float32)
     _launch_128x128((cdiv(m, GROUP), n_groups), x, y, y if yt is None else yt, s, m, k, x.stride(0),
-                    x.stride(1), n_groups, POW2=pow2_scales,
-        TRANSPOSE=yt is not None)
+                    x.stride(1), n_groups, POW2=pow2_scales, TRANSPOSE=yt is not None)
     return s
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 
 import torch
 
@@ -108,6 +107,7 @@ def gemm_host(calls: int = 2000) -> dict:
     from fp8bench.core.types import GemmRole
     sys.path.insert(0, "scripts")
     from kernel_bench import recipe
+    from recipe_bench import host_us_per_call
 
     x = torch.randn(256, 256, device="cuda").bfloat16()
     ops = {impl: get_backend(impl).gemm(x, x, GemmRole.FPROP, recipe(impl, "blockwise")).kernel_only
@@ -132,15 +132,6 @@ def gemm_host(calls: int = 2000) -> dict:
     blocks = [(d.base, tuple(d.block_shape), d.layout) for d in args[:4]]
     tensors = [torch.empty(d.shape, dtype=d.base.dtype, device="cuda") for d in args[:4]]
 
-    def wall_us(fn) -> float:
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / calls * 1e6
     parts = {"gluon gemm call": ops["triton"], "cublas blockwise call": ops["torch"],
              "four descriptors, kept": lambda: [gg._descriptor(t, blk, lay) for t, (_, blk, lay)
                                                 in zip(tensors, blocks, strict=True)],
@@ -152,7 +143,7 @@ def gemm_host(calls: int = 2000) -> dict:
     out = {}
     for _ in range(3):
         for name, fn in parts.items():
-            out.setdefault(name, []).append(wall_us(fn))
+            out.setdefault(name, []).append(host_us_per_call(fn, calls, warmup=50))
     result = {name: statistics.median(v) for name, v in out.items()}
     for name, us in result.items():
         print(f"{name:>32} {us:6.1f} µs per call", flush=True)

@@ -177,6 +177,19 @@ def casts(copy: float) -> list[dict]:
     return rows
 
 
+def host_us_per_call(fn, calls: int, warmup: int = 20) -> float:
+    """Wall µs per call of `fn` over `calls` calls in a loop, after `warmup`: where its kernels take
+    microseconds the queue never fills, so this is the host's cost of a call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
 def host_cost(calls: int = 300, rounds: int = 4, profile: tuple[str, ...] = ()) -> list[dict]:
     """Wall time per call where the kernels take microseconds: the queue never fills, so this is the CPU's
     cost of one call (Python, allocations, launches). Each op is timed with its kernels launched directly
@@ -193,22 +206,12 @@ def host_cost(calls: int = 300, rounds: int = 4, profile: tuple[str, ...] = ()) 
         op = get_backend(impl).gemm(x, x, GemmRole.FPROP, recipe(impl, "blockwise"))
         ops[f"gemm blockwise {impl}"] = op.kernel_only
 
-    def per_call_us(fn) -> float:
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / calls * 1e6
-
     for name, fn in ops.items():
         times: dict[bool, list[float]] = {True: [], False: []}
         for r in range(rounds):
             for direct in ((True, False) if r % 2 == 0 else (False, True)):
                 Launcher.direct = direct
-                times[direct].append(per_call_us(fn))
+                times[direct].append(host_us_per_call(fn, calls))
         Launcher.direct = True
         direct_us, triton_us = statistics.median(times[True]), statistics.median(times[False])
         rows.append({"op": name, "host_us_per_call": direct_us, "host_us_per_call_via_triton": triton_us})
