@@ -69,3 +69,52 @@ def test_an_unknown_backend_names_the_registered_ones():
 def test_the_torch_backend_says_it_has_no_mx_path_instead_of_promising_blackwell():
     ok, why = backends.capability("torch", "mxfp8", "mx", DeviceInfo("cuda", "B200", (10, 0), "13.0"))
     assert not ok and "no MX/NVFP4 path" in why
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["linear", "train"])
+def test_the_kernels_a_backend_picks_are_recorded_with_the_case(tmp_path, workload):
+    """A backend that chooses among kernels at run time (the triton backend: Gluon on Hopper, Triton elsewhere)
+    says which it took in `kernels()`, and the case's record carries it: a choice never hides under the id."""
+    from fp8bench.backends.scaled_mm import ScaledMMBackend
+    from fp8bench.core.hardware import detect_device
+    from fp8bench.run.runner import execute
+
+    class Chooser(ScaledMMBackend):
+        name = "fake-chooser"
+
+        def kernels(self, workload, recipe, device):
+            return {"gemm_kernel": f"{workload}-{recipe.format.value}-{device.type}"}
+
+    backends.register(Chooser)
+    try:
+        extra = (["workload.train.steps=2", "workload.train.eval_every=2", "workload.train.bf16_seeds=1",
+                  "workload.batch=2", "workload.seq=32"] if workload == "train" else ["workload.linears=[o]",
+                                                                                      "workload.tokens=64"])
+        points, _ = expand([f"workload={workload}", "model=tiny", "device=cpu", "backend.name=fake-chooser",
+                            "format=e4m3", "scaling=current", "measure.iters=3", f"results_dir={tmp_path}",
+                            *extra])
+        recs = execute(plan(points), tmp_path / "runs" / "r", "r", detect_device(), progress=False)
+    finally:
+        backends.unregister(Chooser.name)
+    fp8 = [r for r in recs if r.format == "e4m3"]
+    assert fp8 and all(r.status == "ok" for r in fp8), [(r.case_id, r.reason) for r in fp8]
+    assert all(r.params["gemm_kernel"] == f"{workload}-e4m3-cpu" for r in fp8), [r.params for r in fp8]
+
+
+def test_the_triton_backend_names_the_gemm_kernels_it_picks():
+    import torch
+
+    from fp8bench.backends import Recipe, get_backend
+    from fp8bench.config.schema import BackendConfig, ScalingConfig
+    from fp8bench.core.types import Format, Scaling
+
+    def recipe(fmt, sc, **knobs):
+        return Recipe(format=Format(fmt), scaling=Scaling(sc), scaling_cfg=ScalingConfig(name=sc),
+                      backend_cfg=BackendConfig(name="triton", **knobs))
+    be, cpu = get_backend("triton"), torch.device("cpu")
+    for workload in ("linear", "mlp", "layer", "train"):  # off Hopper (here: the CPU) the Triton kernels
+        assert be.kernels(workload, recipe("e4m3", "blockwise"), cpu) == {"gemm_kernel": "triton",
+                                                                          "wgrad_kernel": "triton-wgrad"}
+    assert be.kernels("gemm", recipe("e4m3", "blockwise"), cpu) == {}  # the gemm workload records its own role's
+    assert be.kernels("linear", recipe("bf16", "none"), cpu) == {}  # a BF16 twin runs torch's matmul

@@ -214,10 +214,14 @@ def test_our_blockwise_recipe_runs_linears_a_layer_and_training_beside_te_block(
     assert all(r.status == "ok" for r in recs), [(r.case_id, r.reason) for r in recs if r.status != "ok"]
     ours = {r.workload: r for r in recs if r.case_id.endswith(".e4m3.blockwise.triton")}
     assert set(ours) == {"linear", "layer"} and all(r.metric("speedup_vs_bf16") is not None for r in ours.values())
+    # on the H200 all three GEMMs ran on the Gluon kernels, and the record says so
+    assert all(r.params["gemm_kernel"] == "gluon" and r.params["wgrad_kernel"] == "gluon-wgrad"
+               for r in ours.values()), [r.params for r in ours.values()]
     assert ours["linear"].metric("sqnr_vs_emulated_db") >= 35.0
     [train] = execute(plan(expand([*TRAIN, "backend=triton", "format=e4m3", "scaling=blockwise",
                                    f"results_dir={tmp_path}"])[0]), tmp_path / "r", "r", detect_device(), progress=False)
     assert train.status == "ok", train.reason
+    assert train.params["wgrad_kernel"] == "gluon-wgrad", train.params
     assert train.metric("loss_final") < 0.8 * train.metric("loss_initial")
 
 

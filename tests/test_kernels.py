@@ -467,12 +467,19 @@ def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k)
     out = op.with_quant().float()
     assert sqnr_db(emulated_gemm(a, b, GemmRole.FPROP, r), out) > 40.0
     # which GEMM kernel served is recorded with the case, never hidden under its id (Gluon needs a Hopper GPU)
-    assert op.ran == {"gemm_kernel": "gluon" if torch.cuda.is_available() and
-                      torch.cuda.get_device_capability() >= (9, 0) else "triton"}
+    hopper = CUDA and torch.cuda.get_device_capability() == (9, 0)
+    assert op.ran == {"gemm_kernel": "gluon" if hopper else "triton"}
     # wgrad: gradients x activations, both transposed, 1x128 along the tokens (K) on both operands
     op = be.gemm(a, b, GemmRole.WGRAD, r)
-    assert op.ran == {"gemm_kernel": "triton-wgrad"}
+    assert op.ran == {"gemm_kernel": "gluon-wgrad" if hopper else "triton-wgrad"}
     assert sqnr_db(emulated_gemm(a, b, GemmRole.WGRAD, r), op.with_quant().float()) > 40.0
+    # backend.triton_gemms: the Triton kernels on Hopper too, each role recorded so
+    nogluon = Recipe(format=Format.E4M3, scaling=Scaling.BLOCKWISE, scaling_cfg=ScalingConfig(name="blockwise"),
+                     backend_cfg=BackendConfig(name="triton", triton_gemms=True))
+    for role, kernel in [(GemmRole.FPROP, "triton"), (GemmRole.WGRAD, "triton-wgrad")]:
+        op = be.gemm(a, b, role, nogluon)
+        assert op.ran == {"gemm_kernel": kernel}
+        assert sqnr_db(emulated_gemm(a, b, role, nogluon), op.with_quant().float()) > 40.0
     fast = Recipe(format=Format.E4M3, scaling=Scaling.BLOCKWISE, scaling_cfg=ScalingConfig(name="blockwise"),
                   backend_cfg=BackendConfig(name="triton", fast_accum=True))
     ok, why = be.supports_shape("gemm", {"role": "wgrad"}, fast)
@@ -552,13 +559,15 @@ LINEARS = ([pytest.param(8192, 4096, 11008, marks=pytest.mark.gpu), pytest.param
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("triton_gemms", [False, True] if CUDA else [False], ids=lambda t: "triton" if t else "auto")
 @pytest.mark.parametrize("tokens,d_in,d_out", LINEARS)
-def test_blockwise_linear_forward_and_both_gradients_agree_with_the_emulator(k, tokens, d_in, d_out):
-    """The triton backend's linear (BlockwiseLinearFn: fprop, dgrad and wgrad GEMMs in FP8 on fp8bench's kernels)
-    against the emulator's blockwise fake-quant of the same recipe: each of Y, dX and dW agrees to BF16's
-    output rounding (> 45 dB), while the recipe itself is FP8-accurate against the exact product (< 35 dB): the
-    kernels compute the emulator's quantization, not merely something close to the exact answer. A wgrad
-    grouped along the features instead of the tokens agrees with the emulator only to FP8's accuracy."""
+def test_blockwise_linear_forward_and_both_gradients_agree_with_the_emulator(k, tokens, d_in, d_out, triton_gemms):
+    """The triton backend's linear (BlockwiseLinearFn: fprop, dgrad and wgrad GEMMs in FP8 on fp8bench's kernels,
+    on Hopper the Gluon ones and, with `triton_gemms`, the Triton ones) against the emulator's blockwise
+    fake-quant of the same recipe: each of Y, dX and dW agrees to BF16's output rounding (> 45 dB), while the
+    recipe itself is FP8-accurate against the exact product (< 35 dB): the kernels compute the emulator's
+    quantization, not merely something close to the exact answer. A wgrad grouped along the features instead
+    of the tokens agrees with the emulator only to FP8's accuracy."""
     from fp8bench.backends import Recipe
     from fp8bench.backends.emulator import EmulatedLinearFn
     from fp8bench.backends.triton import BlockwiseLinearFn
@@ -566,7 +575,7 @@ def test_blockwise_linear_forward_and_both_gradients_agree_with_the_emulator(k, 
     from fp8bench.core.types import Format, Scaling
 
     r = Recipe(format=Format.E4M3, scaling=Scaling.BLOCKWISE, scaling_cfg=ScalingConfig(name="blockwise"),
-               backend_cfg=BackendConfig(name="triton"))
+               backend_cfg=BackendConfig(name="triton", triton_gemms=triton_gemms))
     x, w, dy = data(tokens, d_in, 1, spread=False), data(d_out, d_in, 2, spread=False), data(tokens, d_out, 3, spread=False)
 
     def run(fn, dtype):

@@ -283,6 +283,11 @@ class Backend:
         module = swap_linears(copy.deepcopy(reference), lambda lin: RecipeLinear(lin, self.linear_fn, recipe))
         return module_op(list(module.parameters()), module, x, dy, reference_forward=reference)
 
+    def kernels(self, workload: str, recipe: Recipe, device: torch.device) -> dict:
+        """Which kernels this backend picks for `workload` under `recipe` on `device`, where it chooses among
+        several (recorded with the case's parameters: nothing chosen at run time hides under the case id)."""
+        return {}
+
     def prepare_training(self, model: torch.nn.Module, recipe: Recipe) -> TrainSetup:
         """`model` (a LlamaDecoder) with the linears of its blocks run by this backend under `recipe`; the
         embedding and output head stay in high precision (fp8bench.workloads.train)."""

@@ -6,12 +6,15 @@
   recipe): on Hopper the warp-specialized Gluon kernel (`gemm_blockwise_gluon`), elsewhere the Triton one
   (`gemm_blockwise`). Each group's product is promoted to FP32 (DeepSeek-V3) unless `backend.fast_accum`
   (conf/backend/triton-fastaccum.yaml) lets the sum stay in the tensor core's accumulation (rescale), as
-  cuBLAS's fast accumulation does: faster, less accurate. wgrad (1x128 x 1x128, both along tokens):
-  `gemm_blockwise_wgrad`, promoted to FP32 always.
+  cuBLAS's fast accumulation does: faster, less accurate. wgrad (1x128 x 1x128, both along tokens),
+  promoted to FP32 always: on Hopper the Gluon kernel with column scales (`gemm_blockwise_gluon_wgrad`),
+  elsewhere `gemm_blockwise_wgrad`. `backend.triton_gemms` (conf/backend/triton-nogluon.yaml) runs the Triton
+  kernels on Hopper too.
 - linear, mlp, layer, train: e4m3/blockwise, DeepSeek-V3's recipe on these kernels alone (`BlockwiseLinearFn`):
   each activation and gradient read once by `quantize_blockwise_both` into the two layouts its GEMMs need, the
   weight once into its 128x128 blocks and their transpose, the three GEMMs in FP8.
-A case without a kernel is recorded `skipped` with that reason, never run under another name.
+Which GEMM kernels ran (`gemm_kernel`, `wgrad_kernel`) is recorded with every case (`kernels`). A case
+without a kernel is recorded `skipped` with that reason, never run under another name.
 """
 
 from __future__ import annotations
@@ -52,21 +55,21 @@ class BlockwiseLinearFn(torch.autograd.Function):
         pow2 = recipe.scaling_cfg.pow2_scales
         qx, sx, qxt, sxt = quantize_blockwise_both(x.contiguous(), pow2_scales=pow2)
         qw, sw, qwt, swt = quantize_blockwise_both(w.contiguous(), weight=True, pow2_scales=pow2)
-        _, gemm = _blockwise_gemm(x.device, fast_accum=False)
+        _, gemm = _blockwise_gemm(x.device, recipe.backend_cfg)
         ctx.save_for_backward(qxt, sxt, qwt, swt)
-        ctx.pow2, ctx.w_dtype = pow2, w.dtype
+        ctx.pow2, ctx.w_dtype, ctx.backend_cfg = pow2, w.dtype, recipe.backend_cfg
         return gemm(qx, sx, qw, sw)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
-        from fp8bench_kernels.gemm_blockwise_wgrad import gemm_blockwise_wgrad
         from fp8bench_kernels.quantize_blockwise import quantize_blockwise_both
 
         qxt, sxt, qwt, swt = ctx.saved_tensors
         qdy, sdy, qdyt, sdyt = quantize_blockwise_both(dy.contiguous(), pow2_scales=ctx.pow2)
-        _, gemm = _blockwise_gemm(dy.device, fast_accum=False)
+        _, gemm = _blockwise_gemm(dy.device, ctx.backend_cfg)
+        _, wgrad = _wgrad_gemm(dy.device, ctx.backend_cfg)
         dx = gemm(qdy, sdy, qwt, swt)  # [tokens, in]: dY (1x128 along out) x Wᵀ's 128x128 blocks
-        dw = gemm_blockwise_wgrad(qdyt, sdyt, qxt, sxt)  # [out, in]: summed over tokens in 1x128 groups
+        dw = wgrad(qdyt, sdyt, qxt, sxt)  # [out, in]: summed over tokens in 1x128 groups
         return dx, dw.to(ctx.w_dtype), None
 
 
@@ -166,10 +169,9 @@ class TritonBackend(Backend):
         pow2 = recipe.scaling_cfg.pow2_scales
         b_block = (1, 128) if role is GemmRole.WGRAD else (128, 128)
         if role is GemmRole.WGRAD:
-            from fp8bench_kernels.gemm_blockwise_wgrad import gemm_blockwise_wgrad as gemm
-            kernel = "triton-wgrad"
+            kernel, gemm = _wgrad_gemm(a.device, recipe.backend_cfg)
         else:
-            kernel, gemm = _blockwise_gemm(a.device, recipe.backend_cfg.fast_accum)
+            kernel, gemm = _blockwise_gemm(a.device, recipe.backend_cfg)
         a16, b16 = a.bfloat16().contiguous(), b.bfloat16().contiguous()
 
         def quantized():  # 1x128 scales written M-major, the layout the GEMM kernels read them in
@@ -192,20 +194,47 @@ class TritonBackend(Backend):
             swap_block_linears(model, lambda lin: RecipeLinear(lin, BlockwiseLinearFn, recipe))
         return TrainSetup(model)
 
+    def kernels(self, workload, recipe, device):
+        if workload not in RECIPE_WORKLOADS or recipe.format is Format.BF16:
+            return {}
+        return {"gemm_kernel": _blockwise_gemm(device, recipe.backend_cfg)[0],
+                "wgrad_kernel": _wgrad_gemm(device, recipe.backend_cfg)[0]}
 
-def _blockwise_gemm(device: torch.device, fast_accum: bool):
-    """(name, GEMM) for this device, taking A's scales M-major (`quantize_blockwise(m_major_scales=True)`): the
-    Gluon kernel's producer TMA-loads them so, and the Triton kernel reads them in one coalesced load. Which
-    of the two ran is recorded with the case (`gemm_kernel`)."""
+
+def _gluon_runs_on(device: torch.device, backend_cfg) -> bool:
+    if backend_cfg.triton_gemms:
+        return False
     try:
-        from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon, runs_on
+        from fp8bench_kernels.gemm_blockwise_gluon import runs_on
     except ImportError:  # a Triton without Gluon
-        runs_on = None
-    if runs_on is not None and runs_on(device):
+        return False
+    return runs_on(device)
+
+
+def _blockwise_gemm(device: torch.device, backend_cfg):
+    """(name, fprop/dgrad GEMM) for this device, taking A's scales M-major
+    (`quantize_blockwise(m_major_scales=True)`): the Gluon kernel's producer TMA-loads them so, and the Triton
+    kernel reads them in one coalesced load. Which of the two ran is recorded with the case (`gemm_kernel`)."""
+    fast_accum = backend_cfg.fast_accum
+    if _gluon_runs_on(device, backend_cfg):
+        from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon
+
         return "gluon", lambda qa, sa, qb, sb: gemm_blockwise_gluon(qa, sa, qb, sb, fast_accum=fast_accum)
     from fp8bench_kernels.gemm_blockwise import gemm_blockwise
 
     return "triton", lambda qa, sa, qb, sb: gemm_blockwise(qa, sa, qb, sb, fast_accum=fast_accum)
+
+
+def _wgrad_gemm(device: torch.device, backend_cfg):
+    """(name, weight-gradient GEMM) for this device: both operands with 1x128 scales along the tokens
+    (`wgrad_kernel` in the record)."""
+    if _gluon_runs_on(device, backend_cfg):
+        from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon_wgrad
+
+        return "gluon-wgrad", gemm_blockwise_gluon_wgrad
+    from fp8bench_kernels.gemm_blockwise_wgrad import gemm_blockwise_wgrad
+
+    return "triton-wgrad", gemm_blockwise_wgrad
 
 
 def _expand(scales: torch.Tensor, block: tuple[int, int], shape: torch.Size) -> torch.Tensor:

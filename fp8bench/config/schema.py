@@ -214,6 +214,9 @@ class BackendConfig:
     fast_accum: bool = False
     """torch (CUDA): FP8 GEMMs with cuBLASLt fast accumulation. triton: the blockwise GEMM's sum stays in the
     tensor core's accumulation (rescale) instead of DeepSeek-V3's promotion of each 128-deep K group to FP32."""
+    triton_gemms: bool = False
+    """triton: run the blockwise GEMMs (fprop, dgrad, wgrad) on the Triton kernels even on sm_90, where the
+    warp-specialized Gluon ones run by default: our two kernel generations side by side."""
     cpu_onednn: bool = False
     """torch, torchao (CPU): let oneDNN run FP8 _scaled_mm. Without FP8 hardware its path is a slow reference."""
     compile: bool = False
@@ -232,7 +235,7 @@ class BackendConfig:
     def variant(self) -> str:
         """Short suffix naming the non-default knobs this backend reads, so case ids of variants differ
         (and a knob another backend ignores does not split one case into two)."""
-        reads = {"torch": ("fast_accum", "cpu_onednn"), "triton": ("fast_accum",),
+        reads = {"torch": ("fast_accum", "cpu_onednn"), "triton": ("fast_accum", "triton_gemms"),
                  "torchao": ("compile", "gw_hp", "cpu_onednn"), "accelerate": ("fp8_backend", "compile", "cpu_onednn")}
         parts = []
         for k in reads.get(self.name, ()):

@@ -80,7 +80,8 @@ def prepare_module(case: CaseInput, build: Callable[..., LinearOp], flops: float
             if y_hp is None:
                 y_hp, _, _ = op.reference_outputs()
             out += [Metric.of("sqnr_db", sqnr_db(y_hp, y)), Metric.of("rel_err", rel_err(y_hp, y))]
-        return CaseOutput(out, {"time_ms": timing.samples_ms})
+        return CaseOutput(out, {"time_ms": timing.samples_ms},
+                          ran=case.backend.kernels(case.config.workload.name, case.recipe, dev))
 
     return Prepared({"time_ms": op.step}, finish)
 

@@ -57,7 +57,8 @@ def prepare(case: CaseInput) -> Prepared:
             vs = sqnr_db(y_emu, y[:r])
             metrics.append(Metric.of("sqnr_vs_emulated_db", vs))
             check_against_emulator(case.recipe.format, vs, f"{case.backend.name} linear output")
-        return CaseOutput(metrics, {"time_ms": timing.samples_ms})
+        return CaseOutput(metrics, {"time_ms": timing.samples_ms},
+                          ran=case.backend.kernels("linear", case.recipe, dev))
 
     return Prepared({"time_ms": op.step}, finish)
 

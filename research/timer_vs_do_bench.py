@@ -1,0 +1,111 @@
+"""Why does fp8bench's timer read an 8192³ FP8 GEMM ~2% faster than `triton.testing.do_bench` on some H200
+boxes (tests/test_gpu.py::test_timer_matches_triton_do_bench_within_2_percent: 0.8728 vs 0.8933 ms at 0624da5,
+0.8739 vs 0.8920 at 865b59e), while both zero the same 256 MB before each call and time it with events queued
+back to back?
+
+The two differ in what runs just before their timed calls: fp8bench (`time_fn` as the test calls it) runs 10
+calls, syncs, times 3 flushed calls, syncs and starts sampling; do_bench times 5 flushed calls, syncs, then
+queues ~25 ms of calls without a flush and starts sampling behind them. A GPU at its power cap sets its clocks
+by the load of the last tens of milliseconds, so the two may sample different clocks. Each method runs in
+interleaved rounds (order rotated) and every sample is kept, summarised per tenth of the run, so a transient at
+the start shows as a first tenth unlike the rest:
+
+- `ours`: `time_fn` as the test calls it (warmup 10, no settling);
+- `ours_settled`: the same with `settle_ms=25` (25 ms of flushed calls queued before the samples);
+- `do_bench`: Triton's, as the test calls it (warmup 25 ms, rep 300 ms);
+- `do_bench_cold`: do_bench with warmup=0 (one call of warm-up: its samples start right after its estimate).
+
+Usage on the GPU box: python3 research/timer_vs_do_bench.py OUT.json [ROUNDS]
+Anywhere, the Markdown table of a recorded file: python3 research/timer_vs_do_bench.py --markdown OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+
+def tenths(samples: list[float]) -> list[float]:
+    """Median of each tenth of the run, in order."""
+    n = len(samples)
+    return [statistics.median(samples[i * n // 10:max((i + 1) * n // 10, i * n // 10 + 1)]) for i in range(10)]
+
+
+def methods(fn) -> dict:
+    import torch
+    from triton.testing import do_bench
+
+    from fp8bench.core.measure import time_fn
+
+    def ours(settle_ms: float):
+        return lambda: time_fn(fn, device=torch.device("cuda"), warmup=10, iters=100_000, min_samples=50,
+                               max_time_s=0.3, flush_l2=True, settle_ms=settle_ms).samples_ms
+    return {"ours": ours(0.0), "ours_settled": ours(25.0),
+            "do_bench": lambda: do_bench(fn, warmup=25, rep=300, return_mode="all"),
+            "do_bench_cold": lambda: do_bench(fn, warmup=0, rep=300, return_mode="all")}
+
+
+def probe(rounds: int) -> dict:
+    import time
+
+    import torch
+
+    from fp8bench.backends import Recipe, get_backend
+    from fp8bench.config.schema import BackendConfig, ScalingConfig
+    from fp8bench.core.types import Format, GemmRole, Scaling
+
+    recipe = Recipe(format=Format.E4M3, scaling=Scaling.CURRENT, scaling_cfg=ScalingConfig(name="current"),
+                    backend_cfg=BackendConfig(name="torch"))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(8192, 8192, device="cuda", generator=g).bfloat16()
+    b = torch.randn(8192, 8192, device="cuda", generator=g).bfloat16()
+    ops = {"fp8_e4m3_current_8192": get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe).kernel_only,
+           "bf16_8192": lambda: a @ b.t()}
+    out: dict = {"device": torch.cuda.get_device_name(), "rounds": rounds, "ops": {}}
+    for op_name, fn in ops.items():
+        end = time.perf_counter() + 1.0  # as compare_timers: clocks lowered by sustained load first
+        while time.perf_counter() < end:
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+        ms = methods(fn)
+        names = list(ms)
+        runs: dict = {n: [] for n in names}
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for n in order:
+                samples = ms[n]()
+                runs[n].append({"median": statistics.median(samples), "n": len(samples), "tenths": tenths(samples)})
+        out["ops"][op_name] = runs
+        print(op_name, {n: round(statistics.median(x["median"] for x in v), 4) for n, v in runs.items()}, flush=True)
+    return out
+
+
+def markdown(data: dict) -> str:
+    lines = [f"{data['device']}, {data['rounds']} rounds per method (order rotated); ms, median over rounds",
+             "", "| op | method | median | vs do_bench (per round) | first tenth | last tenth | samples |",
+             "|---|---|---|---|---|---|---|"]
+    for op, runs in data["ops"].items():
+        ref = [x["median"] for x in runs["do_bench"]]
+        for name, rs in runs.items():
+            ratio = statistics.median(x["median"] / r for x, r in zip(rs, ref, strict=True))
+            first = statistics.median(x["tenths"][0] for x in rs)
+            last = statistics.median(x["tenths"][-1] for x in rs)
+            lines.append(f"| {op} | {name} | {statistics.median(x['median'] for x in rs):.4f} | {ratio:.4f} | "
+                         f"{first:.4f} | {last:.4f} | {statistics.median(x['n'] for x in rs)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--markdown"]:
+        print(markdown(json.loads(open(argv[1]).read())))
+        return
+    data = probe(int(argv[1]) if len(argv) > 1 else 8)
+    with open(argv[0], "w") as f:
+        json.dump(data, f, indent=1)
+    print(markdown(data))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
