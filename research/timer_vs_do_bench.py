@@ -13,9 +13,14 @@ the start shows as a first tenth unlike the rest:
 - `ours`: `time_fn` as the test calls it (warmup 10, no settling);
 - `ours_settled`: the same with `settle_ms=25` (25 ms of flushed calls queued before the samples);
 - `do_bench`: Triton's, as the test calls it (warmup 25 ms, rep 300 ms);
-- `do_bench_cold`: do_bench with warmup=0 (one call of warm-up: its samples start right after its estimate).
+- `do_bench_cold`: do_bench with warmup=0 (one call of warm-up: its samples start right after its estimate);
+- `ours_200`, `do_bench_200`: both settled 200 ms before sampling (fp8bench's `measure.settle_ms` default, and
+  do_bench's warmup in ms), as scripts/gpu_checks.compare_timers compares them since 7c8a8fb's finding (files
+  recorded before then have the first four only).
 
-Usage on the GPU box: python3 research/timer_vs_do_bench.py OUT.json [ROUNDS]
+`settle_s` (default 3) of untimed calls precede each op's rounds, as in compare_timers.
+
+Usage on the GPU box: python3 research/timer_vs_do_bench.py OUT.json [ROUNDS] [SETTLE_S]
 Anywhere, the Markdown table of a recorded file: python3 research/timer_vs_do_bench.py --markdown OUT.json
 """
 
@@ -43,10 +48,11 @@ def methods(fn) -> dict:
                                max_time_s=0.3, flush_l2=True, settle_ms=settle_ms).samples_ms
     return {"ours": ours(0.0), "ours_settled": ours(25.0),
             "do_bench": lambda: do_bench(fn, warmup=25, rep=300, return_mode="all"),
-            "do_bench_cold": lambda: do_bench(fn, warmup=0, rep=300, return_mode="all")}
+            "do_bench_cold": lambda: do_bench(fn, warmup=0, rep=300, return_mode="all"),
+            "ours_200": ours(200.0), "do_bench_200": lambda: do_bench(fn, warmup=200, rep=300, return_mode="all")}
 
 
-def probe(rounds: int) -> dict:
+def probe(rounds: int, settle_s: float) -> dict:
     import time
 
     import torch
@@ -62,9 +68,9 @@ def probe(rounds: int) -> dict:
     b = torch.randn(8192, 8192, device="cuda", generator=g).bfloat16()
     ops = {"fp8_e4m3_current_8192": get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe).kernel_only,
            "bf16_8192": lambda: a @ b.t()}
-    out: dict = {"device": torch.cuda.get_device_name(), "rounds": rounds, "ops": {}}
+    out: dict = {"device": torch.cuda.get_device_name(), "rounds": rounds, "settle_s": settle_s, "ops": {}}
     for op_name, fn in ops.items():
-        end = time.perf_counter() + 1.0  # as compare_timers: clocks lowered by sustained load first
+        end = time.perf_counter() + settle_s  # as compare_timers: clocks lowered by sustained load first
         while time.perf_counter() < end:
             for _ in range(10):
                 fn()
@@ -83,7 +89,8 @@ def probe(rounds: int) -> dict:
 
 
 def markdown(data: dict) -> str:
-    lines = [f"{data['device']}, {data['rounds']} rounds per method (order rotated); ms, median over rounds",
+    lines = [f"{data['device']}, {data['rounds']} rounds per method (order rotated) after "
+             f"{data.get('settle_s', 1.0)} s of untimed calls; ms, median over rounds",
              "", "| op | method | median | vs do_bench (per round) | first tenth | last tenth | samples |",
              "|---|---|---|---|---|---|---|"]
     for op, runs in data["ops"].items():
@@ -101,7 +108,7 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["--markdown"]:
         print(markdown(json.loads(open(argv[1]).read())))
         return
-    data = probe(int(argv[1]) if len(argv) > 1 else 8)
+    data = probe(int(argv[1]) if len(argv) > 1 else 8, float(argv[2]) if len(argv) > 2 else 3.0)
     with open(argv[0], "w") as f:
         json.dump(data, f, indent=1)
     print(markdown(data))

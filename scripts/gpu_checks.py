@@ -26,19 +26,26 @@ from fp8bench.core.types import Format, GemmRole, Scaling
 SHAPES = [(8192, 8192, 8192), (8192, 12288, 4096), (8192, 4096, 4096), (8192, 22016, 4096), (8192, 4096, 11008)]
 
 
-def compare_timers(fn, rounds: int = 6, settle_s: float = 1.0) -> tuple[float, float, float]:
+def compare_timers(fn, rounds: int = 6, settle_s: float = 3.0) -> tuple[float, float, float]:
     """fp8bench's timer against do_bench over interleaved rounds: (median of ours, median of theirs, median of
     the per-round ratios ours/theirs). The H200's clocks drift with power and temperature over seconds, so
     timing one method after the other compares two GPU states; the ratio of the two runs of one round pairs
     them in time, and its median over rounds outvotes a round that met a clock step (unpaired medians at
     865b59e: 0.8739 vs 0.8920 ms, 2.02% apart).
 
-    `settle_s` of untimed calls come first, so that both timers meet clocks already lowered by sustained load
-    (results/h200-checks/pytest_gpu_ad83aea.log: run first in its process the ratio was 3-6% off in 3 of 3
-    tries on one H200, and within 2% on others where GPU tests had run before it; an idle GPU's falling clocks
-    are the likely cause)."""
+    Both timers settle the same 200 ms before their samples (fp8bench's `measure.settle_ms` default; do_bench's
+    `warmup` is in ms). Without it, each started in whatever state the gap between the two left the GPU in:
+    research/timer_vs_do_bench.py at 7c8a8fb found fp8bench's samples, taken straight after its 10 warm-up
+    calls, 0.869 ms in their first tenth and 0.922 ms in their last (medians of 8 rounds; do_bench's 25 ms of
+    warm-up had lowered the clocks before its own), per-round ratio 0.989; at 0624da5 the gap reached 2.3%.
+
+    `settle_s` of untimed calls come first, so that both timers meet clocks already lowered by sustained load:
+    at 7c8a8fb the first 300 ms after one second of this ran at 0.762 ms, every later round at 0.88-0.94."""
     from triton.testing import do_bench
 
+    from fp8bench.config.schema import MeasureConfig
+
+    settle_ms = MeasureConfig.settle_ms
     end = time.perf_counter() + settle_s
     while time.perf_counter() < end:
         for _ in range(10):
@@ -49,10 +56,10 @@ def compare_timers(fn, rounds: int = 6, settle_s: float = 1.0) -> tuple[float, f
         # Same time budget as do_bench's rep=300 ms (not an iteration cap): the GPU's duty cycle, and with
         # it its clocks, must match for short kernels.
         return time_fn(fn, device=torch.device("cuda"), warmup=10, iters=100_000, min_samples=50, max_time_s=0.3,
-                       flush_l2=True).median_ms
+                       flush_l2=True, settle_ms=settle_ms).median_ms
 
     def theirs() -> float:
-        return do_bench(fn, warmup=25, rep=300, return_mode="median")
+        return do_bench(fn, warmup=settle_ms, rep=300, return_mode="median")
 
     times: dict = {ours: [], theirs: []}
     for r in range(rounds):
