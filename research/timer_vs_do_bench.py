@@ -101,6 +101,12 @@ def markdown(data: dict) -> str:
             last = statistics.median(x["tenths"][-1] for x in rs)
             lines.append(f"| {op} | {name} | {statistics.median(x['median'] for x in rs):.4f} | {ratio:.4f} | "
                          f"{first:.4f} | {last:.4f} | {statistics.median(x['n'] for x in rs)} |")
+    settled = {op: statistics.median(o["median"] / t["median"] for o, t in
+                                     zip(runs["ours_200"], runs["do_bench_200"], strict=True))
+               for op, runs in data["ops"].items() if "ours_200" in runs}
+    if settled:
+        lines += ["", "Both settled 200 ms, fp8bench / do_bench per round (median): "
+                  + "; ".join(f"{op} {ratio:.4f}" for op, ratio in settled.items()) + "."]
     return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ def test_the_regression_trials_table_is_the_committed_judgements():
                           *(str(ROOT / "results" / "h200-checks" / f) for f in TRIALS)],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert res.returncode == 0, res.stderr
-    assert generated_block("regression.md") == res.stdout
+    assert generated_block("regression.md", "regression_trials.py table") == res.stdout
 
 
 @pytest.fixture(scope="module")
@@ -101,17 +101,17 @@ def test_the_headline_says_what_each_fastest_training_recipe_did_to_the_loss(com
     assert all(r[5] for r in rows if r[1] == "train")
 
 
-def _kernel_tables() -> list[str]:
-    """The commands behind docs/kernels.md's generated blocks (each prints its block from a committed file)."""
-    return re.findall(r"<!-- generated: python3 (\S+ --markdown \S+) -->", (ROOT / "docs" / "kernels.md").read_text())
+def _kernel_tables(doc: str = "kernels.md") -> list[str]:
+    """The commands behind a page's probe tables (each prints its block from a committed file)."""
+    return re.findall(r"<!-- generated: python3 (\S+ --markdown \S+) -->", (ROOT / "docs" / doc).read_text())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", _kernel_tables())
-def test_the_kernel_tables_are_the_committed_measurements(command):
+@pytest.mark.parametrize("doc,command", [(doc, c) for doc in ("kernels.md", "regression.md") for c in _kernel_tables(doc)])
+def test_the_kernel_tables_are_the_committed_measurements(doc, command):
     res = subprocess.run([sys.executable, *command.split()], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert generated_block("kernels.md", command) == res.stdout
+    assert generated_block(doc, command) == res.stdout
 
 
 def test_every_kernel_table_is_checked():
