@@ -38,6 +38,9 @@ def compare_timers(fn, rounds: int = 6, settle_s: float = 3.0) -> tuple[float, f
     research/timer_vs_do_bench.py at 7c8a8fb found fp8bench's samples, taken straight after its 10 warm-up
     calls, 0.869 ms in their first tenth and 0.922 ms in their last (medians of 8 rounds; do_bench's 25 ms of
     warm-up had lowered the clocks before its own), per-round ratio 0.989; at 0624da5 the gap reached 2.3%.
+    Settling alike is not what brings them closest on every box (c7b18c7, after 3 s of load: unsettled 1.0019,
+    settled 0.9884, do_bench's unflushed warm-up lowering its first samples' clocks): it is kept because it
+    times ours as sweeps do (docs/regression.md).
 
     `settle_s` of untimed calls come first, so that both timers meet clocks already lowered by sustained load:
     at 7c8a8fb the first 300 ms after one second of this ran at 0.762 ms, every later round at 0.88-0.94."""

@@ -11,8 +11,8 @@
 3. Host cost: wall time per call at a shape whose kernels take a few microseconds, what each call costs the CPU;
    a call is GPU-bound only while this stays under its kernels' time.
 4. Weight-gradient GEMM rounds: per linear of Llama-2-7B (and gpt-125m's qkv), dW = dYᵀ·X with both operands in
-   1x128 groups along the tokens, the Gluon kernel (`gemm_blockwise_gluon_wgrad`) beside the Triton one the
-   backend runs (`gemm_blockwise_wgrad`), interleaved as in 1, each with its SQNR against the dequantized FP32
+   1x128 groups along the tokens, the Gluon kernel (`gemm_blockwise_gluon_wgrad`, what the backend
+   runs on sm_90 since 7c8a8fb) beside the Triton one (`gemm_blockwise_wgrad`), interleaved as in 1, each with its SQNR against the dequantized FP32
    product. A shape whose kernel fails is recorded with its error; the others still run.
 
 Usage on the GPU box: python3 scripts/recipe_bench.py [--out FILE.json] [--rounds N] [--only gemm,cast,host,wgrad]

@@ -72,7 +72,7 @@ def test_the_torch_backend_says_it_has_no_mx_path_instead_of_promising_blackwell
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", ["linear", "train"])
+@pytest.mark.parametrize("workload", ["linear", "mlp", "layer", "train", "train-diverged"])
 def test_the_kernels_a_backend_picks_are_recorded_with_the_case(tmp_path, workload):
     """A backend that chooses among kernels at run time (the triton backend: Gluon on Hopper, Triton elsewhere)
     says which it took in `kernels()`, and the case's record carries it: a choice never hides under the id."""
@@ -86,20 +86,26 @@ def test_the_kernels_a_backend_picks_are_recorded_with_the_case(tmp_path, worklo
         def kernels(self, workload, recipe, device):
             return {"gemm_kernel": f"{workload}-{recipe.format.value}-{device.type}"}
 
+    train = ["workload.train.steps=2", "workload.train.eval_every=2", "workload.train.bf16_seeds=1",
+             "workload.batch=2", "workload.seq=32"]
+    extra = {"linear": ["workload.linears=[o]", "workload.tokens=64"],
+             "mlp": ["workload.batch=1", "workload.seq=64"], "layer": ["workload.batch=1", "workload.seq=64"],
+             "train": train,  # a diverged run is a result too, recorded with what ran
+             "train-diverged": [*train, "workload.train.lr=1e6", "workload.train.grad_clip=0",
+                                "workload.train.warmup_steps=0"]}[workload]
     backends.register(Chooser)
     try:
-        extra = (["workload.train.steps=2", "workload.train.eval_every=2", "workload.train.bf16_seeds=1",
-                  "workload.batch=2", "workload.seq=32"] if workload == "train" else ["workload.linears=[o]",
-                                                                                      "workload.tokens=64"])
-        points, _ = expand([f"workload={workload}", "model=tiny", "device=cpu", "backend.name=fake-chooser",
-                            "format=e4m3", "scaling=current", "measure.iters=3", f"results_dir={tmp_path}",
-                            *extra])
+        points, _ = expand([f"workload={workload.split('-')[0]}", "model=tiny", "device=cpu",
+                            "backend.name=fake-chooser", "format=e4m3", "scaling=current", "measure.iters=3",
+                            f"results_dir={tmp_path}", *extra])
         recs = execute(plan(points), tmp_path / "runs" / "r", "r", detect_device(), progress=False)
     finally:
         backends.unregister(Chooser.name)
     fp8 = [r for r in recs if r.format == "e4m3"]
-    assert fp8 and all(r.status == "ok" for r in fp8), [(r.case_id, r.reason) for r in fp8]
-    assert all(r.params["gemm_kernel"] == f"{workload}-e4m3-cpu" for r in fp8), [r.params for r in fp8]
+    status = "diverged" if workload == "train-diverged" else "ok"
+    assert fp8 and all(r.status == status for r in fp8), [(r.case_id, r.status, r.reason) for r in fp8]
+    name = workload.split("-")[0]
+    assert all(r.params["gemm_kernel"] == f"{name}-e4m3-cpu" for r in fp8), [r.params for r in fp8]
 
 
 def test_the_triton_backend_names_the_gemm_kernels_it_picks():

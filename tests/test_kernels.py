@@ -473,10 +473,10 @@ def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k)
     op = be.gemm(a, b, GemmRole.WGRAD, r)
     assert op.ran == {"gemm_kernel": "gluon-wgrad" if hopper else "triton-wgrad"}
     assert sqnr_db(emulated_gemm(a, b, GemmRole.WGRAD, r), op.with_quant().float()) > 40.0
-    # backend.triton_gemms: the Triton kernels on Hopper too, each role recorded so
+    # backend.triton_gemms: the Triton kernels on Hopper too, each role recorded so (off Hopper they are the default)
     nogluon = Recipe(format=Format.E4M3, scaling=Scaling.BLOCKWISE, scaling_cfg=ScalingConfig(name="blockwise"),
                      backend_cfg=BackendConfig(name="triton", triton_gemms=True))
-    for role, kernel in [(GemmRole.FPROP, "triton"), (GemmRole.WGRAD, "triton-wgrad")]:
+    for role, kernel in [(GemmRole.FPROP, "triton"), (GemmRole.WGRAD, "triton-wgrad")] if hopper else []:
         op = be.gemm(a, b, role, nogluon)
         assert op.ran == {"gemm_kernel": kernel}
         assert sqnr_db(emulated_gemm(a, b, role, nogluon), op.with_quant().float()) > 40.0
@@ -595,6 +595,41 @@ def test_blockwise_linear_forward_and_both_gradients_agree_with_the_emulator(k, 
     along_features = (a.float() * sa.repeat_interleave(128, 1)[:, :d_out]).t().double() @ (
         b.float() * sb.repeat_interleave(128, 1)[:, :d_in]).double()
     assert sqnr_db(emulated[2], along_features) < 40.0
+
+
+@pytest.mark.skipif(CUDA, reason="stands the Triton kernels in for the Gluon ones: a CPU test of the choice")
+@pytest.mark.parametrize("triton_gemms", [False, True], ids=["auto", "triton"])
+def test_the_kernels_a_blockwise_linear_calls_are_the_ones_it_records(k, monkeypatch, triton_gemms):
+    """On a device where Gluon runs (here a stand-in: runs_on() says yes and each Gluon GEMM is a spy calling the
+    Triton kernel), the linear's forward and backward call the Gluon fprop/dgrad and wgrad GEMMs, or with
+    `triton_gemms` the Triton ones, and `kernels()` names exactly the ones called."""
+    from fp8bench.backends import Recipe, get_backend
+    from fp8bench.backends.triton import BlockwiseLinearFn
+    from fp8bench.config.schema import BackendConfig, ScalingConfig
+    from fp8bench.core.types import Format, Scaling
+
+    g = importlib.import_module("fp8bench_kernels.gemm_blockwise_gluon")
+    calls: list[str] = []
+
+    def spy(name, kernel):
+        def called(*args, **kwargs):
+            calls.append(name)
+            return kernel(*args, **kwargs)
+        return called
+    monkeypatch.setattr(g, "runs_on", lambda device: True)
+    monkeypatch.setattr(g, "gemm_blockwise_gluon", spy("gluon", k.gemm_blockwise.gemm_blockwise))
+    monkeypatch.setattr(g, "gemm_blockwise_gluon_wgrad", spy("gluon-wgrad", k.gemm_blockwise_wgrad.gemm_blockwise_wgrad))
+    for mod, name in [(k.gemm_blockwise, "gemm_blockwise"), (k.gemm_blockwise_wgrad, "gemm_blockwise_wgrad")]:
+        monkeypatch.setattr(mod, name, spy({"gemm_blockwise": "triton"}.get(name, "triton-wgrad"), getattr(mod, name)))
+    r = Recipe(format=Format.E4M3, scaling=Scaling.BLOCKWISE, scaling_cfg=ScalingConfig(name="blockwise"),
+               backend_cfg=BackendConfig(name="triton", triton_gemms=triton_gemms))
+    x = data(128, 256, 1, spread=False).requires_grad_(True)
+    w = data(128, 256, 2, spread=False).requires_grad_(True)
+    BlockwiseLinearFn.apply(x, w, r).backward(data(128, 128, 3, spread=False))
+    picked = get_backend("triton").kernels("linear", r, torch.device(DEV))
+    assert calls == [picked["gemm_kernel"], picked["gemm_kernel"], picked["wgrad_kernel"]]  # fprop, dgrad, wgrad
+    assert picked == ({"gemm_kernel": "triton", "wgrad_kernel": "triton-wgrad"} if triton_gemms
+                      else {"gemm_kernel": "gluon", "wgrad_kernel": "gluon-wgrad"})
 
 
 @pytest.mark.parametrize("iters", [1, 7])

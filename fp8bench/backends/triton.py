@@ -13,8 +13,9 @@
 - linear, mlp, layer, train: e4m3/blockwise, DeepSeek-V3's recipe on these kernels alone (`BlockwiseLinearFn`):
   each activation and gradient read once by `quantize_blockwise_both` into the two layouts its GEMMs need, the
   weight once into its 128x128 blocks and their transpose, the three GEMMs in FP8.
-Which GEMM kernels ran (`gemm_kernel`, `wgrad_kernel`) is recorded with every case (`kernels`). A case
-without a kernel is recorded `skipped` with that reason, never run under another name.
+Which GEMM kernels ran is recorded with the case: `gemm_kernel` and `wgrad_kernel` with every FP8 linear, mlp,
+layer and train case (`kernels`), the one role's `gemm_kernel` with a gemm case. A case without a kernel is
+recorded `skipped` with that reason, never run under another name.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class BlockwiseLinearFn(torch.autograd.Function):
         pow2 = recipe.scaling_cfg.pow2_scales
         qx, sx, qxt, sxt = quantize_blockwise_both(x.contiguous(), pow2_scales=pow2)
         qw, sw, qwt, swt = quantize_blockwise_both(w.contiguous(), weight=True, pow2_scales=pow2)
-        _, gemm = _blockwise_gemm(x.device, recipe.backend_cfg)
+        _, gemm = _blockwise_gemm(x.device, recipe.backend_cfg, fast_accum=False)
         ctx.save_for_backward(qxt, sxt, qwt, swt)
         ctx.pow2, ctx.w_dtype, ctx.backend_cfg = pow2, w.dtype, recipe.backend_cfg
         return gemm(qx, sx, qw, sw)
@@ -66,7 +67,7 @@ class BlockwiseLinearFn(torch.autograd.Function):
 
         qxt, sxt, qwt, swt = ctx.saved_tensors
         qdy, sdy, qdyt, sdyt = quantize_blockwise_both(dy.contiguous(), pow2_scales=ctx.pow2)
-        _, gemm = _blockwise_gemm(dy.device, ctx.backend_cfg)
+        _, gemm = _blockwise_gemm(dy.device, ctx.backend_cfg, fast_accum=False)
         _, wgrad = _wgrad_gemm(dy.device, ctx.backend_cfg)
         dx = gemm(qdy, sdy, qwt, swt)  # [tokens, in]: dY (1x128 along out) x Wᵀ's 128x128 blocks
         dw = wgrad(qdyt, sdyt, qxt, sxt)  # [out, in]: summed over tokens in 1x128 groups
@@ -171,7 +172,7 @@ class TritonBackend(Backend):
         if role is GemmRole.WGRAD:
             kernel, gemm = _wgrad_gemm(a.device, recipe.backend_cfg)
         else:
-            kernel, gemm = _blockwise_gemm(a.device, recipe.backend_cfg)
+            kernel, gemm = _blockwise_gemm(a.device, recipe.backend_cfg, recipe.backend_cfg.fast_accum)
         a16, b16 = a.bfloat16().contiguous(), b.bfloat16().contiguous()
 
         def quantized():  # 1x128 scales written M-major, the layout the GEMM kernels read them in
@@ -197,7 +198,7 @@ class TritonBackend(Backend):
     def kernels(self, workload, recipe, device):
         if workload not in RECIPE_WORKLOADS or recipe.format is Format.BF16:
             return {}
-        return {"gemm_kernel": _blockwise_gemm(device, recipe.backend_cfg)[0],
+        return {"gemm_kernel": _blockwise_gemm(device, recipe.backend_cfg, fast_accum=False)[0],
                 "wgrad_kernel": _wgrad_gemm(device, recipe.backend_cfg)[0]}
 
 
@@ -211,11 +212,11 @@ def _gluon_runs_on(device: torch.device, backend_cfg) -> bool:
     return runs_on(device)
 
 
-def _blockwise_gemm(device: torch.device, backend_cfg):
+def _blockwise_gemm(device: torch.device, backend_cfg, fast_accum: bool):
     """(name, fprop/dgrad GEMM) for this device, taking A's scales M-major
     (`quantize_blockwise(m_major_scales=True)`): the Gluon kernel's producer TMA-loads them so, and the Triton
-    kernel reads them in one coalesced load. Which of the two ran is recorded with the case (`gemm_kernel`)."""
-    fast_accum = backend_cfg.fast_accum
+    kernel reads them in one coalesced load. Which of the two ran is recorded with the case (`gemm_kernel`).
+    `fast_accum` is the caller's: the recipe's linear always promotes, as its wgrad does (DeepSeek-V3)."""
     if _gluon_runs_on(device, backend_cfg):
         from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon
 
