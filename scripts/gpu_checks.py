@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from fp8bench.backends import Recipe, get_backend
-from fp8bench.config.schema import BackendConfig, ScalingConfig
+from fp8bench.config.schema import BackendConfig, MeasureConfig, ScalingConfig
 from fp8bench.core.measure import time_fn
 from fp8bench.core.types import Format, GemmRole, Scaling
 
@@ -45,8 +45,6 @@ def compare_timers(fn, rounds: int = 6, settle_s: float = 3.0) -> tuple[float, f
     `settle_s` of untimed calls come first, so that both timers meet clocks already lowered by sustained load:
     at 7c8a8fb the first 300 ms after one second of this ran at 0.762 ms, every later round at 0.88-0.94."""
     from triton.testing import do_bench
-
-    from fp8bench.config.schema import MeasureConfig
 
     settle_ms = MeasureConfig.settle_ms
     end = time.perf_counter() + settle_s
