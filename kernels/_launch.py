@@ -19,6 +19,7 @@ reads from `triton.knobs` on each call (debug, instrumentation): set those befor
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -45,6 +46,15 @@ def _spec(arg: Any) -> Any:
         return (base.dtype, base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides),
                 tuple(arg.block_shape), getattr(arg, "layout", None))
     return kind, arg
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`, a persistent grid's size (4 off CUDA: under Triton's interpreter a
+    few programs exercise the grid-stride loops)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def current_device() -> int:

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._launch import Launcher, cdiv
+from ._launch import Launcher, cdiv, sm_count
 from ._tune import INTERPRETING, steady_do_bench, tuning_configs
 from .quantize_blockwise import m_major_empty
 
@@ -217,7 +217,7 @@ def gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch
     a_desc = TensorDescriptor.from_tensor(a, dummy)
     b_desc = TensorDescriptor.from_tensor(b, dummy)
     c_desc = TensorDescriptor.from_tensor(c, dummy)
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
+    sms = sm_count(a.device)
 
     def grid(meta):
         tiles = cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["NSUB"] * GROUP)

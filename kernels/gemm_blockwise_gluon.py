@@ -70,7 +70,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._launch import Launcher, cdiv, current_device
+from ._launch import Launcher, cdiv, current_device, sm_count
 from .gemm_blockwise import GROUP as BLOCK_K
 from .gemm_blockwise import _tile, check_operands, m_major
 
@@ -428,11 +428,6 @@ def _smem_layout(block: tuple[int, int], fp8: bool):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.float8e4nv if fp8 else gl.bfloat16)
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 class _Address:
     """What Triton reads of a host-side descriptor's base: its dtype (to specialize) and `data_ptr()` (to encode
     the TMA descriptor at launch). A cached descriptor built on it keeps no tensor alive."""
@@ -489,7 +484,7 @@ def _launch(a, sa_t, b, sb, c, config: Config, persistent: bool, n_kgroups: int)
     # blocks and layouts (their bases are 16-byte aligned, or building them failed); sb's alignment; the ints
     key = (current_device(), a.dtype, b.dtype, sa_t.dtype, sb.dtype, config, persistent, sb_aligned, m, n, n_kgroups)
     _launch_gemm.launch(
-        key, (min(tiles, _sm_count(a.device)) if persistent else tiles,), args,
+        key, (min(tiles, sm_count(a.device)) if persistent else tiles,), args,
         dict(BLOCK_M=config.block_m, SUB_N=config.sub_n, GROUP_M=8, STAGES=config.stages, HALVES=config.halves,
              PROMOTE=config.promote, PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs,
              COL_SCALES=config.col_scales, num_warps=4))

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, round_to_e4m3
-from ._launch import Launcher, cdiv
+from ._launch import Launcher, cdiv, sm_count
 from ._tune import steady_do_bench, tuning_configs
 
 AMAX_TILE = (64, 128)
@@ -82,7 +82,7 @@ def quantize_current(x: torch.Tensor, transpose: bool = True,
     amax = torch.zeros((), device=x.device, dtype=torch.float32)
     inv_scale = torch.empty((), device=x.device, dtype=torch.float32)
     tiles = cdiv(m, AMAX_TILE[0]) * cdiv(n, AMAX_TILE[1])
-    _launch_amax((min(tiles, amax_programs or 4 * _sm_count(x.device)),),
+    _launch_amax((min(tiles, amax_programs or 4 * sm_count(x.device)),),
                  x, amax, m, n, x.stride(0), x.stride(1), BLOCK_M=AMAX_TILE[0], BLOCK_N=AMAX_TILE[1], num_warps=4)
     y = torch.empty((m, n), device=x.device, dtype=torch.float8_e4m3fn)
     yt = torch.empty((n, m), device=x.device, dtype=torch.float8_e4m3fn) if transpose else y
@@ -92,12 +92,6 @@ def quantize_current(x: torch.Tensor, transpose: bool = True,
 
 
 @functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # Triton's interpreter: a few programs exercise the grid-stride loop
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def quantize_current_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     scale = E4M3_MAX / torch.clamp(x.float().abs().amax(), min=AMAX_EPS)
     y = (x.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)

@@ -37,15 +37,23 @@ def tenths(samples: list[float]) -> list[float]:
     return [statistics.median(samples[i * n // 10:max((i + 1) * n // 10, i * n // 10 + 1)]) for i in range(10)]
 
 
+def _gpu_checks():
+    """scripts/gpu_checks.py, whose timer settings (fp8bench_samples) and load (sustain) this probe shares."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import gpu_checks
+
+    return gpu_checks
+
+
 def methods(fn) -> dict:
-    import torch
     from triton.testing import do_bench
 
-    from fp8bench.core.measure import time_fn
+    samples = _gpu_checks().fp8bench_samples
 
     def ours(settle_ms: float):
-        return lambda: time_fn(fn, device=torch.device("cuda"), warmup=10, iters=100_000, min_samples=50,
-                               max_time_s=0.3, flush_l2=True, settle_ms=settle_ms).samples_ms
+        return lambda: samples(fn, settle_ms)
     return {"ours": ours(0.0), "ours_settled": ours(25.0),
             "do_bench": lambda: do_bench(fn, warmup=25, rep=300, return_mode="all"),
             "do_bench_cold": lambda: do_bench(fn, warmup=0, rep=300, return_mode="all"),
@@ -53,7 +61,6 @@ def methods(fn) -> dict:
 
 
 def probe(rounds: int, settle_s: float) -> dict:
-    import time
 
     import torch
 
@@ -70,11 +77,7 @@ def probe(rounds: int, settle_s: float) -> dict:
            "bf16_8192": lambda: a @ b.t()}
     out: dict = {"device": torch.cuda.get_device_name(), "rounds": rounds, "settle_s": settle_s, "ops": {}}
     for op_name, fn in ops.items():
-        end = time.perf_counter() + settle_s  # as compare_timers: clocks lowered by sustained load first
-        while time.perf_counter() < end:
-            for _ in range(10):
-                fn()
-            torch.cuda.synchronize()
+        _gpu_checks().sustain(fn, settle_s)  # as compare_timers: clocks lowered by sustained load first
         ms = methods(fn)
         names = list(ms)
         runs: dict = {n: [] for n in names}

@@ -11,9 +11,10 @@
 3. Host cost: wall time per call at a shape whose kernels take a few microseconds, what each call costs the CPU;
    a call is GPU-bound only while this stays under its kernels' time.
 4. Weight-gradient GEMM rounds: per linear of Llama-2-7B (and gpt-125m's qkv), dW = dYᵀ·X with both operands in
-   1x128 groups along the tokens, the Gluon kernel (`gemm_blockwise_gluon_wgrad`, what the backend
-   runs on sm_90 since 7c8a8fb) beside the Triton one (`gemm_blockwise_wgrad`), interleaved as in 1, each with its SQNR against the dequantized FP32
-   product. A shape whose kernel fails is recorded with its error; the others still run.
+   1x128 groups along the tokens, the Gluon kernel (`gemm_blockwise_gluon_wgrad`, what the backend runs on
+   sm_90 since 7c8a8fb) beside the Triton one (`gemm_blockwise_wgrad`), interleaved as in 1, each with its SQNR
+   against the dequantized FP32 product. A shape whose kernel fails is recorded with its error; the others
+   still run.
 
 Usage on the GPU box: python3 scripts/recipe_bench.py [--out FILE.json] [--rounds N] [--only gemm,cast,host,wgrad]
 Anywhere, the Markdown tables of a recorded file: python3 scripts/recipe_bench.py --markdown FILE.json
@@ -73,11 +74,18 @@ def gemm_rounds(rounds: int) -> list[dict]:
     return rows
 
 
-WGRAD_SHAPES = {"llama2-7b wgrad_qkv": (12288, 4096, 8192), "llama2-7b wgrad_o": (4096, 4096, 8192),
-                "llama2-7b wgrad_gate_up": (22016, 4096, 8192), "llama2-7b wgrad_down": (4096, 11008, 8192),
-                "gpt-125m wgrad_qkv": (2304, 768, 4096)}
-"""dW = dYᵀ·X: M output features, N input features, K tokens (batch 2 × 4096 for Llama-2-7B, 1 × 4096 for
-gpt-125m)."""
+def wgrad_shapes() -> dict[str, tuple[int, int, int]]:
+    """dW = dYᵀ·X as the gemm workload shapes it (M output features, N input features, K tokens): every linear
+    of Llama-2-7B at 8192 tokens (batch 2 × 4096), gpt-125m's qkv at 4096."""
+    from fp8bench.config.compose import expand
+    from fp8bench.models.shapes import shapes
+
+    out = {}
+    for model, tokens, linears in (("llama2-7b", 8192, "[qkv,o,gate_up,down]"), ("gpt-125m", 4096, "[qkv]")):
+        [point], _ = expand(["workload=gemm", f"model={model}", "workload.roles=[wgrad]",
+                             f"workload.tokens={tokens}", f"workload.linears={linears}"])
+        out.update({f"{model} {name}": (s["m"], s["n"], s["k"]) for name, s in shapes(point)})
+    return out
 
 
 def _rounds(ops: dict, rounds: int) -> dict[str, list[float]]:
@@ -115,7 +123,7 @@ def _wgrad_row(name: str, m: int, n: int, k: int, rounds: int) -> dict:
 
 def wgrad_rounds(rounds: int) -> list[dict]:
     rows = []
-    for name, (m, n, k) in WGRAD_SHAPES.items():
+    for name, (m, n, k) in wgrad_shapes().items():
         try:
             row = _wgrad_row(name, m, n, k, rounds)
             print(f"{name:>24} gluon {row['gluon']['median_tflops']:6.0f} TFLOPS ({row['gluon']['sqnr_db']:.1f} dB)"

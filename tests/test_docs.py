@@ -143,3 +143,15 @@ def test_a_failed_wgrad_shape_is_a_row_of_its_own():
     rows = recipe_bench.markdown({"wgrad": [ran, failed]}).splitlines()
     assert rows[2] == "| llama2-7b wgrad_o (4096×4096×8192) | 900 | 1.010 | 55.2 | 600 | 55.0 | 1.500 |"
     assert rows[3].startswith("| gpt-125m wgrad_qkv (2304×768×4096) | failed: RuntimeError: out of resources |")
+
+
+def test_recipe_bench_times_the_weight_gradients_it_recorded():
+    """recipe_bench's weight-gradient shapes come from the gemm workload's own shape rules: a run now measures
+    what the committed file measured (the same names and M×N×K)."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import recipe_bench
+
+    recorded = json.loads((ROOT / "results" / "h200-recipe-blockwise" / "recipe_bench_wgrad_7c8a8fb.json").read_text())
+    assert {r["shape"]: tuple(r["mnk"]) for r in recorded["wgrad"]} == recipe_bench.wgrad_shapes()

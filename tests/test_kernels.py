@@ -173,7 +173,7 @@ def test_gluon_gemm_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypat
 
         def launch(self, key, grid, args, kwargs):
             self.keys.append((key, launch_key(args, kwargs)))
-    monkeypatch.setattr(g, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(g, "sm_count", lambda device: 132)
     fp8 = torch.float8_e4m3fn
 
     def call(m, n, k, misaligned_sb=False, wgrad=False):

@@ -15,19 +15,13 @@ Modes, all on the one loop of `loop.py`: one process (`local`), torchrun ranks u
 
 from __future__ import annotations
 
-from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged
+from fp8bench.workloads.common import CaseInput, CaseOutput
 from fp8bench.workloads.train import distributed, frameworks, local
 
 
 def run(case: CaseInput) -> CaseOutput:
-    mode = (distributed if case.config.workload.train.nproc > 1
-            else frameworks if case.backend.loop != "fp8bench" else local)
-    ran = case.backend.kernels("train", case.recipe, case.device)
-    try:
-        out = mode.run(case)
-    except Diverged as exc:  # a diverged run is a result too: it says what ran
-        if exc.output is not None:
-            exc.output.ran.update(ran)
-        raise
-    out.ran.update(ran)
-    return out
+    if case.config.workload.train.nproc > 1:
+        return distributed.run(case)
+    if case.backend.loop != "fp8bench":
+        return frameworks.run(case)
+    return local.run(case)

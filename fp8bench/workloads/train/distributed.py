@@ -84,7 +84,8 @@ def run(case: CaseInput) -> CaseOutput:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
             raise RuntimeError(f"torchrun with {t.nproc} ranks exited {proc.returncode}: {tail}")
         res = json.loads(result.read_text())
-    out = CaseOutput([Metric.of(k, v) for k, v in res["metrics"].items()], res["samples"])
+    out = CaseOutput([Metric.of(k, v) for k, v in res["metrics"].items()], res["samples"],
+                     ran=case.backend.kernels("train", case.recipe, case.device))
     if res.get("diverged") is not None:
         raise Diverged(f"{res['diverged']} (the mean over {t.nproc} ranks)", out)
     return out

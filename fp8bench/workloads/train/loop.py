@@ -455,4 +455,5 @@ def output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None 
     if curve.val_losses:
         metrics += [Metric.of("loss_initial", curve.val_losses[0]), Metric.of("loss_final", curve.val_losses[-1])]
     metrics += breakdown_metrics(memory, case.device)
-    return CaseOutput(metrics, samples)
+    # a diverged run's record too (Diverged carries this output): what ran is part of every train record
+    return CaseOutput(metrics, samples, ran=case.backend.kernels("train", case.recipe, case.device))
