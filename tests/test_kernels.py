@@ -619,8 +619,9 @@ def test_the_kernels_a_blockwise_linear_calls_are_the_ones_it_records(k, monkeyp
     monkeypatch.setattr(g, "runs_on", lambda device: True)
     monkeypatch.setattr(g, "gemm_blockwise_gluon", spy("gluon", k.gemm_blockwise.gemm_blockwise))
     monkeypatch.setattr(g, "gemm_blockwise_gluon_wgrad", spy("gluon-wgrad", k.gemm_blockwise_wgrad.gemm_blockwise_wgrad))
-    for mod, name in [(k.gemm_blockwise, "gemm_blockwise"), (k.gemm_blockwise_wgrad, "gemm_blockwise_wgrad")]:
-        monkeypatch.setattr(mod, name, spy({"gemm_blockwise": "triton"}.get(name, "triton-wgrad"), getattr(mod, name)))
+    for mod, name, label in [(k.gemm_blockwise, "gemm_blockwise", "triton"),
+                             (k.gemm_blockwise_wgrad, "gemm_blockwise_wgrad", "triton-wgrad")]:
+        monkeypatch.setattr(mod, name, spy(label, getattr(mod, name)))
     r = Recipe(format=Format.E4M3, scaling=Scaling.BLOCKWISE, scaling_cfg=ScalingConfig(name="blockwise"),
                backend_cfg=BackendConfig(name="triton", triton_gemms=triton_gemms))
     x = data(128, 256, 1, spread=False).requires_grad_(True)
