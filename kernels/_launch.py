@@ -57,9 +57,16 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.cache
+def _has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
 def current_device() -> int:
-    """The device Triton compiles and launches for (-1 without CUDA: the interpreter)."""
-    return torch.cuda.current_device() if torch.cuda.is_available() else -1
+    """The device Triton compiles and launches for (-1 without CUDA: the interpreter). Whether CUDA exists is
+    asked once: `torch.cuda.is_available()` reads the environment on each call, a few µs of every launch on
+    the H200 box's host (research/train_host_profile.py)."""
+    return torch.cuda.current_device() if _has_cuda() else -1
 
 
 def launch_key(args: tuple, kwargs: dict) -> tuple:

@@ -441,7 +441,13 @@ class _Address:
         return self.address
 
 
-@functools.lru_cache(maxsize=256)
+DESCRIPTORS_KEPT = 4096
+"""Descriptors kept by address: a gpt-125m training step's GEMMs use ~620 (48 linears, three GEMMs, four or
+five operands each), so the 256 kept at bda69de missed half of them on every step
+(research/train_host_profile.py)."""
+
+
+@functools.lru_cache(maxsize=DESCRIPTORS_KEPT)
 def _cached_descriptor(address: int, dtype: torch.dtype, shape: tuple, strides: tuple, block: tuple,
                        layout) -> TensorDescriptor:
     layout = layout or _smem_layout(block, dtype == torch.float8_e4m3fn)
@@ -460,8 +466,10 @@ SCALES_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, 
 """A's scales in shared memory: one unswizzled row of BLOCK_M floats per stage, read back as a vector."""
 
 
+@functools.cache
 def runs_on(device: torch.device) -> bool:
-    """This kernel is Hopper's (sm_90): wgmma and setmaxnreg exist there only."""
+    """This kernel is Hopper's (sm_90): wgmma and setmaxnreg exist there only. Asked on each linear's forward
+    and backward (the `triton` backend's kernel choice): answered once per device."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
