@@ -63,7 +63,7 @@ COMMITTED := $(filter-out results/runs/ results/hydra/ results/site/,$(wildcard 
 results-page: $(STAMP)
 	rm -f results/committed.duckdb
 	$(BIN)/fp8bench ingest $(COMMITTED) --db results/committed.duckdb
-	$(BIN)/fp8bench report --markdown README.md docs/results.md docs/training.md --db results/committed.duckdb
+	$(BIN)/fp8bench report --markdown README.md docs/results.md docs/training.md docs/why-not-2x.md --db results/committed.duckdb
 
 plan: $(STAMP)
 	$(BIN)/fp8bench plan sweep=$(SWEEP)

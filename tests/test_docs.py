@@ -54,7 +54,7 @@ def committed_db(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/results.md", "docs/training.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/results.md", "docs/training.md", "docs/why-not-2x.md"])
 def test_the_generated_results_tables_are_the_committed_results(committed_db, page):
     from fp8bench.report import markdown
 

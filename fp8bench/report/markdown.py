@@ -180,7 +180,31 @@ def parity_block(con) -> str:
                   "final val loss", "parity", "run", "commit"], rows)
 
 
-KINDS = {"headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block}
+def layer_waterfall_block(con) -> str:
+    """Every FP8 layer's speedup waterfall (fp8bench.analysis.waterfall, latest run per case): the ideal (GEMMs
+    2x, the rest as BF16) is the ceiling a recipe meets in that backend's block; each later column adds one
+    more measured FP8 component, down to the measured speedup."""
+    from fp8bench.analysis.waterfall import from_db
+
+    falls = [f for f in from_db(con) if f.case_id.startswith("layer.")]
+    if not falls:
+        return "No FP8 layer with kernel times is recorded.\n"
+    cases = data.cases(con).set_index(["run_id", "case_id"])
+    commits = data.runs(con).set_index("run_id")["git_commit"].fillna("").str[:7]
+    rows = []
+    for f in falls:
+        c = cases.loc[(f.run_id, f.case_id)]
+        w = f.waterfall
+        rows.append((c["device"], c["model"], -w.measured, [
+            f"{c['device']} · {c['model']}", c["recipe"], *(f"{v:.2f}x" for v in (
+                w.ideal, w.gemm_only, w.with_casts, w.with_non_gemm, w.measured)),
+            f"{w.explained_pct:.1f}%", f"`{f.run_id}`", commits.get(f.run_id, "")]))
+    return table(["device · model", "recipe", "ideal", "GEMM kernels", "+ casts", "+ non-GEMM", "measured",
+                  "kernels / step", "run", "commit"], [r[-1] for r in sorted(rows, key=lambda r: r[:3])])
+
+
+KINDS = {"headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block,
+         "layer-waterfall": layer_waterfall_block}
 
 
 def render(text: str, con) -> str:
