@@ -3,7 +3,8 @@ activations and gradients) and 128x128 blocks (one scale per block: weights), E4
 
 One pass: each program loads its groups once, reduces each to its amax, computes scale = 448 / max(amax, 1e-12)
 (optionally rounded down to a power of two, TE Float8BlockScaling's default) and stores the E4M3 values and
-the inverse scales (what the GEMM multiplies by). Bytes moved: read X once, write Y and the scales.
+the inverse scales (what the GEMM multiplies by). Bytes moved: read X once, write Y and the scales. (A
+weight's two layouts, `quantize_blockwise_both(weight=True)`, take a second pass over each block, served by L2.)
 
 Scale layouts (row-major float32): 1x128 -> [M, ceil(K/128)]; 128x128 -> [ceil(M/128), ceil(K/128)]. 1x128
 scales can instead be written M-major (`m_major_scales`), as Hopper's blockwise GEMMs read them.
@@ -52,23 +53,10 @@ def _quantize_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_grou
     tl.store(s_ptr + rows[:, None] * s_stride_m + groups[None, :] * s_stride_g, exact_rcp(scale), mask=smask)
 
 
-TRANSPOSED_MIN_WARPS = 8
-"""With the transposed store, a 128x128 tile held by 4 warps spills (280 bytes of stack, ptxas for sm_90)."""
-
-
-def _transposed_fits(configs, named_args, **kwargs):
-    if not kwargs.get("TRANSPOSE"):
-        return configs
-    return [c for c in configs if c.num_warps >= TRANSPOSED_MIN_WARPS] or configs  # the interpreter's one config
-
-
-@triton.autotune(configs=BLOCK_CONFIGS, key=["M", "K", "POW2", "TRANSPOSE"], do_bench=steady_do_bench,
-                 prune_configs_by={"early_config_prune": _transposed_fits})
+@triton.autotune(configs=BLOCK_CONFIGS, key=["M", "K", "POW2"], do_bench=steady_do_bench)
 @triton.jit
-def _quantize_128x128_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
-                           BLOCK_M: tl.constexpr, POW2: tl.constexpr, TRANSPOSE: tl.constexpr):
-    # TRANSPOSE: the block's E4M3 values also stored transposed into Yᵀ [K, M] (a weight's dgrad layout: the
-    # same 128x128 blocks, so the same values), from the registers that hold them
+def _quantize_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
+                           BLOCK_M: tl.constexpr, POW2: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask = (rows[:, None] < M) & (cols[None, :] < K)
@@ -77,11 +65,47 @@ def _quantize_128x128_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride
     if POW2:
         scale = pow2_floor(scale)
     q = round_to_e4m3(tl.minimum(tl.maximum(x * scale, -E4M3_MAX_C), E4M3_MAX_C))
-    q = q.to(tl.float8e4nv)
-    tl.store(y_ptr + rows[:, None] * K + cols[None, :], q, mask=mask)
-    if TRANSPOSE:
-        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+    tl.store(y_ptr + rows[:, None] * K + cols[None, :], q.to(tl.float8e4nv), mask=mask)
     tl.store(s_ptr + tl.program_id(0) * n_groups + tl.program_id(1), exact_rcp(scale))
+
+
+BOTH_LAYOUTS_CONFIGS = tuning_configs(  # the chunks of a 128x128 block: amax pass [SUB_M, 128], store pass [128, SUB_K]
+    [triton.Config({"SUB_M": sm, "SUB_K": sk}, num_warps=8) for sm, sk in [(64, 64), (32, 64)]],
+    interpreter=triton.Config({"SUB_M": 32, "SUB_K": 64}, num_warps=4))
+"""The two fastest of research/cast_variant_probe.py on the H200 (results/h200-recipe-blockwise/
+cast_variant_probe_f5e8879.json): 64x64 chunks at 8 warps took 30.3-142.0 µs from 32 to 224 MB, where the whole
+block held in registers and stored with its transpose took 35.6-189.0 µs. At 4 warps the chunks spill."""
+
+
+@triton.autotune(configs=BOTH_LAYOUTS_CONFIGS, key=["M", "K", "POW2"], do_bench=steady_do_bench)
+@triton.jit
+def _quantize_128x128_both_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
+                                  SUB_M: tl.constexpr, SUB_K: tl.constexpr, POW2: tl.constexpr):
+    # a weight's 128x128 block into Y and Yᵀ [K, M] (the same block, so the same scale and values), in two
+    # passes over it: its amax from row chunks (nothing kept but a running max), then X again, from L2, in
+    # column chunks [128, SUB_K], each stored as is and transposed. The whole block in registers with its
+    # transposed store ran 25% slower (at 4 warps it spilled).
+    pm, pk = tl.program_id(0), tl.program_id(1)
+    cols = pk * 128 + tl.arange(0, 128)
+    amax = tl.zeros((SUB_M, 128), dtype=tl.float32)
+    for r in tl.range(0, 128, SUB_M):
+        rows = pm * 128 + r + tl.arange(0, SUB_M)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.max(amax, axis=1), axis=0), AMAX_EPS_C))
+    if POW2:
+        scale = pow2_floor(scale)
+    rows = pm * 128 + tl.arange(0, 128)
+    for c in tl.range(0, 128, SUB_K):
+        chunk = pk * 128 + c + tl.arange(0, SUB_K)
+        mask = (rows[:, None] < M) & (chunk[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + chunk[None, :] * stride_k, mask=mask, other=0.0)
+        q = round_to_e4m3(tl.minimum(tl.maximum(x.to(tl.float32) * scale, -E4M3_MAX_C), E4M3_MAX_C))
+        q = q.to(tl.float8e4nv)
+        tl.store(y_ptr + rows[:, None] * K + chunk[None, :], q, mask=mask)
+        tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+    tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
 
 
 ALONG_M_CONFIGS = tuning_configs([triton.Config({"BLOCK_K": bk}, num_warps=w) for bk, w in ((32, 4), (64, 4), (64, 8))],
@@ -106,8 +130,9 @@ def _quantize_along_m_kernel(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st
     tl.store(st_ptr + cols * st_sk + tl.program_id(0) * st_sm, exact_rcp(scale), mask=cols < K)
 
 
-_launch_1x128, _launch_128x128, _launch_along_m = map(
-    Launcher, (_quantize_1x128_kernel, _quantize_128x128_kernel, _quantize_along_m_kernel))
+_launch_1x128, _launch_128x128, _launch_128x128_both, _launch_along_m = map(
+    Launcher, (_quantize_1x128_kernel, _quantize_128x128_kernel, _quantize_128x128_both_kernel,
+               _quantize_along_m_kernel))
 
 
 def _cast_key(x: torch.Tensor, ints: tuple, *flags: bool) -> tuple:
@@ -155,13 +180,17 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow
 
 
 def _quantize_blocks(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor | None, pow2_scales: bool) -> torch.Tensor:
-    """128x128 blocks of X into Y (and Yᵀ when given, in the same pass); returns the block scales."""
+    """128x128 blocks of X into Y (and Yᵀ when given, in the same kernel); returns the block scales."""
     m, k = x.shape
     n_groups = cdiv(k, GROUP)
     s = torch.empty((cdiv(m, GROUP), n_groups), device=x.device, dtype=torch.float32)
-    args = (x, y, y if yt is None else yt, s, m, k, x.stride(0), x.stride(1), n_groups)
-    _launch_128x128.launch(_cast_key(x, args[4:], pow2_scales, yt is not None), (cdiv(m, GROUP), n_groups), args,
-                           {"POW2": pow2_scales, "TRANSPOSE": yt is not None})
+    grid = (cdiv(m, GROUP), n_groups)
+    if yt is None:
+        args = (x, y, s, m, k, x.stride(0), x.stride(1), n_groups)
+        _launch_128x128.launch(_cast_key(x, args[3:], pow2_scales), grid, args, {"POW2": pow2_scales})
+    else:
+        args = (x, y, yt, s, m, k, x.stride(0), x.stride(1), n_groups)
+        _launch_128x128_both.launch(_cast_key(x, args[4:], pow2_scales), grid, args, {"POW2": pow2_scales})
     return s
 
 
@@ -171,8 +200,9 @@ def quantize_blockwise_both(x: torch.Tensor, weight: bool = False, pow2_scales: 
     scales), each layout equal to `quantize_blockwise` of that layout, bit for bit. Activations and gradients
     (`weight=False`) get 1x128 groups along K in Y (fprop, dgrad) and along M in Yᵀ (wgrad sums over tokens),
     both scales M-major as the GEMMs read them: X is read once per layout. A weight gets 128x128 blocks, the same
-    in either layout: Yᵀ is Y's FP8 values and block scales transposed (fprop and dgrad), both written in one pass
-    over a BF16 X (Y and then a transposing copy of it ran at 18% of copy bandwidth on the H200 at e83c31e); from
+    in either layout: Yᵀ is Y's FP8 values and block scales transposed (fprop and dgrad), both written by one
+    kernel from a BF16 X, which reads each block from HBM once (Y and then a transposing copy of it ran at 18% of
+    copy bandwidth on the H200 at e83c31e); from
     FP32, Y and then that copy."""
     if x.dim() != 2:
         raise ValueError(f"quantize_blockwise_both takes a 2-D tensor, got shape {tuple(x.shape)}")
@@ -236,10 +266,11 @@ def compile_along_m_sm90(block_k: int, num_warps: int):
                          num_warps)
 
 
-def compile_blocks_sm90(num_warps: int):
-    """The weight kernel with its transposed store (`quantize_blockwise_both(weight=True)` from BF16)."""
+def compile_blocks_both_sm90(config: triton.Config):
+    """The weight kernel with its transposed store (`quantize_blockwise_both(weight=True)` from BF16), one of
+    `BOTH_LAYOUTS_CONFIGS`."""
     signature = {"x_ptr": "*bf16", "y_ptr": "*fp8e4nv", "yt_ptr": "*fp8e4nv", "s_ptr": "*fp32",
                  **dict.fromkeys(("M", "K", "stride_m", "stride_k", "n_groups"), "i32"),
-                 **dict.fromkeys(("BLOCK_M", "POW2", "TRANSPOSE"), "constexpr")}
-    return _compile_sm90(_quantize_128x128_kernel, signature, {"BLOCK_M": GROUP, "POW2": False, "TRANSPOSE": True},
-                         num_warps)
+                 **dict.fromkeys(("SUB_M", "SUB_K", "POW2"), "constexpr")}
+    return _compile_sm90(_quantize_128x128_both_kernel, signature, {**config.kwargs, "POW2": False},
+                         config.num_warps)

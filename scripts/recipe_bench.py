@@ -6,8 +6,9 @@
    round is one `do_bench` median with the L2 flushed. Per shape: the median and best of the rounds, the spread
    (median over best, a bimodal shape shows here) and cuBLAS's median over ours.
 2. Casts, eager: every cast kernel called as a user calls it, timed per call with the L2 flushed (fp8bench's
-   timer), at shapes of 32 MB and more: GB/s of the bytes the kernels move and % of copy bandwidth, with the same
-   call replayed from a CUDA graph beside it (the launches and allocations taken out).
+   timer), at shapes of 32 MB and more: GB/s of the bytes the kernels move, as % of a 2 GB copy's bandwidth and
+   of a copy of the same bytes timed the same way (which pays the flush's write-back as the cast does), with the
+   same call replayed from a CUDA graph beside it (the launches and allocations taken out).
 3. Host cost: wall time per call at a shape whose kernels take a few microseconds, what each call costs the CPU;
    a call is GPU-bound only while this stays under its kernels' time.
 4. Weight-gradient GEMM rounds: per linear of Llama-2-7B (and gpt-125m's qkv), dW = dYᵀ·X with both operands in
@@ -151,37 +152,56 @@ def cast_calls(x: torch.Tensor) -> dict:
         "blockwise 128x128": (lambda: qb.quantize_blockwise(x, (128, 128)), qb.bytes_moved(x, (128, 128))),
         # both layouts of an activation: X read once per layout
         "blockwise 1x128 both": (lambda: qb.quantize_blockwise_both(x), 2 * row_bytes),
-        # a weight's 128x128 blocks and their transpose (written, then read and written again)
+        # a weight's 128x128 blocks and their transpose, from one read of X (recipe_bench_casts_f5e8879.json and
+        # earlier files counted 2n more: a transposing copy's read and write that no kernel has done since e83c31e)
         "blockwise 128x128 both": (lambda: qb.quantize_blockwise_both(x, weight=True),
-                                   qb.bytes_moved(x, (128, 128)) + 2 * n),
+                                   qb.bytes_moved(x, (128, 128)) + n),
         "mx": (lambda: qm.quantize_mx(x), qm.bytes_moved(x)),
     }
 
 
+CAST_TIMER = dict(device=torch.device("cuda"), warmup=10, iters=5000, min_samples=100, max_time_s=0.3, flush_l2=True)
+
+
+def same_bytes_copy_gbps(nbytes: int) -> float:
+    """A copy moving `nbytes` (half read, half written), called and timed as the casts are: eager, the L2 flushed
+    by the same zeroing before each call. At 32 MB a copy pays that flush's write-back and its ramp as a cast
+    does (~74% of the 2 GB copy's bandwidth: results/h200-checks/l2_flush_probe_6c8d7e1.log)."""
+    src = torch.empty(nbytes // 8, device="cuda", dtype=torch.float32)
+    dst = torch.empty_like(src)
+    return 8 * src.numel() / time_fn(lambda: dst.copy_(src), **CAST_TIMER).median_ms / 1e6
+
+
 def casts(copy: float) -> list[dict]:
+    """Each cell's GB/s as % of the 2 GB copy (`copy`) and of a copy of the same bytes timed the same way."""
     rows = []
-    timer = dict(device=torch.device("cuda"), warmup=10, iters=5000, min_samples=100, max_time_s=0.3,
-                 flush_l2=True)
     for m, k in CAST_SHAPES:
         x = torch.randn(m, k, device="cuda").bfloat16()
+        same_copy: dict[int, float] = {}
         for name, (fn, nbytes) in cast_calls(x).items():
             fn()  # autotune outside the timing
-            eager = time_fn(fn, **timer).median_ms
-            graph = time_fn(fn, cuda_graph=True, **timer).median_ms
+            eager = time_fn(fn, **CAST_TIMER).median_ms
+            graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
+            if nbytes not in same_copy:
+                same_copy[nbytes] = same_bytes_copy_gbps(nbytes)
             row = {"kernel": name, "shape": [m, k], "input_mb": x.numel() * 2 / 2**20, "bytes": nbytes,
                    "eager_ms": eager, "eager_gbps": nbytes / eager / 1e6, "graph_ms": graph,
-                   "graph_gbps": nbytes / graph / 1e6}
+                   "graph_gbps": nbytes / graph / 1e6, "same_bytes_copy_gbps": same_copy[nbytes]}
             row["eager_pct_of_copy"] = 100 * row["eager_gbps"] / copy
             row["graph_pct_of_copy"] = 100 * row["graph_gbps"] / copy
+            row["eager_pct_of_same_bytes_copy"] = 100 * row["eager_gbps"] / same_copy[nbytes]
             rows.append(row)
             print(f"{name:>24} {m}x{k} ({row['input_mb']:.0f} MB): eager {row['eager_gbps']:6.0f} GB/s "
-                  f"{row['eager_pct_of_copy']:5.1f}% of copy; graph {row['graph_gbps']:6.0f} GB/s "
+                  f"{row['eager_pct_of_copy']:5.1f}% of copy, {row['eager_pct_of_same_bytes_copy']:5.1f}% of a "
+                  f"same-bytes copy ({same_copy[nbytes]:.0f}); graph {row['graph_gbps']:6.0f} GB/s "
                   f"{row['graph_pct_of_copy']:5.1f}%", flush=True)
         del x
         torch.cuda.empty_cache()
     lowest = min(rows, key=lambda r: r["eager_pct_of_copy"])
+    lowest_same = min(rows, key=lambda r: r["eager_pct_of_same_bytes_copy"])
     print(f"casts: lowest eager {lowest['eager_pct_of_copy']:.1f}% of copy ({lowest['kernel']} at "
-          f"{lowest['shape']})", flush=True)
+          f"{lowest['shape']}); lowest {lowest_same['eager_pct_of_same_bytes_copy']:.1f}% of a same-bytes copy "
+          f"({lowest_same['kernel']} at {lowest_same['shape']})", flush=True)
     return rows
 
 
@@ -252,11 +272,14 @@ def markdown(recorded: dict) -> str:
         shapes = list(dict.fromkeys(tuple(r["shape"]) for r in recorded["casts"]))
         kernels = list(dict.fromkeys(r["kernel"] for r in recorded["casts"]))
         cell = {(r["kernel"], tuple(r["shape"])): r for r in recorded["casts"]}
-        out += ["| cast (eager % of copy; CUDA graph) | " + " | ".join(
+        same = "same_bytes_copy_gbps" in recorded["casts"][0]  # f5e8879's file and earlier: no same-bytes copy
+        head = "eager % of copy; of a same-bytes copy; CUDA graph" if same else "eager % of copy; CUDA graph"
+        out += [f"| cast ({head}) | " + " | ".join(
             f"{m}×{k} ({m * k * 2 // 2**20} MB)" for m, k in shapes) + " |", "|---" * (len(shapes) + 1) + "|"]
         out += [f"| {kern} | " + " | ".join(
-            f"{cell[kern, s]['eager_pct_of_copy']:.0f}%; {cell[kern, s]['graph_pct_of_copy']:.0f}%" for s in shapes)
-            + " |" for kern in kernels]
+            f"{cell[kern, s]['eager_pct_of_copy']:.0f}%; "
+            + (f"{cell[kern, s]['eager_pct_of_same_bytes_copy']:.0f}%; " if same else "")
+            + f"{cell[kern, s]['graph_pct_of_copy']:.0f}%" for s in shapes) + " |" for kern in kernels]
         out += ["", f"Copy bandwidth {recorded['copy_gbps']:.0f} GB/s.", ""]
     if "wgrad" in recorded:
         out += ["| wgrad shape (M×N×K) | Gluon: median TFLOPS | median / best | SQNR dB | Triton: median TFLOPS | "

@@ -225,7 +225,7 @@ def test_direct_launches_write_what_launches_through_triton_write(k):
     x, other = data(4096, 2048), data(4096, 2048, seed=3)
     casts = {"current": (qc.quantize_current, [qc._launch_amax, qc._launch_cast]),
              "1x128 both": (qb.quantize_blockwise_both, [qb._launch_1x128, qb._launch_along_m]),
-             "128x128 both": (lambda t: qb.quantize_blockwise_both(t, weight=True), [qb._launch_128x128]),
+             "128x128 both": (lambda t: qb.quantize_blockwise_both(t, weight=True), [qb._launch_128x128_both]),
              "mx": (qm.quantize_mx, [qm._launch_mx])}
     for name, (cast, launchers) in casts.items():
         cast(x)  # the key's first call: through Triton (compiled, tuned)
@@ -677,8 +677,8 @@ from triton.backends.nvidia.compiler import get_ptxas
 builds = [("wgrad " + str(c.all_kwargs()), wgrad.compile_sm90(c)) for c in wgrad.CONFIGS]
 builds += [("along-m " + str(c.all_kwargs()), qb.compile_along_m_sm90(c.kwargs["BLOCK_K"], c.num_warps))
            for c in qb.ALONG_M_CONFIGS]
-builds += [("blocks-transposed " + str(c.all_kwargs()), qb.compile_blocks_sm90(c.num_warps)) for c in qb.BLOCK_CONFIGS
-           if c.num_warps >= qb.TRANSPOSED_MIN_WARPS]
+builds += [("blocks-transposed " + str(c.all_kwargs()), qb.compile_blocks_both_sm90(c))
+           for c in qb.BOTH_LAYOUTS_CONFIGS]
 out = {}
 for name, kernel in builds:
     ptx = kernel.asm["ptx"]
