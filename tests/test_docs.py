@@ -26,8 +26,8 @@ def generated_block(doc: str, command: str = "") -> str:
 
 @pytest.mark.parametrize("result_set,runs", [("h200-hopper", ("hopper-a", "hopper-b")),
                                              ("h200-hopper-labelled", ("hopper-c", "hopper-e"))])
-def test_the_reproducibility_table_is_the_committed_runs(tmp_path, result_set, runs):
-    sys.path.insert(0, str(ROOT / "scripts"))
+def test_the_reproducibility_table_is_the_committed_runs(tmp_path, result_set, runs, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     import reproducibility
 
     con = store.connect(tmp_path / "db.duckdb")
@@ -130,10 +130,10 @@ def test_every_kernel_table_is_checked():
         "<!-- generated:") - 1 >= 2
 
 
-def test_a_failed_wgrad_shape_is_a_row_of_its_own():
+def test_a_failed_wgrad_shape_is_a_row_of_its_own(monkeypatch):
     """recipe_bench records a weight-gradient shape whose kernel failed with its error; its table says so and
     still lists the shapes that ran."""
-    sys.path.insert(0, str(ROOT / "scripts"))
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     import recipe_bench
 
     ran = {"shape": "llama2-7b wgrad_o", "mnk": [4096, 4096, 8192], "ratio_to_triton": 1.5,
@@ -145,12 +145,12 @@ def test_a_failed_wgrad_shape_is_a_row_of_its_own():
     assert rows[3].startswith("| gpt-125m wgrad_qkv (2304×768×4096) | failed: RuntimeError: out of resources |")
 
 
-def test_recipe_bench_times_the_weight_gradients_it_recorded():
+def test_recipe_bench_times_the_weight_gradients_it_recorded(monkeypatch):
     """recipe_bench's weight-gradient shapes come from the gemm workload's own shape rules: a run now measures
     what the committed file measured (the same names and M×N×K)."""
     import json
 
-    sys.path.insert(0, str(ROOT / "scripts"))
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     import recipe_bench
 
     recorded = json.loads((ROOT / "results" / "h200-recipe-blockwise" / "recipe_bench_wgrad_7c8a8fb.json").read_text())

@@ -196,6 +196,45 @@ def test_gluon_gemm_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypat
     assert len({theirs for _, theirs in recording.keys}) == len(variants)  # each variant its own binary
 
 
+def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
+    """The blockwise casts key their direct launches themselves (`_cast_key`: X, the integer arguments and the
+    flags, not the fresh outputs): any two calls that `launch_key` would give different binaries must get
+    different keys from them too, per launcher, over shapes, input dtypes, a misaligned input, power-of-two
+    scales and both scale layouts."""
+    from itertools import combinations, product
+
+    from fp8bench_kernels import quantize_blockwise as qb
+    from fp8bench_kernels._launch import launch_key
+
+    class Recording:
+        def __init__(self):
+            self.keys = []
+
+        def launch(self, key, grid, args, kwargs):
+            self.keys.append((key, launch_key(args, kwargs)))
+    launchers = ("_launch_1x128", "_launch_128x128", "_launch_128x128_both", "_launch_along_m")
+    recordings = {name: Recording() for name in launchers}
+    for name, recording in recordings.items():
+        monkeypatch.setattr(qb, name, recording)
+
+    def inputs(m, k, dtype):
+        yield torch.zeros(m, k, dtype=dtype)
+        yield torch.zeros(m * k + 1, dtype=dtype)[1:].view(m, k)  # one element in: off 16-byte alignment
+    for (m, k), dtype, pow2 in product([(256, 256), (256, 384), (272, 256), (256, 272)],
+                                       (torch.bfloat16, torch.float32), (False, True)):
+        for x in inputs(m, k, dtype):
+            qb.quantize_blockwise(x, (1, 128), pow2)
+            qb.quantize_blockwise(x, (1, 128), pow2, m_major_scales=True)
+            qb.quantize_blockwise(x, (128, 128), pow2)
+            qb.quantize_blockwise_both(x, pow2_scales=pow2)
+            if dtype == torch.bfloat16:  # from FP32 the weight path casts Y alone (then transposes it)
+                qb.quantize_blockwise_both(x, weight=True, pow2_scales=pow2)
+    for name, recording in recordings.items():
+        assert len({theirs for _, theirs in recording.keys}) >= 16, name  # the calls do differ
+        for (ours1, theirs1), (ours2, theirs2) in combinations(recording.keys, 2):
+            assert theirs1 == theirs2 or ours1 != ours2, (name, ours1, ours2)
+
+
 @pytest.mark.gpu
 def test_direct_launches_write_what_launches_through_triton_write(k):
     """After a kernel's first call with a key, the next call goes straight to its binary (its launcher counts it)
