@@ -281,6 +281,13 @@ def markdown(recorded: dict) -> str:
             + (f"{cell[kern, s]['eager_pct_of_same_bytes_copy']:.0f}%; " if same else "")
             + f"{cell[kern, s]['graph_pct_of_copy']:.0f}%" for s in shapes) + " |" for kern in kernels]
         out += ["", f"Copy bandwidth {recorded['copy_gbps']:.0f} GB/s.", ""]
+        if same:
+            rows = recorded["casts"]
+            at_least = {key: sum(r[key] >= 80 for r in rows) for key in ("eager_pct_of_copy",
+                                                                         "eager_pct_of_same_bytes_copy")}
+            out[-1:] = [f"Eager cells at 80% or more: {at_least['eager_pct_of_copy']} of {len(rows)} of the 2 GB "
+                        f"copy's bandwidth, {at_least['eager_pct_of_same_bytes_copy']} of {len(rows)} of a same-bytes "
+                        "copy's.", ""]
     if "wgrad" in recorded:
         out += ["| wgrad shape (M×N×K) | Gluon: median TFLOPS | median / best | SQNR dB | Triton: median TFLOPS | "
                 "SQNR dB | Triton / Gluon (medians) |", "|---|---|---|---|---|---|---|"]
