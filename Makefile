@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # asv: the machine name is the GPU model (or the CPU's), so histories of one GPU kind line up.
 ASV_MACHINE ?= $(shell $(BIN)/python -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '-') if torch.cuda.is_available() else 'cpu-' + __import__('platform').machine())" 2>/dev/null)
 
-.PHONY: run test test-fast lint plan clean asv asv-gate asv-history publish results-page
+.PHONY: run test test-fast lint plan clean asv asv-gate asv-history publish results-page readme-picture
 
 # The venv takes ~2.8 GB (triton ~1 GB, torch ~0.75 GB); --no-cache-dir keeps pip from adding copies of the
 # wheels in ~/.cache on a disk that may be short (a CI run once failed on "No space left on device").
@@ -53,9 +53,14 @@ run: $(STAMP)
 	@if [ -n "$(TRAIN_SWEEP)" ]; then echo "$(BIN)/fp8bench run sweep=$(TRAIN_SWEEP)"; $(BIN)/fp8bench run sweep=$(TRAIN_SWEEP); fi
 	$(BIN)/fp8bench ingest results
 	$(BIN)/fp8bench report --out results/site
-	@if command -v chromium >/dev/null 2>&1; then $(BIN)/python scripts/screenshot.py results/site docs/overview.png >/dev/null && echo "README picture: docs/overview.png (this site's overview)"; else echo "no chromium here: docs/overview.png left as it is"; fi
+	@if command -v chromium >/dev/null 2>&1; then $(BIN)/python scripts/screenshot.py results/site results/site/overview.png >/dev/null && echo "overview picture: $(CURDIR)/results/site/overview.png (make readme-picture copies it to docs/overview.png)"; else echo "no chromium here: no overview picture"; fi
 	@echo "DuckDB file: $(CURDIR)/results/fp8bench.duckdb"
 	@echo "report: $(CURDIR)/results/site/index.html"
+
+# README's picture (tracked): the overview picture of the site `make run` built last, copied on purpose only, so
+# that a run leaves the clone unmodified.
+readme-picture: results/site/overview.png
+	cp results/site/overview.png docs/overview.png
 
 # README's headline table, docs/results.md's and docs/training.md's tables, from the committed result sets only (never this
 # checkout's own runs: fp8bench.data.store.LOCAL_RESULT_DIRS); tests/test_docs.py fails when any is stale.
