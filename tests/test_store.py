@@ -85,8 +85,9 @@ def test_parquet_export_round_trip(tmp_path):
     assert {f.name for f in files} == {f"{t}.parquet" for t in store.TABLES}
     con2 = store.connect(tmp_path / "b.duckdb")
     store.ingest(con2, [tmp_path / "export"])
-    store.ingest(con2, [tmp_path / "export"])
+    rep = store.ingest(con2, [tmp_path / "export"])
     assert _counts(con2) == _counts(con)
+    assert (rep.runs, rep.cases) == (["r1"], 3)  # an export's case records are counted as a run folder's are
     config = con2.execute("SELECT config FROM runs").fetchone()[0]
     assert json.loads(config) == {}
 

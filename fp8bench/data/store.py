@@ -113,6 +113,7 @@ class IngestReport:
     spreads: list[str] = field(default_factory=list)
     """Devices whose between-box spread of speedups (results/spread/) was loaded."""
     cases: int = 0
+    """Case records loaded: from run folders and from Parquet exports alike."""
     problems: list[ShardProblem] = field(default_factory=list)
 
 
@@ -269,6 +270,8 @@ def ingest(con: duckdb.DuckDBPyConnection, paths: list[Path]) -> IngestReport:
     run_dirs, exports = find_sources(paths)
     for export in exports:
         report.runs += _ingest_export(con, export)
+        report.cases += con.execute("SELECT count(*) FROM read_parquet(?)",
+                                    [str(export / "cases.parquet")]).fetchone()[0]
     for run_dir in run_dirs:
         manifest, records, problems = read_run(run_dir)
         report.problems += problems
