@@ -1,7 +1,7 @@
 """Which structure makes the blockwise casts that write a transposed layout, and the MX cast, run at copy speed?
 
-`scripts/recipe_bench.py --only cast` found the two-layout casts ("both") at 58-80% and the MX cast at 54-82% of
-the 2 GB copy's bandwidth on the H200 at f5e8879, the one-layout 1x128 and 128x128 casts at 60-89%. Each
+`scripts/recipe_bench.py --only cast` found the two-layout casts ("both") at 53.5-80% and the MX cast at 54-82% of
+the 2 GB copy's bandwidth on the H200 at f5e8879, the one-layout 1x128 and 128x128 casts at 58-89%. Each
 variant here is checked bit for bit against the kernels in `kernels/` and timed as the cast line times them
 (fp8bench's timer, L2 flushed by zeroing before each call, replayed from a CUDA graph so only the kernels
 count), beside an eager copy of the same number of bytes after the same flush (at 32 MB a copy itself reaches
@@ -19,7 +19,7 @@ Variants:
 - MX: tiles of rows x 32-element blocks (at f5e8879 the kernel ran 16 x 4).
 
 The recorded file (`results/h200-recipe-blockwise/cast_variant_probe_f5e8879.json`, the kernels of f5e8879 as
-"kernels/") timed its copies replayed from a graph, where a memcpy ran at 2.2-4.1 TB/s by size alone: its
+"kernels/") timed its copies replayed from a graph, where a memcpy ran at 2.1-4.1 TB/s by size alone: its
 percentages are not to be read; its times are. The copy is timed eager now.
 
 Usage on the GPU box: python3 research/cast_variant_probe.py OUT.json
@@ -211,7 +211,7 @@ def timed_gbps(fn, nbytes, **extra) -> float:
 
 def copy_gbps_of(nbytes) -> float:
     """A copy moving `nbytes` (read and write), eager: `copy_` of one dtype is a device memcpy, and replayed as a
-    graph's memcpy node it ran at 2.2-4.1 TB/s by size alone (the recorded file's copy columns)."""
+    graph's memcpy node it ran at 2.1-4.1 TB/s by size alone (the recorded file's copy columns)."""
     src = torch.empty(nbytes // 8, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
     return timed_gbps(lambda: dst.copy_(src), 8 * src.numel(), cuda_graph=False, settle_ms=50)

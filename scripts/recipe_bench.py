@@ -153,7 +153,8 @@ def cast_calls(x: torch.Tensor) -> dict:
         # both layouts of an activation: X read once per layout
         "blockwise 1x128 both": (lambda: qb.quantize_blockwise_both(x), 2 * row_bytes),
         # a weight's 128x128 blocks and their transpose, from one read of X (recipe_bench_casts_f5e8879.json and
-        # earlier files counted 2n more: a transposing copy's read and write that no kernel has done since e83c31e)
+        # earlier files counted n more: Y read again and Yᵀ written by a transposing copy, 2n where the kernel
+        # has written Yᵀ once, n, since e83c31e)
         "blockwise 128x128 both": (lambda: qb.quantize_blockwise_both(x, weight=True),
                                    qb.bytes_moved(x, (128, 128)) + n),
         "mx": (lambda: qm.quantize_mx(x), qm.bytes_moved(x)),
@@ -272,7 +273,7 @@ def markdown(recorded: dict) -> str:
         shapes = list(dict.fromkeys(tuple(r["shape"]) for r in recorded["casts"]))
         kernels = list(dict.fromkeys(r["kernel"] for r in recorded["casts"]))
         cell = {(r["kernel"], tuple(r["shape"])): r for r in recorded["casts"]}
-        same = "same_bytes_copy_gbps" in recorded["casts"][0]  # f5e8879's file and earlier: no same-bytes copy
+        same = any("same_bytes_copy_gbps" in r for r in recorded["casts"])  # f5e8879's file and earlier: no same-bytes copy
         head = "eager % of copy; of a same-bytes copy; CUDA graph" if same else "eager % of copy; CUDA graph"
         out += [f"| cast ({head}) | " + " | ".join(
             f"{m}×{k} ({m * k * 2 // 2**20} MB)" for m, k in shapes) + " |", "|---" * (len(shapes) + 1) + "|"]

@@ -198,9 +198,10 @@ def test_gluon_gemm_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypat
 
 def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
     """The blockwise casts key their direct launches themselves (`_cast_key`: X, the integer arguments and the
-    flags, not the fresh outputs): any two calls that `launch_key` would give different binaries must get
-    different keys from them too, per launcher, over shapes, input dtypes, a misaligned input, power-of-two
-    scales and both scale layouts."""
+    flags, not the fresh outputs): per launcher, over shapes, input dtypes, a misaligned input, power-of-two
+    scales and both scale layouts, two calls get the same key exactly when `launch_key` gives them the same
+    one. Different binaries never share a key, and no key is finer than Triton's (a key that took in an output
+    would miss on every call and keep every compiled kernel)."""
     from itertools import combinations, product
 
     from fp8bench_kernels import quantize_blockwise as qb
@@ -218,8 +219,10 @@ def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
         monkeypatch.setattr(qb, name, recording)
 
     def inputs(m, k, dtype):
-        yield torch.zeros(m, k, dtype=dtype)
-        yield torch.zeros(m * k + 1, dtype=dtype)[1:].view(m, k)  # one element in: off 16-byte alignment
+        # each twice, at two addresses (both kept alive): the same binary, so the same key
+        aligned = [torch.zeros(m, k, dtype=dtype) for _ in range(2)]
+        off = [torch.zeros(m * k + 1, dtype=dtype)[1:].view(m, k) for _ in range(2)]  # off 16-byte alignment
+        return aligned + off
     for (m, k), dtype, pow2 in product([(256, 256), (256, 384), (272, 256), (256, 272)],
                                        (torch.bfloat16, torch.float32), (False, True)):
         for x in inputs(m, k, dtype):
@@ -230,9 +233,10 @@ def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
             if dtype == torch.bfloat16:  # from FP32 the weight path casts Y alone (then transposes it)
                 qb.quantize_blockwise_both(x, weight=True, pow2_scales=pow2)
     for name, recording in recordings.items():
-        assert len({theirs for _, theirs in recording.keys}) >= 16, name  # the calls do differ
+        distinct = {theirs for _, theirs in recording.keys}
+        assert 16 <= len(distinct) < len(recording.keys), name  # the calls differ, and some are the same binary
         for (ours1, theirs1), (ours2, theirs2) in combinations(recording.keys, 2):
-            assert theirs1 == theirs2 or ours1 != ours2, (name, ours1, ours2)
+            assert (theirs1 == theirs2) == (ours1 == ours2), (name, ours1, ours2)
 
 
 @pytest.mark.gpu
