@@ -38,6 +38,7 @@ from fp8bench_kernels import quantize_mx as qm
 from fp8bench_kernels._fp8 import AMAX_EPS_C, E4M3_MAX_C, exact_rcp, round_to_e4m3
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from fp8bench.analysis.calibrate import copy_gbps
 from fp8bench.core.measure import time_fn
 
 SHAPES = [(4096, 4096), (8192, 4096), (8192, 8192), (8192, 14336)]
@@ -87,10 +88,11 @@ def both_tma(x_desc, y_desc, yt_desc, s_ptr, st_ptr, M, K, s_sm, s_sg, st_sk, st
 
 
 @triton.jit
-def weight_passes(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
-                  SUB_M: tl.constexpr, SUB_K: tl.constexpr, TRANSPOSE: tl.constexpr, Y_BY_ROWS: tl.constexpr):
-    # pass 1: the block's amax over row chunks, nothing held; pass 2 (and 3): X reloaded (from L2) in chunks,
-    # quantized and stored: Y by row chunks [SUB_M, 128] (Y_BY_ROWS) or with Yᵀ by column chunks [128, SUB_K]
+def weight_rows_passes(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
+                       SUB_M: tl.constexpr, SUB_K: tl.constexpr, TRANSPOSE: tl.constexpr):
+    # pass 1: the block's amax over row chunks, nothing held; pass 2: X reloaded (from L2) by row chunks
+    # [SUB_M, 128] into Y; pass 3 (TRANSPOSE): X again by column chunks [128, SUB_K] into Yᵀ. (Y and Yᵀ from one
+    # column-chunk pass is the kernel in kernels/, run below at each chunk config.)
     pm, pk = tl.program_id(0), tl.program_id(1)
     cols = pk * 128 + tl.arange(0, 128)
     amax = tl.zeros([SUB_M, 128], dtype=tl.float32)
@@ -100,23 +102,19 @@ def weight_passes(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_group
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
         amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
     scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.max(amax, axis=1), axis=0), AMAX_EPS_C))
-    if Y_BY_ROWS:
-        for r in tl.range(0, 128, SUB_M):
-            rows = pm * 128 + r + tl.arange(0, SUB_M)
-            mask = (rows[:, None] < M) & (cols[None, :] < K)
-            x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
-            tl.store(y_ptr + rows[:, None] * K + cols[None, :], _q(x.to(tl.float32), scale), mask=mask)
-    if TRANSPOSE or not Y_BY_ROWS:
+    for r in tl.range(0, 128, SUB_M):
+        rows = pm * 128 + r + tl.arange(0, SUB_M)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
+        tl.store(y_ptr + rows[:, None] * K + cols[None, :], _q(x.to(tl.float32), scale), mask=mask)
+    if TRANSPOSE:
         rows = pm * 128 + tl.arange(0, 128)
         for c in tl.range(0, 128, SUB_K):
             ccols = pk * 128 + c + tl.arange(0, SUB_K)
             mask = (rows[:, None] < M) & (ccols[None, :] < K)
             x = tl.load(x_ptr + rows[:, None] * stride_m + ccols[None, :] * stride_k, mask=mask, other=0.0)
-            q = _q(x.to(tl.float32), scale)
-            if not Y_BY_ROWS:
-                tl.store(y_ptr + rows[:, None] * K + ccols[None, :], q, mask=mask)
-            if TRANSPOSE:
-                tl.store(yt_ptr + ccols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+            tl.store(yt_ptr + ccols[:, None] * M + rows[None, :], tl.trans(_q(x.to(tl.float32), scale)),
+                     mask=tl.trans(mask))
     tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
 
 
@@ -145,12 +143,19 @@ def act_passes(x_ptr, y_ptr, yt_ptr, s_ptr, st_ptr, M, K, stride_m, stride_k, s_
 
 
 def weight_passes_call(x, sub_m, sub_k, warps, transpose=True, y_by_rows=False):
+    """The weight cast in passes at one chunk config: Y and Yᵀ from one column-chunk pass (the kernel in
+    kernels/, its JIT function launched untuned), or `y_by_rows` (this file's kernel)."""
     m, k = x.shape
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
     yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn) if transpose else y
     s = torch.empty((m // 128, k // 128), device=x.device, dtype=torch.float32)
-    weight_passes[(m // 128, k // 128)](x, y, yt, s, m, k, x.stride(0), x.stride(1), k // 128, SUB_M=sub_m,
-                                        SUB_K=sub_k, TRANSPOSE=transpose, Y_BY_ROWS=y_by_rows, num_warps=warps)
+    args = (x, y, yt, s, m, k, x.stride(0), x.stride(1), k // 128)
+    if y_by_rows:
+        weight_rows_passes[(m // 128, k // 128)](*args, SUB_M=sub_m, SUB_K=sub_k, TRANSPOSE=transpose,
+                                                 num_warps=warps)
+    else:
+        qb._quantize_128x128_both_kernel.fn[(m // 128, k // 128)](*args, SUB_M=sub_m, SUB_K=sub_k, POW2=False,
+                                                                   num_warps=warps)
     return (y, s, yt, s.t().contiguous()) if transpose else (y, s)
 
 
@@ -212,9 +217,7 @@ def timed_gbps(fn, nbytes, **extra) -> float:
 def copy_gbps_of(nbytes) -> float:
     """A copy moving `nbytes` (read and write), eager: `copy_` of one dtype is a device memcpy, and replayed as a
     graph's memcpy node it ran at 2.1-4.1 TB/s by size alone (the recorded file's copy columns)."""
-    src = torch.empty(nbytes // 8, dtype=torch.float32, device="cuda")
-    dst = torch.empty_like(src)
-    return timed_gbps(lambda: dst.copy_(src), 8 * src.numel(), cuda_graph=False, settle_ms=50)
+    return copy_gbps(torch.device("cuda"), nbytes // 2, 0.0, timer={**TIMER, "cuda_graph": False, "settle_ms": 50})
 
 
 def shape_rows(m: int, k: int, big_copy: float) -> list[dict]:

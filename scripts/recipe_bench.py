@@ -168,9 +168,7 @@ def same_bytes_copy_gbps(nbytes: int) -> float:
     """A copy moving `nbytes` (half read, half written), called and timed as the casts are: eager, the L2 flushed
     by the same zeroing before each call. At 32 MB a copy pays that flush's write-back and its ramp as a cast
     does (~74% of the 2 GB copy's bandwidth: results/h200-checks/l2_flush_probe_6c8d7e1.log)."""
-    src = torch.empty(nbytes // 8, device="cuda", dtype=torch.float32)
-    dst = torch.empty_like(src)
-    return 8 * src.numel() / time_fn(lambda: dst.copy_(src), **CAST_TIMER).median_ms / 1e6
+    return copy_gbps(torch.device("cuda"), nbytes // 2, 0.0, timer=CAST_TIMER)
 
 
 def casts(copy: float) -> list[dict]:
@@ -281,14 +279,14 @@ def markdown(recorded: dict) -> str:
             f"{cell[kern, s]['eager_pct_of_copy']:.0f}%; "
             + (f"{cell[kern, s]['eager_pct_of_same_bytes_copy']:.0f}%; " if same else "")
             + f"{cell[kern, s]['graph_pct_of_copy']:.0f}%" for s in shapes) + " |" for kern in kernels]
-        out += ["", f"Copy bandwidth {recorded['copy_gbps']:.0f} GB/s.", ""]
+        out += ["", f"Copy bandwidth {recorded['copy_gbps']:.0f} GB/s."]
         if same:
             rows = recorded["casts"]
-            at_least = {key: sum(r[key] >= 80 for r in rows) for key in ("eager_pct_of_copy",
-                                                                         "eager_pct_of_same_bytes_copy")}
-            out[-1:] = [f"Eager cells at 80% or more: {at_least['eager_pct_of_copy']} of {len(rows)} of the 2 GB "
-                        f"copy's bandwidth, {at_least['eager_pct_of_same_bytes_copy']} of {len(rows)} of a same-bytes "
-                        "copy's.", ""]
+            of_copy, of_same = (sum(r[key] >= 80 for r in rows)
+                                for key in ("eager_pct_of_copy", "eager_pct_of_same_bytes_copy"))
+            out.append(f"Eager cells at 80% or more: {of_copy} of {len(rows)} of the 2 GB copy's bandwidth, "
+                       f"{of_same} of {len(rows)} of a same-bytes copy's.")
+        out.append("")
     if "wgrad" in recorded:
         out += ["| wgrad shape (M×N×K) | Gluon: median TFLOPS | median / best | SQNR dB | Triton: median TFLOPS | "
                 "SQNR dB | Triton / Gluon (medians) |", "|---|---|---|---|---|---|---|"]
