@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, pow2_floor, round_to_e4m3
-from ._launch import Launcher, cdiv, current_device
+from ._launch import Launcher, cast_key, cdiv
 from ._tune import steady_do_bench, tuning_configs
 
 GROUP = 128
@@ -135,14 +135,6 @@ _launch_1x128, _launch_128x128, _launch_128x128_both, _launch_along_m = map(
                _quantize_along_m_kernel))
 
 
-def _cast_key(x: torch.Tensor, ints: tuple, *flags: bool) -> tuple:
-    """`Launcher.launch`'s key for a cast kernel: the device, X's dtype and alignment, the integer arguments
-    (`ints`: every one after the tensors) and the constexpr flags. The outputs are the cast's own fresh
-    allocations (the caching allocator's blocks, 512-byte aligned) in the output dtype each launcher always gets,
-    so they add nothing; building this instead of `launch_key` over every argument saves a few µs a call."""
-    return (current_device(), x.dtype, x.data_ptr() % 16 == 0, *ints, *flags)
-
-
 def m_major_empty(m: int, groups: int, device: torch.device) -> torch.Tensor:
     """Room for 1x128 scales [m, groups] laid out M-major: a view of a [groups, m] buffer whose rows are padded to
     16 bytes, so each starts aligned (TMA's rule)."""
@@ -169,7 +161,7 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow
         else:
             s = torch.empty((m, n_groups), device=x.device, dtype=torch.float32)
         args = (x, y, s, m, k, x.stride(0), x.stride(1), n_groups, s.stride(0), s.stride(1))
-        _launch_1x128.launch(_cast_key(x, args[3:], pow2_scales),
+        _launch_1x128.launch(cast_key(x, args[3:], pow2_scales),
                              lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n_groups, meta["GROUPS"])), args,
                              {"GROUP_K": GROUP, "POW2": pow2_scales})
     elif block == (GROUP, GROUP):
@@ -187,10 +179,10 @@ def _quantize_blocks(x: torch.Tensor, y: torch.Tensor, yt: torch.Tensor | None, 
     grid = (cdiv(m, GROUP), n_groups)
     if yt is None:
         args = (x, y, s, m, k, x.stride(0), x.stride(1), n_groups)
-        _launch_128x128.launch(_cast_key(x, args[3:], pow2_scales), grid, args, {"POW2": pow2_scales})
+        _launch_128x128.launch(cast_key(x, args[3:], pow2_scales), grid, args, {"POW2": pow2_scales})
     else:
         args = (x, y, yt, s, m, k, x.stride(0), x.stride(1), n_groups)
-        _launch_128x128_both.launch(_cast_key(x, args[4:], pow2_scales), grid, args, {"POW2": pow2_scales})
+        _launch_128x128_both.launch(cast_key(x, args[4:], pow2_scales), grid, args, {"POW2": pow2_scales})
     return s
 
 
@@ -222,7 +214,7 @@ def quantize_blockwise_both(x: torch.Tensor, weight: bool = False, pow2_scales: 
     yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
     st = m_major_empty(k, cdiv(m, GROUP), x.device)
     args = (x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0), st.stride(1))
-    _launch_along_m.launch(_cast_key(x, args[3:], pow2_scales), lambda meta: (cdiv(m, GROUP), cdiv(k, meta["BLOCK_K"])),
+    _launch_along_m.launch(cast_key(x, args[3:], pow2_scales), lambda meta: (cdiv(m, GROUP), cdiv(k, meta["BLOCK_K"])),
                            args, {"GROUP_M": GROUP, "POW2": pow2_scales})
     return y, s, yt, st
 

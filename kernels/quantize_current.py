@@ -1,13 +1,20 @@
 """Current (tensorwise) scaling of a 2-D BF16 tensor to E4M3, plus the transposed E4M3 copy that Hopper's
 TN-only FP8 GEMMs need for the backward pass.
 
-Two passes over the data, the fewest the math allows (every element's cast needs the whole tensor's amax):
-1. `_amax_kernel`: a grid-stride loop reduces tiles to max|x| in registers, then one atomic max per program
-   into a single float32;
-2. `_cast_transpose_kernel`: each program computes scale = 448 / max(amax, 1e-12) in float32 the way torch
-   evaluates it (reciprocal, then multiply; fp8bench's emulator and torchao do the same), loads one tile once,
-   scales it, rounds to E4M3 (ties to even, saturating) and stores it twice, row-major (Y) and column-major
-   (Yᵀ). Program 0 also writes the inverse scale, so nothing runs between the two kernels. Bytes moved: read X twice (2 x 2 bytes/element), write Y and Yᵀ (2 x 1 byte).
+Two passes over the data, the fewest the math allows (every element's cast needs the whole tensor's amax), and
+two launches, nothing else on the GPU between them:
+1. `_amax_kernel`: a grid-stride loop reduces tiles to max|x| in registers; each program writes its own
+   partial max (no atomic, so nothing to zero first: a `torch.zeros` was a third launch);
+2. `_cast_transpose_kernel`: each program reduces the partials to the amax (a few KB, from L2), computes
+   scale = 448 / max(amax, 1e-12) in float32 the way torch evaluates it (reciprocal, then multiply; fp8bench's
+   emulator and torchao do the same), loads one tile once, scales it, rounds to E4M3 (ties to even, saturating)
+   and stores it twice, row-major (Y) and column-major (Yᵀ). Program 0 also writes the inverse scale. Bytes
+   moved: read X twice (2 x 2 bytes/element), write Y and Yᵀ (2 x 1 byte).
+
+Both launch through `Launcher.launch` with a cast key (`_launch.cast_key`): at 7a1f962 the generic per-argument
+key, the zeroing and four allocations cost ~53 µs of host time a call on the H200 box, more than the kernels take
+at 32 MB, and the eager call ran at half the speed of its CUDA-graph replay
+(`results/h200-recipe-blockwise/recipe_bench_casts_7a1f962.json`).
 
 `quantize_current_reference` is the same contract in plain torch.
 """
@@ -19,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, round_to_e4m3
-from ._launch import Launcher, cdiv, sm_count
+from ._launch import Launcher, cast_key, cdiv, sm_count
 from ._tune import steady_do_bench, tuning_configs
 
 AMAX_TILE = (64, 128)
@@ -27,9 +34,8 @@ AMAX_TILE = (64, 128)
 
 
 @triton.jit
-def _amax_kernel(x_ptr, amax_ptr, M, N, stride_m, stride_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # a grid-stride loop over tiles: each program keeps its running max in registers and issues one atomic
-    # (one atomic per tile would serialize thousands of them on a single address)
+def _amax_kernel(x_ptr, partial_ptr, M, N, stride_m, stride_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # a grid-stride loop over tiles: each program keeps its running max in registers and writes it once
     tiles_n = tl.cdiv(N, BLOCK_N)
     n_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
     best = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -39,7 +45,7 @@ def _amax_kernel(x_ptr, amax_ptr, M, N, stride_m, stride_n, BLOCK_M: tl.constexp
         mask = (rows[:, None] < M) & (cols[None, :] < N)
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
         best = tl.maximum(best, tl.abs(x.to(tl.float32)))
-    tl.atomic_max(amax_ptr, tl.max(tl.max(best, axis=1), axis=0))
+    tl.store(partial_ptr + tl.program_id(0), tl.max(tl.max(best, axis=1), axis=0))
 
 
 CAST_CONFIGS = tuning_configs(
@@ -49,12 +55,15 @@ CAST_CONFIGS = tuning_configs(
     interpreter=triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4))
 
 
-@triton.autotune(configs=CAST_CONFIGS, key=["M", "N", "TRANSPOSE"], do_bench=steady_do_bench)
+@triton.autotune(configs=CAST_CONFIGS, key=["M", "N", "n_partials", "TRANSPOSE"], do_bench=steady_do_bench)
 @triton.jit
-def _cast_transpose_kernel(x_ptr, y_ptr, yt_ptr, amax_ptr, inv_scale_ptr, M, N, stride_m, stride_n,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSE: tl.constexpr):
-    # every program derives the scale from the amax itself: no separate scalar kernels between the passes
-    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.load(amax_ptr), AMAX_EPS_C))
+def _cast_transpose_kernel(x_ptr, y_ptr, yt_ptr, partial_ptr, inv_scale_ptr, M, N, stride_m, stride_n, n_partials,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS: tl.constexpr,
+                           TRANSPOSE: tl.constexpr):
+    # every program derives the scale from the amax pass's partials itself: no scalar kernels between the passes
+    p = tl.arange(0, PARTIALS)
+    amax = tl.max(tl.load(partial_ptr + p, mask=p < n_partials, other=0.0), axis=0)
+    scale = E4M3_MAX_C * exact_rcp(tl.maximum(amax, AMAX_EPS_C))
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(inv_scale_ptr, exact_rcp(scale))
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -77,15 +86,19 @@ def quantize_current(x: torch.Tensor, transpose: bool = True,
     if x.dim() != 2:
         raise ValueError(f"quantize_current takes a 2-D tensor, got shape {tuple(x.shape)}")
     m, n = x.shape
-    amax = torch.zeros((), device=x.device, dtype=torch.float32)
-    inv_scale = torch.empty((), device=x.device, dtype=torch.float32)
     tiles = cdiv(m, AMAX_TILE[0]) * cdiv(n, AMAX_TILE[1])
-    _launch_amax((min(tiles, amax_programs or 4 * sm_count(x.device)),),
-                 x, amax, m, n, x.stride(0), x.stride(1), BLOCK_M=AMAX_TILE[0], BLOCK_N=AMAX_TILE[1], num_warps=4)
+    programs = max(1, min(tiles, amax_programs or 4 * sm_count(x.device)))
+    partials = torch.empty(programs, device=x.device, dtype=torch.float32)
+    args = (x, partials, m, n, x.stride(0), x.stride(1))
+    _launch_amax.launch(cast_key(x, args[2:]), (programs,), args,
+                        {"BLOCK_M": AMAX_TILE[0], "BLOCK_N": AMAX_TILE[1], "num_warps": 4})
+    inv_scale = torch.empty((), device=x.device, dtype=torch.float32)
     y = torch.empty((m, n), device=x.device, dtype=torch.float8_e4m3fn)
     yt = torch.empty((n, m), device=x.device, dtype=torch.float8_e4m3fn) if transpose else y
-    grid = lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-    _launch_cast(grid, x, y, yt, amax, inv_scale, m, n, x.stride(0), x.stride(1), TRANSPOSE=transpose)
+    args = (x, y, yt, partials, inv_scale, m, n, x.stride(0), x.stride(1), programs)
+    _launch_cast.launch(cast_key(x, args[5:], transpose),
+                        lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n, meta["BLOCK_N"])), args,
+                        {"PARTIALS": 1 << (programs - 1).bit_length(), "TRANSPOSE": transpose})
     return y, (yt if transpose else None), inv_scale
 
 

@@ -197,14 +197,15 @@ def test_gluon_gemm_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypat
 
 
 def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
-    """The blockwise casts key their direct launches themselves (`_cast_key`: X, the integer arguments and the
-    flags, not the fresh outputs): per launcher, over shapes, input dtypes, a misaligned input, power-of-two
-    scales and both scale layouts, two calls get the same key exactly when `launch_key` gives them the same
-    one. Different binaries never share a key, and no key is finer than Triton's (a key that took in an output
+    """The blockwise and current-scaling casts key their direct launches themselves (`cast_key`: X, the integer
+    arguments and the flags, not the fresh outputs): per launcher, over shapes, input dtypes, a misaligned input,
+    power-of-two scales, both scale layouts and with or without Yᵀ, two calls get the same key exactly when
+    `launch_key` gives them the same one. Different binaries never share a key, and no key is finer than Triton's (a key that took in an output
     would miss on every call and keep every compiled kernel)."""
     from itertools import combinations, product
 
     from fp8bench_kernels import quantize_blockwise as qb
+    from fp8bench_kernels import quantize_current as qc
     from fp8bench_kernels._launch import launch_key
 
     class Recording:
@@ -213,10 +214,11 @@ def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
 
         def launch(self, key, grid, args, kwargs):
             self.keys.append((key, launch_key(args, kwargs)))
-    launchers = ("_launch_1x128", "_launch_128x128", "_launch_128x128_both", "_launch_along_m")
+    launchers = {"_launch_1x128": qb, "_launch_128x128": qb, "_launch_128x128_both": qb, "_launch_along_m": qb,
+                 "_launch_amax": qc, "_launch_cast": qc}
     recordings = {name: Recording() for name in launchers}
     for name, recording in recordings.items():
-        monkeypatch.setattr(qb, name, recording)
+        monkeypatch.setattr(launchers[name], name, recording)
 
     def inputs(m, k, dtype):
         # each twice, at two addresses (both kept alive): the same binary, so the same key
@@ -232,6 +234,7 @@ def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
             qb.quantize_blockwise_both(x, pow2_scales=pow2)
             if dtype == torch.bfloat16:  # from FP32 the weight path casts Y alone (then transposes it)
                 qb.quantize_blockwise_both(x, weight=True, pow2_scales=pow2)
+            qc.quantize_current(x, transpose=pow2)  # pow2 stands in for the other flag; both values per input
     for name, recording in recordings.items():
         distinct = {theirs for _, theirs in recording.keys}
         assert 16 <= len(distinct) < len(recording.keys), name  # the calls differ, and some are the same binary

@@ -1,0 +1,214 @@
+"""Can an activation's two-layout cast (1x128 groups along K into Y, along M into Yᵀ) run in one launch, and faster?
+
+At 7a1f962 `quantize_blockwise_both(x)` is two kernels, each reading X from HBM: the 1x128 cast (Y) and the
+along-M cast (Yᵀ). On the H200 (`results/h200-recipe-blockwise/recipe_bench_casts_7a1f962.json`) the pair ran at
+72-75% of a copy of the same bytes at 32 and 64 MB, eager. Earlier single-read forms (one 128x128 tile's row chunks
+then its column chunks, or the whole tile through TMA: `research/cast_variant_probe.py`) were slower than the pair.
+
+Variants, each checked bit for bit against `kernels/` and timed as `scripts/recipe_bench.py` times the cast line
+(eager, the L2 flushed before each call; the same call replayed from a CUDA graph beside it):
+- "kernels/": the two launches; "row alone" and "along-m alone" are its two halves, the second at several tiles.
+- "interleaved": one launch whose programs are the two kernels' programs, ordered 128x128 tile by tile (the
+  row programs of a tile, then its along-M programs), so a tile's second read comes while its first is in L2.
+- "rows both": one program per 128x128 tile; row chunks [SUB_M, 128] give Y and its scales and a running
+  column max; X again (from L2) in the same row chunks gives Yᵀ through a transposed store, so no reduction
+  crosses warps in the second pass.
+- the weight cast (128x128 both) at chunk configs beyond the two `kernels/` offers.
+
+Each time is given with both byte counts of an activation's cast: 6n+scales (X read once per layout, as the
+recorded cast line counts it at 7a1f962) and 4n+scales (X read once: what the algorithm must move).
+
+Usage on the GPU box: python3 research/act_cast_probe.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from fp8bench_kernels import quantize_blockwise as qb
+from fp8bench_kernels._fp8 import AMAX_EPS_C, E4M3_MAX_C, exact_rcp, round_to_e4m3
+from fp8bench_kernels._launch import cdiv
+
+from fp8bench.analysis.calibrate import copy_gbps
+from fp8bench.core.measure import time_fn
+
+SHAPES = [(4096, 4096), (8192, 4096), (8192, 8192), (8192, 14336)]
+CAST_TIMER = dict(device=torch.device("cuda"), warmup=10, iters=5000, min_samples=100, max_time_s=0.3, flush_l2=True)
+"""scripts/recipe_bench.py's cast timer."""
+
+
+@triton.jit
+def _q(x, scale):
+    return round_to_e4m3(tl.minimum(tl.maximum(x * scale, -E4M3_MAX_C), E4M3_MAX_C)).to(tl.float8e4nv)
+
+
+@triton.jit
+def act_interleaved(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, s_sm, s_sg, st_sk, st_sm,
+                    n_tiles_k, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    # program -> (128x128 tile, part): parts 0..ROW_PARTS-1 are row programs [BLOCK_M, 128] of the tile (Y), the
+    # rest along-M programs [128, BLOCK_K] (Yᵀ)
+    ROW_PARTS: tl.constexpr = 128 // BLOCK_M
+    PARTS: tl.constexpr = ROW_PARTS + 128 // BLOCK_K
+    pid = tl.program_id(0)
+    tile, part = pid // PARTS, pid % PARTS
+    tm, tk = tile // n_tiles_k, tile % n_tiles_k
+    if part < ROW_PARTS:
+        rows = tm * 128 + part * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tk * 128 + tl.arange(0, 128)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
+        scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_EPS_C))
+        tl.store(y_ptr + rows[:, None] * K + cols[None, :], _q(x, scale[:, None]), mask=mask)
+        tl.store(s_ptr + rows * s_sm + tk * s_sg, exact_rcp(scale), mask=rows < M)
+    else:
+        rows = tm * 128 + tl.arange(0, 128)
+        cols = tk * 128 + (part - ROW_PARTS) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
+        scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=0), AMAX_EPS_C))
+        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(_q(x, scale[None, :])), mask=tl.trans(mask))
+        tl.store(st_ptr + cols * st_sk + tm * st_sm, exact_rcp(scale), mask=cols < K)
+
+
+@triton.jit
+def act_rows_both(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, s_sm, s_sg, st_sk, st_sm,
+                  SUB_M: tl.constexpr):
+    pm, pk = tl.program_id(0), tl.program_id(1)
+    cols = pk * 128 + tl.arange(0, 128)
+    colmax = tl.zeros((SUB_M, 128), dtype=tl.float32)
+    for r in tl.range(0, 128, SUB_M):
+        rows = pm * 128 + r + tl.arange(0, SUB_M)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
+        a = tl.abs(x)
+        colmax = tl.maximum(colmax, a)
+        scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(a, axis=1), AMAX_EPS_C))
+        tl.store(y_ptr + rows[:, None] * K + cols[None, :], _q(x, scale[:, None]), mask=mask)
+        tl.store(s_ptr + rows * s_sm + pk * s_sg, exact_rcp(scale), mask=rows < M)
+    col_scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(colmax, axis=0), AMAX_EPS_C))
+    tl.store(st_ptr + cols * st_sk + pm * st_sm, exact_rcp(col_scale), mask=cols < K)
+    for r in tl.range(0, 128, SUB_M):
+        rows = pm * 128 + r + tl.arange(0, SUB_M)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
+        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(_q(x, col_scale[None, :])), mask=tl.trans(mask))
+
+
+def _act_outputs(x):
+    m, k = x.shape
+    y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
+    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
+    s = qb.m_major_empty(m, cdiv(k, 128), x.device)
+    st = qb.m_major_empty(k, cdiv(m, 128), x.device)
+    return y, s, yt, st
+
+
+def interleaved_call(x, block_m, block_k, warps):
+    m, k = x.shape
+    y, s, yt, st = _act_outputs(x)
+    tiles = cdiv(m, 128) * cdiv(k, 128)
+    act_interleaved[(tiles * (128 // block_m + 128 // block_k),)](
+        x, y, s, yt, st, m, k, x.stride(0), x.stride(1), s.stride(0), s.stride(1), st.stride(0), st.stride(1),
+        cdiv(k, 128), BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps)
+    return y, s, yt, st
+
+
+def rows_both_call(x, sub_m, warps):
+    m, k = x.shape
+    y, s, yt, st = _act_outputs(x)
+    act_rows_both[(cdiv(m, 128), cdiv(k, 128))](
+        x, y, s, yt, st, m, k, x.stride(0), x.stride(1), s.stride(0), s.stride(1), st.stride(0), st.stride(1),
+        SUB_M=sub_m, num_warps=warps)
+    return y, s, yt, st
+
+
+def along_m_call(x, block_k, warps):
+    m, k = x.shape
+    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
+    st = qb.m_major_empty(k, cdiv(m, 128), x.device)
+    qb._quantize_along_m_kernel.fn[(cdiv(m, 128), cdiv(k, block_k))](
+        x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0), st.stride(1), GROUP_M=128, BLOCK_K=block_k,
+        POW2=False, num_warps=warps)
+    return yt, st
+
+
+def weight_call(x, sub_m, sub_k, warps):
+    m, k = x.shape
+    y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
+    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
+    s = torch.empty((cdiv(m, 128), cdiv(k, 128)), device=x.device, dtype=torch.float32)
+    qb._quantize_128x128_both_kernel.fn[(cdiv(m, 128), cdiv(k, 128))](
+        x, y, yt, s, m, k, x.stride(0), x.stride(1), cdiv(k, 128), SUB_M=sub_m, SUB_K=sub_k, POW2=False,
+        num_warps=warps)
+    return y, s, yt, s.t().contiguous()
+
+
+def same(a, b) -> bool:
+    def raw(t):
+        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+    return all(torch.equal(raw(u), raw(v)) for u, v in zip(a, b, strict=True))
+
+
+def shape_rows(m: int, k: int) -> list[dict]:
+    rows: list[dict] = []
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    n, groups = x.numel(), cdiv(k, 128) * m
+    act_6n = 2 * qb.bytes_moved(x, (1, 128))
+    act_4n = 4 * n + 4 * groups + 4 * cdiv(m, 128) * k
+    weight = 4 * n + 4 * cdiv(m, 128) * cdiv(k, 128)
+    row_one = qb.bytes_moved(x, (1, 128))
+    along_one = 3 * n + 4 * cdiv(m, 128) * k
+    copies = {b: copy_gbps(torch.device("cuda"), b // 2, 0.0, timer=CAST_TIMER)
+              for b in sorted({act_6n, act_4n, weight, row_one, along_one})}
+
+    def record(family, variant, fn, counts, ref=None):
+        try:
+            ok = None if ref is None else same(fn(), ref)
+            eager = time_fn(fn, **CAST_TIMER).median_ms
+            graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
+            row = {"shape": [m, k], "family": family, "variant": variant, "eager_us": 1e3 * eager,
+                   "graph_us": 1e3 * graph, "bit_exact": ok,
+                   "pct_of_same_bytes_copy": {str(b): 100 * (b / eager / 1e6) / copies[b] for b in counts}}
+            pcts = ", ".join(f"{p:5.1f}% ({int(b) / n:.2f}n)" for b, p in row["pct_of_same_bytes_copy"].items())
+            print(f"{m}x{k} {family:>10} {variant:>22}: eager {row['eager_us']:6.1f} µs graph "
+                  f"{row['graph_us']:6.1f} µs; eager {pcts} of a same-bytes copy; exact={ok}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is recorded, the rest run
+            row = {"shape": [m, k], "family": family, "variant": variant, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            print(f"{m}x{k} {family:>10} {variant:>22}: {row['error']}", flush=True)
+        rows.append(row)
+
+    ref_a = qb.quantize_blockwise_both(x)
+    record("activation", "kernels/", lambda: qb.quantize_blockwise_both(x), (act_6n, act_4n))
+    record("activation", "row alone", lambda: qb.quantize_blockwise(x, (1, 128), m_major_scales=True), (row_one,),
+           ref_a[:2])
+    for bk, w in ((16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8)):
+        record("activation", f"along-m alone k{bk} w{w}", lambda bk=bk, w=w: along_m_call(x, bk, w), (along_one,),
+               ref_a[2:])
+    for bm, bk, w in ((16, 32, 4), (32, 32, 4), (32, 64, 4), (64, 64, 8), (64, 32, 8), (32, 64, 8), (16, 16, 4)):
+        record("activation", f"interleaved m{bm} k{bk} w{w}", lambda bm=bm, bk=bk, w=w: interleaved_call(x, bm, bk, w),
+               (act_6n, act_4n), ref_a)
+    for sm, w in ((16, 4), (32, 4), (32, 8), (64, 8)):
+        record("activation", f"rows both m{sm} w{w}", lambda sm=sm, w=w: rows_both_call(x, sm, w), (act_6n, act_4n),
+               ref_a)
+    ref_w = qb.quantize_blockwise_both(x, weight=True)
+    record("weight", "kernels/", lambda: qb.quantize_blockwise_both(x, weight=True), (weight,))
+    for sm, sk, w in ((64, 64, 8), (32, 64, 8), (64, 32, 8), (128, 64, 8), (64, 64, 16), (32, 32, 8), (64, 128, 8)):
+        record("weight", f"m{sm} k{sk} w{w}", lambda sm=sm, sk=sk, w=w: weight_call(x, sm, sk, w), (weight,), ref_w)
+    return rows
+
+
+def main(out_path: str) -> None:
+    rows = []
+    for m, k in SHAPES:
+        rows += shape_rows(m, k)
+        torch.cuda.empty_cache()
+    with open(out_path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
