@@ -44,6 +44,19 @@ def round_to_e4m3(x):
 
 
 @triton.jit
+def e4m3_scale(amax):
+    """448 / max(amax, 1e-12) in float32, evaluated as torch evaluates it (exact reciprocal, then multiply)."""
+    return E4M3_MAX_C * exact_rcp(tl.maximum(amax, AMAX_EPS_C))
+
+
+@triton.jit
+def scale_to_e4m3(x, scale):
+    """x * scale, saturated to +-448 and rounded to E4M3 (ties to even), as float8e4nv: every scaled cast's
+    element step (x float32; scale a scalar or a tensor broadcast to x)."""
+    return round_to_e4m3(tl.minimum(tl.maximum(x * scale, -E4M3_MAX_C), E4M3_MAX_C)).to(tl.float8e4nv)
+
+
+@triton.jit
 def pow2_floor(s):
     """The largest power of two <= s (s positive, normal): the exponent bits alone."""
     return (s.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)

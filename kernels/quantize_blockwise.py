@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, pow2_floor, round_to_e4m3
+from ._fp8 import AMAX_EPS, E4M3_MAX, e4m3_scale, exact_rcp, pow2_floor, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv
 from ._tune import steady_do_bench, tuning_configs
 
@@ -44,11 +44,11 @@ def _quantize_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_grou
     mask = (rows[:, None, None] < M) & (cols[None, :, :] < K)
     x = tl.load(x_ptr + rows[:, None, None] * stride_m + cols[None, :, :] * stride_k, mask=mask,
                 other=0.0).to(tl.float32)
-    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=2), AMAX_EPS_C))  # [BM, G]
+    scale = e4m3_scale(tl.max(tl.abs(x), axis=2))  # [BM, G]
     if POW2:
         scale = pow2_floor(scale)
-    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale[:, :, None], -E4M3_MAX_C), E4M3_MAX_C))
-    tl.store(y_ptr + rows[:, None, None] * K + cols[None, :, :], q.to(tl.float8e4nv), mask=mask)
+    q = scale_to_e4m3(x, scale[:, :, None])
+    tl.store(y_ptr + rows[:, None, None] * K + cols[None, :, :], q, mask=mask)
     smask = (rows[:, None] < M) & (groups[None, :] < n_groups)
     tl.store(s_ptr + rows[:, None] * s_stride_m + groups[None, :] * s_stride_g, exact_rcp(scale), mask=smask)
 
@@ -61,11 +61,10 @@ def _quantize_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_gr
     cols = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), AMAX_EPS_C))
+    scale = e4m3_scale(tl.max(tl.max(tl.abs(x), axis=1), axis=0))
     if POW2:
         scale = pow2_floor(scale)
-    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale, -E4M3_MAX_C), E4M3_MAX_C))
-    tl.store(y_ptr + rows[:, None] * K + cols[None, :], q.to(tl.float8e4nv), mask=mask)
+    tl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(x, scale), mask=mask)
     tl.store(s_ptr + tl.program_id(0) * n_groups + tl.program_id(1), exact_rcp(scale))
 
 
@@ -93,7 +92,7 @@ def _quantize_128x128_both_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, s
         mask = (rows[:, None] < M) & (cols[None, :] < K)
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
         amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.max(amax, axis=1), axis=0), AMAX_EPS_C))
+    scale = e4m3_scale(tl.max(tl.max(amax, axis=1), axis=0))
     if POW2:
         scale = pow2_floor(scale)
     rows = pm * 128 + tl.arange(0, 128)
@@ -101,8 +100,7 @@ def _quantize_128x128_both_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, s
         chunk = pk * 128 + c + tl.arange(0, SUB_K)
         mask = (rows[:, None] < M) & (chunk[None, :] < K)
         x = tl.load(x_ptr + rows[:, None] * stride_m + chunk[None, :] * stride_k, mask=mask, other=0.0)
-        q = round_to_e4m3(tl.minimum(tl.maximum(x.to(tl.float32) * scale, -E4M3_MAX_C), E4M3_MAX_C))
-        q = q.to(tl.float8e4nv)
+        q = scale_to_e4m3(x.to(tl.float32), scale)
         tl.store(y_ptr + rows[:, None] * K + chunk[None, :], q, mask=mask)
         tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
     tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
@@ -122,11 +120,11 @@ def _quantize_along_m_kernel(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=0), AMAX_EPS_C))
+    scale = e4m3_scale(tl.max(tl.abs(x), axis=0))
     if POW2:
         scale = pow2_floor(scale)
-    q = round_to_e4m3(tl.minimum(tl.maximum(x * scale[None, :], -E4M3_MAX_C), E4M3_MAX_C))
-    tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q.to(tl.float8e4nv)), mask=tl.trans(mask))
+    q = scale_to_e4m3(x, scale[None, :])
+    tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
     tl.store(st_ptr + cols * st_sk + tl.program_id(0) * st_sm, exact_rcp(scale), mask=cols < K)
 
 

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._fp8 import AMAX_EPS, AMAX_EPS_C, E4M3_MAX, E4M3_MAX_C, exact_rcp, round_to_e4m3
+from ._fp8 import AMAX_EPS, E4M3_MAX, e4m3_scale, exact_rcp, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv, sm_count
 from ._tune import steady_do_bench, tuning_configs
 
@@ -63,14 +63,14 @@ def _cast_transpose_kernel(x_ptr, y_ptr, yt_ptr, partial_ptr, inv_scale_ptr, M, 
     # every program derives the scale from the amax pass's partials itself: no scalar kernels between the passes
     p = tl.arange(0, PARTIALS)
     amax = tl.max(tl.load(partial_ptr + p, mask=p < n_partials, other=0.0), axis=0)
-    scale = E4M3_MAX_C * exact_rcp(tl.maximum(amax, AMAX_EPS_C))
+    scale = e4m3_scale(amax)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(inv_scale_ptr, exact_rcp(scale))
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
-    q = round_to_e4m3(tl.minimum(tl.maximum(x.to(tl.float32) * scale, -E4M3_MAX_C), E4M3_MAX_C)).to(tl.float8e4nv)
+    q = scale_to_e4m3(x.to(tl.float32), scale)
     tl.store(y_ptr + rows[:, None] * N + cols[None, :], q, mask=mask)
     if TRANSPOSE:
         tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 from fp8bench_kernels import quantize_blockwise as qb
-from fp8bench_kernels._fp8 import AMAX_EPS_C, E4M3_MAX_C, exact_rcp, round_to_e4m3
+from fp8bench_kernels._fp8 import e4m3_scale, exact_rcp, scale_to_e4m3
 from fp8bench_kernels._launch import cdiv
 
 from fp8bench.analysis.calibrate import copy_gbps
@@ -39,11 +39,6 @@ from fp8bench.core.measure import time_fn
 SHAPES = [(4096, 4096), (8192, 4096), (8192, 8192), (8192, 14336)]
 CAST_TIMER = dict(device=torch.device("cuda"), warmup=10, iters=5000, min_samples=100, max_time_s=0.3, flush_l2=True)
 """scripts/recipe_bench.py's cast timer."""
-
-
-@triton.jit
-def _q(x, scale):
-    return round_to_e4m3(tl.minimum(tl.maximum(x * scale, -E4M3_MAX_C), E4M3_MAX_C)).to(tl.float8e4nv)
 
 
 @triton.jit
@@ -61,16 +56,16 @@ def act_interleaved(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_
         cols = tk * 128 + tl.arange(0, 128)
         mask = (rows[:, None] < M) & (cols[None, :] < K)
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-        scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_EPS_C))
-        tl.store(y_ptr + rows[:, None] * K + cols[None, :], _q(x, scale[:, None]), mask=mask)
+        scale = e4m3_scale(tl.max(tl.abs(x), axis=1))
+        tl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(x, scale[:, None]), mask=mask)
         tl.store(s_ptr + rows * s_sm + tk * s_sg, exact_rcp(scale), mask=rows < M)
     else:
         rows = tm * 128 + tl.arange(0, 128)
         cols = tk * 128 + (part - ROW_PARTS) * BLOCK_K + tl.arange(0, BLOCK_K)
         mask = (rows[:, None] < M) & (cols[None, :] < K)
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-        scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=0), AMAX_EPS_C))
-        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(_q(x, scale[None, :])), mask=tl.trans(mask))
+        scale = e4m3_scale(tl.max(tl.abs(x), axis=0))
+        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(scale_to_e4m3(x, scale[None, :])), mask=tl.trans(mask))
         tl.store(st_ptr + cols * st_sk + tm * st_sm, exact_rcp(scale), mask=cols < K)
 
 
@@ -86,16 +81,16 @@ def act_rows_both(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k,
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
         a = tl.abs(x)
         colmax = tl.maximum(colmax, a)
-        scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(a, axis=1), AMAX_EPS_C))
-        tl.store(y_ptr + rows[:, None] * K + cols[None, :], _q(x, scale[:, None]), mask=mask)
+        scale = e4m3_scale(tl.max(a, axis=1))
+        tl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(x, scale[:, None]), mask=mask)
         tl.store(s_ptr + rows * s_sm + pk * s_sg, exact_rcp(scale), mask=rows < M)
-    col_scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(colmax, axis=0), AMAX_EPS_C))
+    col_scale = e4m3_scale(tl.max(colmax, axis=0))
     tl.store(st_ptr + cols * st_sk + pm * st_sm, exact_rcp(col_scale), mask=cols < K)
     for r in tl.range(0, 128, SUB_M):
         rows = pm * 128 + r + tl.arange(0, SUB_M)
         mask = (rows[:, None] < M) & (cols[None, :] < K)
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(_q(x, col_scale[None, :])), mask=tl.trans(mask))
+        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(scale_to_e4m3(x, col_scale[None, :])), mask=tl.trans(mask))
 
 
 def _act_outputs(x):

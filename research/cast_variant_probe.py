@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 from fp8bench_kernels import quantize_blockwise as qb
 from fp8bench_kernels import quantize_mx as qm
-from fp8bench_kernels._fp8 import AMAX_EPS_C, E4M3_MAX_C, exact_rcp, round_to_e4m3
+from fp8bench_kernels._fp8 import e4m3_scale, exact_rcp, scale_to_e4m3
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from fp8bench.analysis.calibrate import copy_gbps
@@ -47,16 +47,11 @@ TIMER = dict(device=torch.device("cuda"), warmup=10, iters=2000, min_samples=50,
 
 
 @triton.jit
-def _q(x, scale):
-    return round_to_e4m3(tl.minimum(tl.maximum(x * scale, -E4M3_MAX_C), E4M3_MAX_C)).to(tl.float8e4nv)
-
-
-@triton.jit
 def weight_tma(x_desc, y_desc, yt_desc, s_ptr, n_groups):
     pm, pk = tl.program_id(0), tl.program_id(1)
     x = x_desc.load([pm * 128, pk * 128]).to(tl.float32)
-    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), AMAX_EPS_C))
-    q = _q(x, scale)
+    scale = e4m3_scale(tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+    q = scale_to_e4m3(x, scale)
     y_desc.store([pm * 128, pk * 128], q)
     yt_desc.store([pk * 128, pm * 128], tl.trans(q))
     tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
@@ -66,8 +61,8 @@ def weight_tma(x_desc, y_desc, yt_desc, s_ptr, n_groups):
 def along_m_tma(x_desc, yt_desc, st_ptr, K, st_sk, st_sm, BLOCK_K: tl.constexpr):
     pm, pk = tl.program_id(0), tl.program_id(1)
     x = x_desc.load([pm * 128, pk * BLOCK_K]).to(tl.float32)
-    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=0), AMAX_EPS_C))
-    yt_desc.store([pk * BLOCK_K, pm * 128], tl.trans(_q(x, scale[None, :])))
+    scale = e4m3_scale(tl.max(tl.abs(x), axis=0))
+    yt_desc.store([pk * BLOCK_K, pm * 128], tl.trans(scale_to_e4m3(x, scale[None, :])))
     cols = pk * BLOCK_K + tl.arange(0, BLOCK_K)
     tl.store(st_ptr + cols * st_sk + pm * st_sm, exact_rcp(scale), mask=cols < K)
 
@@ -77,10 +72,10 @@ def both_tma(x_desc, y_desc, yt_desc, s_ptr, st_ptr, M, K, s_sm, s_sg, st_sk, st
     pm, pk = tl.program_id(0), tl.program_id(1)
     x = x_desc.load([pm * 128, pk * 128]).to(tl.float32)
     a = tl.abs(x)
-    row_scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(a, axis=1), AMAX_EPS_C))
-    col_scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(a, axis=0), AMAX_EPS_C))
-    y_desc.store([pm * 128, pk * 128], _q(x, row_scale[:, None]))
-    yt_desc.store([pk * 128, pm * 128], tl.trans(_q(x, col_scale[None, :])))
+    row_scale = e4m3_scale(tl.max(a, axis=1))
+    col_scale = e4m3_scale(tl.max(a, axis=0))
+    y_desc.store([pm * 128, pk * 128], scale_to_e4m3(x, row_scale[:, None]))
+    yt_desc.store([pk * 128, pm * 128], tl.trans(scale_to_e4m3(x, col_scale[None, :])))
     rows = pm * 128 + tl.arange(0, 128)
     cols = pk * 128 + tl.arange(0, 128)
     tl.store(s_ptr + rows * s_sm + pk * s_sg, exact_rcp(row_scale), mask=rows < M)
@@ -101,19 +96,19 @@ def weight_rows_passes(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_
         mask = (rows[:, None] < M) & (cols[None, :] < K)
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
         amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.max(amax, axis=1), axis=0), AMAX_EPS_C))
+    scale = e4m3_scale(tl.max(tl.max(amax, axis=1), axis=0))
     for r in tl.range(0, 128, SUB_M):
         rows = pm * 128 + r + tl.arange(0, SUB_M)
         mask = (rows[:, None] < M) & (cols[None, :] < K)
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
-        tl.store(y_ptr + rows[:, None] * K + cols[None, :], _q(x.to(tl.float32), scale), mask=mask)
+        tl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(x.to(tl.float32), scale), mask=mask)
     if TRANSPOSE:
         rows = pm * 128 + tl.arange(0, 128)
         for c in tl.range(0, 128, SUB_K):
             ccols = pk * 128 + c + tl.arange(0, SUB_K)
             mask = (rows[:, None] < M) & (ccols[None, :] < K)
             x = tl.load(x_ptr + rows[:, None] * stride_m + ccols[None, :] * stride_k, mask=mask, other=0.0)
-            tl.store(yt_ptr + ccols[:, None] * M + rows[None, :], tl.trans(_q(x.to(tl.float32), scale)),
+            tl.store(yt_ptr + ccols[:, None] * M + rows[None, :], tl.trans(scale_to_e4m3(x.to(tl.float32), scale)),
                      mask=tl.trans(mask))
     tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
 
@@ -129,16 +124,16 @@ def act_passes(x_ptr, y_ptr, yt_ptr, s_ptr, st_ptr, M, K, stride_m, stride_k, s_
         rows = pm * 128 + r + tl.arange(0, SUB_M)
         mask = (rows[:, None] < M) & (cols[None, :] < K)
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-        scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_EPS_C))
-        tl.store(y_ptr + rows[:, None] * K + cols[None, :], _q(x, scale[:, None]), mask=mask)
+        scale = e4m3_scale(tl.max(tl.abs(x), axis=1))
+        tl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(x, scale[:, None]), mask=mask)
         tl.store(s_ptr + rows * s_sm + pk * s_sg, exact_rcp(scale), mask=rows < M)
     rows = pm * 128 + tl.arange(0, 128)
     for c in tl.range(0, 128, SUB_K):
         ccols = pk * 128 + c + tl.arange(0, SUB_K)
         mask = (rows[:, None] < M) & (ccols[None, :] < K)
         x = tl.load(x_ptr + rows[:, None] * stride_m + ccols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-        scale = E4M3_MAX_C * exact_rcp(tl.maximum(tl.max(tl.abs(x), axis=0), AMAX_EPS_C))
-        tl.store(yt_ptr + ccols[:, None] * M + rows[None, :], tl.trans(_q(x, scale[None, :])), mask=tl.trans(mask))
+        scale = e4m3_scale(tl.max(tl.abs(x), axis=0))
+        tl.store(yt_ptr + ccols[:, None] * M + rows[None, :], tl.trans(scale_to_e4m3(x, scale[None, :])), mask=tl.trans(mask))
         tl.store(st_ptr + ccols * st_sk + pm * st_sm, exact_rcp(scale), mask=ccols < K)
 
 
