@@ -10,6 +10,8 @@ Variants, each checked bit for bit against `kernels/` and timed as `scripts/reci
 - "kernels/": the two launches; "row alone" and "along-m alone" are its two halves, the second at several tiles.
 - "interleaved": one launch whose programs are the two kernels' programs, ordered 128x128 tile by tile (the
   row programs of a tile, then its along-M programs), so a tile's second read comes while its first is in L2.
+- "along-m k-first": the along-M cast with X's tile addressed [BLOCK_K, 128], so its reduction is along the
+  tile's second axis and its store to Yᵀ needs no transpose in the program.
 - "rows both": one program per 128x128 tile; row chunks [SUB_M, 128] give Y and its scales and a running
   column max; X again (from L2) in the same row chunks gives Yᵀ through a transposed store, so no reduction
   crosses warps in the second pass.
@@ -18,7 +20,8 @@ Variants, each checked bit for bit against `kernels/` and timed as `scripts/reci
 Each time is given with both byte counts of an activation's cast: 6n+scales (X read once per layout, as the
 recorded cast line counts it at 7a1f962) and 4n+scales (X read once: what the algorithm must move).
 
-Usage on the GPU box: python3 research/act_cast_probe.py OUT.json
+Usage on the GPU box: python3 research/act_cast_probe.py OUT.json [--activation-only] (the second: the
+interleaved, row-chunk and K-first forms with one along-M and the two-kernel reference; no weight configs)
 """
 
 from __future__ import annotations
@@ -51,22 +54,41 @@ def act_interleaved(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_
     pid = tl.program_id(0)
     tile, part = pid // PARTS, pid % PARTS
     tm, tk = tile // n_tiles_k, tile % n_tiles_k
+    # (each branch names its own values: compiled Triton merges a name bound in both branches of an `if`, which
+    # needs one type, and the two tiles differ in shape)
     if part < ROW_PARTS:
-        rows = tm * 128 + part * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tk * 128 + tl.arange(0, 128)
-        mask = (rows[:, None] < M) & (cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-        scale = e4m3_scale(tl.max(tl.abs(x), axis=1))
-        tl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(x, scale[:, None]), mask=mask)
-        tl.store(s_ptr + rows * s_sm + tk * s_sg, exact_rcp(scale), mask=rows < M)
+        r_rows = tm * 128 + part * BLOCK_M + tl.arange(0, BLOCK_M)
+        r_cols = tk * 128 + tl.arange(0, 128)
+        r_mask = (r_rows[:, None] < M) & (r_cols[None, :] < K)
+        r_x = tl.load(x_ptr + r_rows[:, None] * stride_m + r_cols[None, :] * stride_k, mask=r_mask,
+                      other=0.0).to(tl.float32)
+        r_scale = e4m3_scale(tl.max(tl.abs(r_x), axis=1))
+        tl.store(y_ptr + r_rows[:, None] * K + r_cols[None, :], scale_to_e4m3(r_x, r_scale[:, None]), mask=r_mask)
+        tl.store(s_ptr + r_rows * s_sm + tk * s_sg, exact_rcp(r_scale), mask=r_rows < M)
     else:
-        rows = tm * 128 + tl.arange(0, 128)
-        cols = tk * 128 + (part - ROW_PARTS) * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask = (rows[:, None] < M) & (cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-        scale = e4m3_scale(tl.max(tl.abs(x), axis=0))
-        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(scale_to_e4m3(x, scale[None, :])), mask=tl.trans(mask))
-        tl.store(st_ptr + cols * st_sk + tm * st_sm, exact_rcp(scale), mask=cols < K)
+        c_rows = tm * 128 + tl.arange(0, 128)
+        c_cols = tk * 128 + (part - ROW_PARTS) * BLOCK_K + tl.arange(0, BLOCK_K)
+        c_mask = (c_rows[:, None] < M) & (c_cols[None, :] < K)
+        c_x = tl.load(x_ptr + c_rows[:, None] * stride_m + c_cols[None, :] * stride_k, mask=c_mask,
+                      other=0.0).to(tl.float32)
+        c_scale = e4m3_scale(tl.max(tl.abs(c_x), axis=0))
+        tl.store(yt_ptr + c_cols[:, None] * M + c_rows[None, :], tl.trans(scale_to_e4m3(c_x, c_scale[None, :])),
+                 mask=tl.trans(c_mask))
+        tl.store(st_ptr + c_cols * st_sk + tm * st_sm, exact_rcp(c_scale), mask=c_cols < K)
+
+
+@triton.jit
+def along_m_kt(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st_sk, st_sm, BLOCK_K: tl.constexpr):
+    # the along-M cast with X's tile addressed as [BLOCK_K, 128] (K first): the group's reduction runs along the
+    # second axis and the store to Yᵀ [K, M] needs no transpose in the program
+    pm, pk = tl.program_id(0), tl.program_id(1)
+    rows = pm * 128 + tl.arange(0, 128)
+    cols = pk * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (cols[:, None] < K) & (rows[None, :] < M)
+    x = tl.load(x_ptr + cols[:, None] * stride_k + rows[None, :] * stride_m, mask=mask, other=0.0).to(tl.float32)
+    scale = e4m3_scale(tl.max(tl.abs(x), axis=1))
+    tl.store(yt_ptr + cols[:, None] * M + rows[None, :], scale_to_e4m3(x, scale[:, None]), mask=mask)
+    tl.store(st_ptr + cols * st_sk + pm * st_sm, exact_rcp(scale), mask=cols < K)
 
 
 @triton.jit
@@ -131,6 +153,15 @@ def along_m_call(x, block_k, warps):
     return yt, st
 
 
+def along_m_kt_call(x, block_k, warps):
+    m, k = x.shape
+    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
+    st = qb.m_major_empty(k, cdiv(m, 128), x.device)
+    along_m_kt[(cdiv(m, 128), cdiv(k, block_k))](x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0),
+                                                 st.stride(1), BLOCK_K=block_k, num_warps=warps)
+    return yt, st
+
+
 def weight_call(x, sub_m, sub_k, warps):
     m, k = x.shape
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
@@ -148,7 +179,7 @@ def same(a, b) -> bool:
     return all(torch.equal(raw(u), raw(v)) for u, v in zip(a, b, strict=True))
 
 
-def shape_rows(m: int, k: int) -> list[dict]:
+def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
     rows: list[dict] = []
     x = torch.randn(m, k, device="cuda").bfloat16()
     n, groups = x.numel(), cdiv(k, 128) * m
@@ -180,15 +211,20 @@ def shape_rows(m: int, k: int) -> list[dict]:
     record("activation", "kernels/", lambda: qb.quantize_blockwise_both(x), (act_6n, act_4n))
     record("activation", "row alone", lambda: qb.quantize_blockwise(x, (1, 128), m_major_scales=True), (row_one,),
            ref_a[:2])
-    for bk, w in ((16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8)):
+    for bk, w in ((16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8)) if everything else ((64, 4),):
         record("activation", f"along-m alone k{bk} w{w}", lambda bk=bk, w=w: along_m_call(x, bk, w), (along_one,),
                ref_a[2:])
+    for bk, w in ((16, 2), (32, 2), (32, 4), (64, 4), (64, 8)):
+        record("activation", f"along-m k-first k{bk} w{w}", lambda bk=bk, w=w: along_m_kt_call(x, bk, w),
+               (along_one,), ref_a[2:])
     for bm, bk, w in ((16, 32, 4), (32, 32, 4), (32, 64, 4), (64, 64, 8), (64, 32, 8), (32, 64, 8), (16, 16, 4)):
         record("activation", f"interleaved m{bm} k{bk} w{w}", lambda bm=bm, bk=bk, w=w: interleaved_call(x, bm, bk, w),
                (act_6n, act_4n), ref_a)
-    for sm, w in ((16, 4), (32, 4), (32, 8), (64, 8)):
+    for sm, w in ((16, 4), (32, 4), (32, 8), (64, 8)) if everything else ((32, 4), (32, 2), (64, 4)):
         record("activation", f"rows both m{sm} w{w}", lambda sm=sm, w=w: rows_both_call(x, sm, w), (act_6n, act_4n),
                ref_a)
+    if not everything:
+        return rows
     ref_w = qb.quantize_blockwise_both(x, weight=True)
     record("weight", "kernels/", lambda: qb.quantize_blockwise_both(x, weight=True), (weight,))
     for sm, sk, w in ((64, 64, 8), (32, 64, 8), (64, 32, 8), (128, 64, 8), (64, 64, 16), (32, 32, 8), (64, 128, 8)):
@@ -196,14 +232,14 @@ def shape_rows(m: int, k: int) -> list[dict]:
     return rows
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, everything: bool = True) -> None:
     rows = []
     for m, k in SHAPES:
-        rows += shape_rows(m, k)
+        rows += shape_rows(m, k, everything)
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--activation-only" not in sys.argv[2:])
