@@ -22,6 +22,8 @@ recorded cast line counts it at 7a1f962) and 4n+scales (X read once: what the al
 
 Usage on the GPU box: python3 research/act_cast_probe.py OUT.json [--activation-only] (the second: the
 interleaved, row-chunk and K-first forms with one along-M and the two-kernel reference; no weight configs)
+[--transposes] (only: the along-M and weight casts with their transposing exchange done on BF16 values before
+quantizing, and the along-M cast without it)
 """
 
 from __future__ import annotations
@@ -115,6 +117,110 @@ def act_rows_both(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k,
         tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(scale_to_e4m3(x, col_scale[None, :])), mask=tl.trans(mask))
 
 
+@triton.jit
+def along_m_pre(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st_sk, st_sm, BLOCK_K: tl.constexpr,
+                MODE: tl.constexpr):
+    # the along-M cast with X's tile transposed before it is quantized (MODE 1: as BF16; 2: as float32; 3: as
+    # BF16, the amax taken from X as loaded), so the program's shared-memory exchange can move 2- or 4-byte
+    # elements instead of E4M3 bytes (compiled for sm_90, 1 and 2 are the kernels/ kernel: Triton sinks the
+    # exchange to the E4M3 values, one ld.shared.b8 per element; 3 keeps it on BF16 through ldmatrix.trans);
+    # MODE 0 stores without transposing (a wrong Yᵀ: how long the cast takes without its exchange)
+    pm, pk = tl.program_id(0), tl.program_id(1)
+    rows = pm * 128 + tl.arange(0, 128)
+    cols = pk * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
+    if MODE == 0:
+        xf = x.to(tl.float32)
+        scale = e4m3_scale(tl.max(tl.abs(xf), axis=0))
+        tl.store(yt_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, scale[None, :]), mask=mask)
+    elif MODE == 3:
+        # the amax from X as loaded, the quantization from its BF16 transpose: X is used in both layouts, so the
+        # exchange stays on BF16 (ldmatrix.trans) instead of sinking to the E4M3 bytes
+        scale = e4m3_scale(tl.max(tl.abs(x.to(tl.float32)), axis=0))
+        xt = tl.trans(x).to(tl.float32)
+        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], scale_to_e4m3(xt, scale[:, None]), mask=tl.trans(mask))
+    else:
+        if MODE == 1:
+            xt = tl.trans(x).to(tl.float32)
+        else:
+            xt = tl.trans(x.to(tl.float32))
+        scale = e4m3_scale(tl.max(tl.abs(xt), axis=1))
+        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], scale_to_e4m3(xt, scale[:, None]), mask=tl.trans(mask))
+    tl.store(st_ptr + cols * st_sk + pm * st_sm, exact_rcp(scale), mask=cols < K)
+
+
+@triton.jit
+def weight_pre(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups, SUB_M: tl.constexpr,
+               SUB_K: tl.constexpr):
+    # kernels/'s weight cast with each column chunk transposed as BF16 before its Yᵀ is quantized
+    pm, pk = tl.program_id(0), tl.program_id(1)
+    cols = pk * 128 + tl.arange(0, 128)
+    amax = tl.zeros((SUB_M, 128), dtype=tl.float32)
+    for r in tl.range(0, 128, SUB_M):
+        rows = pm * 128 + r + tl.arange(0, SUB_M)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    scale = e4m3_scale(tl.max(tl.max(amax, axis=1), axis=0))
+    rows = pm * 128 + tl.arange(0, 128)
+    for c in tl.range(0, 128, SUB_K):
+        chunk = pk * 128 + c + tl.arange(0, SUB_K)
+        mask = (rows[:, None] < M) & (chunk[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + chunk[None, :] * stride_k, mask=mask, other=0.0)
+        tl.store(y_ptr + rows[:, None] * K + chunk[None, :], scale_to_e4m3(x.to(tl.float32), scale), mask=mask)
+        tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], scale_to_e4m3(tl.trans(x).to(tl.float32), scale),
+                 mask=tl.trans(mask))
+    tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
+
+
+@triton.jit
+def act_tile_both(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, s_sm, s_sg, st_sk, st_sm):
+    # one 128x128 tile read once, both layouts from registers: Y from X as loaded, Yᵀ from X's BF16 transpose
+    # (used in both layouts, X's exchange stays on BF16: ldmatrix.trans)
+    pm, pk = tl.program_id(0), tl.program_id(1)
+    rows = pm * 128 + tl.arange(0, 128)
+    cols = pk * 128 + tl.arange(0, 128)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
+    xf = x.to(tl.float32)
+    scale = e4m3_scale(tl.max(tl.abs(xf), axis=1))
+    tl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, scale[:, None]), mask=mask)
+    tl.store(s_ptr + rows * s_sm + pk * s_sg, exact_rcp(scale), mask=rows < M)
+    xt = tl.trans(x).to(tl.float32)
+    t_scale = e4m3_scale(tl.max(tl.abs(xt), axis=1))
+    tl.store(yt_ptr + cols[:, None] * M + rows[None, :], scale_to_e4m3(xt, t_scale[:, None]), mask=tl.trans(mask))
+    tl.store(st_ptr + cols * st_sk + pm * st_sm, exact_rcp(t_scale), mask=cols < K)
+
+
+def tile_both_call(x, warps):
+    m, k = x.shape
+    y, s, yt, st = _act_outputs(x)
+    act_tile_both[(cdiv(m, 128), cdiv(k, 128))](
+        x, y, s, yt, st, m, k, x.stride(0), x.stride(1), s.stride(0), s.stride(1), st.stride(0), st.stride(1),
+        num_warps=warps)
+    return y, s, yt, st
+
+
+def along_m_pre_call(x, block_k, warps, mode):
+    m, k = x.shape
+    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
+    st = qb.m_major_empty(k, cdiv(m, 128), x.device)
+    along_m_pre[(cdiv(m, 128), cdiv(k, block_k))](x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0),
+                                                  st.stride(1), BLOCK_K=block_k, MODE=mode, num_warps=warps)
+    return yt, st
+
+
+def weight_pre_call(x, sub_m, sub_k, warps):
+    m, k = x.shape
+    y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
+    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
+    s = torch.empty((cdiv(m, 128), cdiv(k, 128)), device=x.device, dtype=torch.float32)
+    weight_pre[(cdiv(m, 128), cdiv(k, 128))](x, y, yt, s, m, k, x.stride(0), x.stride(1), cdiv(k, 128),
+                                             SUB_M=sub_m, SUB_K=sub_k, num_warps=warps)
+    return y, s, yt, s.t().contiguous()
+
+
 def _act_outputs(x):
     m, k = x.shape
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
@@ -179,6 +285,49 @@ def same(a, b) -> bool:
     return all(torch.equal(raw(u), raw(v)) for u, v in zip(a, b, strict=True))
 
 
+def transpose_rows(m: int, k: int) -> list[dict]:
+    """The along-M cast with its exchange on BF16, and without it; the weight cast with its chunks transposed as
+    BF16 before Yᵀ is quantized."""
+    rows: list[dict] = []
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    n = x.numel()
+    along_one = 3 * n + 4 * cdiv(m, 128) * k
+    weight = 4 * n + 4 * cdiv(m, 128) * cdiv(k, 128)
+    copies = {b: copy_gbps(torch.device("cuda"), b // 2, 0.0, timer=CAST_TIMER) for b in (along_one, weight)}
+    ref_a = qb.quantize_blockwise_both(x)[2:]
+    ref_w = qb.quantize_blockwise_both(x, weight=True)
+    cases = [("along-m kernels/ k64 w4", lambda: along_m_call(x, 64, 4), along_one, ref_a)]
+    for mode, name in ((0, "no exchange (wrong Yᵀ)"), (3, "bf16 exchange")):
+        for bk, w in ((32, 4), (64, 4), (64, 8)):
+            cases.append((f"along-m {name} k{bk} w{w}", lambda bk=bk, w=w, mode=mode: along_m_pre_call(x, bk, w, mode),
+                          along_one, ref_a if mode else None))
+    act_4n = 4 * n + 4 * cdiv(k, 128) * m + 4 * cdiv(m, 128) * k
+    copies[act_4n] = copy_gbps(torch.device("cuda"), act_4n // 2, 0.0, timer=CAST_TIMER)
+    ref_both = qb.quantize_blockwise_both(x)
+    cases.append(("activation kernels/ (4n counted)", lambda: qb.quantize_blockwise_both(x), act_4n, None))
+    for w in (8, 16):
+        cases.append((f"activation tile both w{w} (4n)", lambda w=w: tile_both_call(x, w), act_4n, ref_both))
+    cases.append(("weight kernels/ m64 k64 w8", lambda: weight_call(x, 64, 64, 8), weight, ref_w))
+    for sm, sk, w in ((64, 64, 8), (32, 64, 8), (64, 32, 4), (64, 64, 4)):
+        cases.append((f"weight bf16 exchange m{sm} k{sk} w{w}", lambda sm=sm, sk=sk, w=w: weight_pre_call(x, sm, sk, w),
+                      weight, ref_w))
+    for name, fn, nbytes, ref in cases:
+        try:
+            ok = None if ref is None else same(fn(), ref)
+            eager = time_fn(fn, **CAST_TIMER).median_ms
+            graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
+            pct = 100 * (nbytes / graph / 1e6) / copies[nbytes]
+            row = {"shape": [m, k], "family": "transpose", "variant": name, "eager_us": 1e3 * eager,
+                   "graph_us": 1e3 * graph, "bit_exact": ok, "graph_pct_of_same_bytes_copy": pct}
+            print(f"{m}x{k} {name:>40}: eager {1e3 * eager:6.1f} µs graph {1e3 * graph:6.1f} µs ({pct:5.1f}% of a "
+                  f"same-bytes copy); exact={ok}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is recorded, the rest run
+            row = {"shape": [m, k], "family": "transpose", "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            print(f"{m}x{k} {name:>40}: {row['error']}", flush=True)
+        rows.append(row)
+    return rows
+
+
 def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
     rows: list[dict] = []
     x = torch.randn(m, k, device="cuda").bfloat16()
@@ -232,14 +381,14 @@ def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
     return rows
 
 
-def main(out_path: str, everything: bool = True) -> None:
+def main(out_path: str, everything: bool = True, transposes: bool = False) -> None:
     rows = []
     for m, k in SHAPES:
-        rows += shape_rows(m, k, everything)
+        rows += transpose_rows(m, k) if transposes else shape_rows(m, k, everything)
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--activation-only" not in sys.argv[2:])
+    main(sys.argv[1], "--activation-only" not in sys.argv[2:], "--transposes" in sys.argv[2:])
