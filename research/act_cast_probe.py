@@ -23,7 +23,8 @@ recorded cast line counts it at 7a1f962) and 4n+scales (X read once: what the al
 Usage on the GPU box: python3 research/act_cast_probe.py OUT.json [--activation-only] (the second: the
 interleaved, row-chunk and K-first forms with one along-M and the two-kernel reference; no weight configs)
 [--transposes] (only: the along-M and weight casts with their transposing exchange done on BF16 values before
-quantizing, and the along-M cast without it)
+quantizing, and the along-M cast without it) [--grid-order] (only: the along-M and weight casts with the grid's
+first axis along K)
 """
 
 from __future__ import annotations
@@ -193,6 +194,63 @@ def act_tile_both(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k,
     tl.store(st_ptr + cols * st_sk + pm * st_sm, exact_rcp(t_scale), mask=cols < K)
 
 
+@triton.jit
+def along_m_k_fast(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st_sk, st_sm, BLOCK_K: tl.constexpr):
+    # kernels/'s along-M cast with the grid's first axis along K: programs launched together take neighbouring
+    # column blocks of one 128-row band (long runs of each row), not one column block of neighbouring bands
+    pk, pm = tl.program_id(0), tl.program_id(1)
+    rows = pm * 128 + tl.arange(0, 128)
+    cols = pk * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
+    scale = e4m3_scale(tl.max(tl.abs(x), axis=0))
+    tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(scale_to_e4m3(x, scale[None, :])), mask=tl.trans(mask))
+    tl.store(st_ptr + cols * st_sk + pm * st_sm, exact_rcp(scale), mask=cols < K)
+
+
+@triton.jit
+def weight_k_fast(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups, SUB_M: tl.constexpr,
+                  SUB_K: tl.constexpr):
+    # kernels/'s weight cast with the grid's first axis along K (as along_m_k_fast)
+    pk, pm = tl.program_id(0), tl.program_id(1)
+    cols = pk * 128 + tl.arange(0, 128)
+    amax = tl.zeros((SUB_M, 128), dtype=tl.float32)
+    for r in tl.range(0, 128, SUB_M):
+        rows = pm * 128 + r + tl.arange(0, SUB_M)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    scale = e4m3_scale(tl.max(tl.max(amax, axis=1), axis=0))
+    rows = pm * 128 + tl.arange(0, 128)
+    for c in tl.range(0, 128, SUB_K):
+        chunk = pk * 128 + c + tl.arange(0, SUB_K)
+        mask = (rows[:, None] < M) & (chunk[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + chunk[None, :] * stride_k, mask=mask, other=0.0)
+        q = scale_to_e4m3(x.to(tl.float32), scale)
+        tl.store(y_ptr + rows[:, None] * K + chunk[None, :], q, mask=mask)
+        tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+    tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
+
+
+def along_m_k_fast_call(x, block_k, warps):
+    m, k = x.shape
+    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
+    st = qb.m_major_empty(k, cdiv(m, 128), x.device)
+    along_m_k_fast[(cdiv(k, block_k), cdiv(m, 128))](x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0),
+                                                      st.stride(1), BLOCK_K=block_k, num_warps=warps)
+    return yt, st
+
+
+def weight_k_fast_call(x, sub_m, sub_k, warps):
+    m, k = x.shape
+    y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
+    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
+    s = torch.empty((cdiv(m, 128), cdiv(k, 128)), device=x.device, dtype=torch.float32)
+    weight_k_fast[(cdiv(k, 128), cdiv(m, 128))](x, y, yt, s, m, k, x.stride(0), x.stride(1), cdiv(k, 128),
+                                                SUB_M=sub_m, SUB_K=sub_k, num_warps=warps)
+    return y, s, yt, s.t().contiguous()
+
+
 def tile_both_call(x, warps):
     m, k = x.shape
     y, s, yt, st = _act_outputs(x)
@@ -283,6 +341,45 @@ def same(a, b) -> bool:
     def raw(t):
         return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
     return all(torch.equal(raw(u), raw(v)) for u, v in zip(a, b, strict=True))
+
+
+def grid_order_rows(m: int, k: int) -> list[dict]:
+    """The along-M and weight casts with the grid's first axis along K, beside kernels/'s (along M)."""
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    n = x.numel()
+    along_one = 3 * n + 4 * cdiv(m, 128) * k
+    weight = 4 * n + 4 * cdiv(m, 128) * cdiv(k, 128)
+    ref_a = qb.quantize_blockwise_both(x)[2:]
+    ref_w = qb.quantize_blockwise_both(x, weight=True)
+    cases = [("along-m kernels/ k64 w4", lambda: along_m_call(x, 64, 4), along_one, ref_a)]
+    for bk, w in ((32, 2), (32, 4), (64, 4), (64, 8)):
+        cases.append((f"along-m k-fast grid k{bk} w{w}", lambda bk=bk, w=w: along_m_k_fast_call(x, bk, w), along_one,
+                      ref_a))
+    cases.append(("weight kernels/ m64 k64 w8", lambda: weight_call(x, 64, 64, 8), weight, ref_w))
+    for sm, sk, w in ((64, 64, 8), (32, 64, 8), (64, 64, 4)):
+        cases.append((f"weight k-fast grid m{sm} k{sk} w{w}", lambda sm=sm, sk=sk, w=w: weight_k_fast_call(x, sm, sk, w),
+                      weight, ref_w))
+    return _timed_cases(m, k, "grid order", cases)
+
+
+def _timed_cases(m: int, k: int, family: str, cases: list) -> list[dict]:
+    copies = {b: copy_gbps(torch.device("cuda"), b // 2, 0.0, timer=CAST_TIMER) for b in {c[2] for c in cases}}
+    rows = []
+    for name, fn, nbytes, ref in cases:
+        try:
+            ok = None if ref is None else same(fn(), ref)
+            eager = time_fn(fn, **CAST_TIMER).median_ms
+            graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
+            pct = 100 * (nbytes / graph / 1e6) / copies[nbytes]
+            row = {"shape": [m, k], "family": family, "variant": name, "eager_us": 1e3 * eager,
+                   "graph_us": 1e3 * graph, "bit_exact": ok, "graph_pct_of_same_bytes_copy": pct}
+            print(f"{m}x{k} {name:>40}: eager {1e3 * eager:6.1f} µs graph {1e3 * graph:6.1f} µs ({pct:5.1f}% of a "
+                  f"same-bytes copy); exact={ok}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is recorded, the rest run
+            row = {"shape": [m, k], "family": family, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            print(f"{m}x{k} {name:>40}: {row['error']}", flush=True)
+        rows.append(row)
+    return rows
 
 
 def transpose_rows(m: int, k: int) -> list[dict]:
@@ -381,14 +478,17 @@ def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
     return rows
 
 
-def main(out_path: str, everything: bool = True, transposes: bool = False) -> None:
+def main(out_path: str, everything: bool = True, transposes: bool = False, grid_order: bool = False) -> None:
     rows = []
     for m, k in SHAPES:
-        rows += transpose_rows(m, k) if transposes else shape_rows(m, k, everything)
+        if grid_order:
+            rows += grid_order_rows(m, k)
+        else:
+            rows += transpose_rows(m, k) if transposes else shape_rows(m, k, everything)
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--activation-only" not in sys.argv[2:], "--transposes" in sys.argv[2:])
+    main(sys.argv[1], "--activation-only" not in sys.argv[2:], "--transposes" in sys.argv[2:], "--grid-order" in sys.argv[2:])
