@@ -20,6 +20,11 @@ Variants, each checked bit for bit against `kernels/` and timed as `scripts/reci
 Each time is given with both byte counts of an activation's cast: 6n+scales (X read once per layout, as the
 recorded cast line counts it at 7a1f962) and 4n+scales (X read once: what the algorithm must move).
 
+The two weight forms ran at 9d358f8 and d1d4a3c as two kernels, the K-first and K-fast-grid along-M forms at
+5b7e0e6 and d1d4a3c as two more; since then each pair is one kernel's flags (`weight_variant`,
+`along_m_variant`), the same code (bit for bit under the interpreter, the same shared-memory instructions
+compiled for sm_90).
+
 Usage on the GPU box: python3 research/act_cast_probe.py OUT.json [--activation-only] (the second: the
 interleaved, row-chunk and K-first forms with one along-M and the two-kernel reference; no weight configs)
 [--transposes] (only: the along-M and weight casts with their transposing exchange done on BF16 values before
@@ -81,16 +86,29 @@ def act_interleaved(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_
 
 
 @triton.jit
-def along_m_kt(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st_sk, st_sm, BLOCK_K: tl.constexpr):
-    # the along-M cast with X's tile addressed as [BLOCK_K, 128] (K first): the group's reduction runs along the
-    # second axis and the store to Yᵀ [K, M] needs no transpose in the program
-    pm, pk = tl.program_id(0), tl.program_id(1)
+def along_m_variant(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st_sk, st_sm, BLOCK_K: tl.constexpr,
+                    K_FIRST: tl.constexpr, K_FAST_GRID: tl.constexpr):
+    # kernels/'s along-M cast, with X's tile addressed as [BLOCK_K, 128] (K_FIRST: the group's reduction runs
+    # along the second axis and the store to Yᵀ [K, M] needs no transpose in the program), or with the grid's
+    # first axis along K (K_FAST_GRID: programs launched together take neighbouring column blocks of one 128-row
+    # band, long runs of each row, not one column block of neighbouring bands)
+    if K_FAST_GRID:
+        pk, pm = tl.program_id(0), tl.program_id(1)
+    else:
+        pm, pk = tl.program_id(0), tl.program_id(1)
     rows = pm * 128 + tl.arange(0, 128)
     cols = pk * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (cols[:, None] < K) & (rows[None, :] < M)
-    x = tl.load(x_ptr + cols[:, None] * stride_k + rows[None, :] * stride_m, mask=mask, other=0.0).to(tl.float32)
-    scale = e4m3_scale(tl.max(tl.abs(x), axis=1))
-    tl.store(yt_ptr + cols[:, None] * M + rows[None, :], scale_to_e4m3(x, scale[:, None]), mask=mask)
+    if K_FIRST:
+        kmask = (cols[:, None] < K) & (rows[None, :] < M)
+        xk = tl.load(x_ptr + cols[:, None] * stride_k + rows[None, :] * stride_m, mask=kmask, other=0.0).to(tl.float32)
+        scale = e4m3_scale(tl.max(tl.abs(xk), axis=1))
+        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], scale_to_e4m3(xk, scale[:, None]), mask=kmask)
+    else:
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
+        scale = e4m3_scale(tl.max(tl.abs(x), axis=0))
+        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(scale_to_e4m3(x, scale[None, :])),
+                 mask=tl.trans(mask))
     tl.store(st_ptr + cols * st_sk + pm * st_sm, exact_rcp(scale), mask=cols < K)
 
 
@@ -152,10 +170,15 @@ def along_m_pre(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st_sk, st_sm, B
 
 
 @triton.jit
-def weight_pre(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups, SUB_M: tl.constexpr,
-               SUB_K: tl.constexpr):
-    # kernels/'s weight cast with each column chunk transposed as BF16 before its Yᵀ is quantized
-    pm, pk = tl.program_id(0), tl.program_id(1)
+def weight_variant(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups, SUB_M: tl.constexpr,
+                   SUB_K: tl.constexpr, K_FAST: tl.constexpr, BF16_EXCHANGE: tl.constexpr):
+    # kernels/'s weight cast, with the grid's first axis along K (K_FAST: programs launched together take
+    # neighbouring column blocks of one 128-row band) or each column chunk transposed as BF16 before its Yᵀ is
+    # quantized (BF16_EXCHANGE)
+    if K_FAST:
+        pk, pm = tl.program_id(0), tl.program_id(1)
+    else:
+        pm, pk = tl.program_id(0), tl.program_id(1)
     cols = pk * 128 + tl.arange(0, 128)
     amax = tl.zeros((SUB_M, 128), dtype=tl.float32)
     for r in tl.range(0, 128, SUB_M):
@@ -169,9 +192,13 @@ def weight_pre(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups, 
         chunk = pk * 128 + c + tl.arange(0, SUB_K)
         mask = (rows[:, None] < M) & (chunk[None, :] < K)
         x = tl.load(x_ptr + rows[:, None] * stride_m + chunk[None, :] * stride_k, mask=mask, other=0.0)
-        tl.store(y_ptr + rows[:, None] * K + chunk[None, :], scale_to_e4m3(x.to(tl.float32), scale), mask=mask)
-        tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], scale_to_e4m3(tl.trans(x).to(tl.float32), scale),
-                 mask=tl.trans(mask))
+        q = scale_to_e4m3(x.to(tl.float32), scale)
+        tl.store(y_ptr + rows[:, None] * K + chunk[None, :], q, mask=mask)
+        if BF16_EXCHANGE:
+            tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], scale_to_e4m3(tl.trans(x).to(tl.float32), scale),
+                     mask=tl.trans(mask))
+        else:
+            tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
     tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
 
 
@@ -194,60 +221,14 @@ def act_tile_both(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k,
     tl.store(st_ptr + cols * st_sk + pm * st_sm, exact_rcp(t_scale), mask=cols < K)
 
 
-@triton.jit
-def along_m_k_fast(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st_sk, st_sm, BLOCK_K: tl.constexpr):
-    # kernels/'s along-M cast with the grid's first axis along K: programs launched together take neighbouring
-    # column blocks of one 128-row band (long runs of each row), not one column block of neighbouring bands
-    pk, pm = tl.program_id(0), tl.program_id(1)
-    rows = pm * 128 + tl.arange(0, 128)
-    cols = pk * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (rows[:, None] < M) & (cols[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-    scale = e4m3_scale(tl.max(tl.abs(x), axis=0))
-    tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(scale_to_e4m3(x, scale[None, :])), mask=tl.trans(mask))
-    tl.store(st_ptr + cols * st_sk + pm * st_sm, exact_rcp(scale), mask=cols < K)
-
-
-@triton.jit
-def weight_k_fast(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups, SUB_M: tl.constexpr,
-                  SUB_K: tl.constexpr):
-    # kernels/'s weight cast with the grid's first axis along K (as along_m_k_fast)
-    pk, pm = tl.program_id(0), tl.program_id(1)
-    cols = pk * 128 + tl.arange(0, 128)
-    amax = tl.zeros((SUB_M, 128), dtype=tl.float32)
-    for r in tl.range(0, 128, SUB_M):
-        rows = pm * 128 + r + tl.arange(0, SUB_M)
-        mask = (rows[:, None] < M) & (cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    scale = e4m3_scale(tl.max(tl.max(amax, axis=1), axis=0))
-    rows = pm * 128 + tl.arange(0, 128)
-    for c in tl.range(0, 128, SUB_K):
-        chunk = pk * 128 + c + tl.arange(0, SUB_K)
-        mask = (rows[:, None] < M) & (chunk[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * stride_m + chunk[None, :] * stride_k, mask=mask, other=0.0)
-        q = scale_to_e4m3(x.to(tl.float32), scale)
-        tl.store(y_ptr + rows[:, None] * K + chunk[None, :], q, mask=mask)
-        tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
-    tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
-
-
-def along_m_k_fast_call(x, block_k, warps):
-    m, k = x.shape
-    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
-    st = qb.m_major_empty(k, cdiv(m, 128), x.device)
-    along_m_k_fast[(cdiv(k, block_k), cdiv(m, 128))](x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0),
-                                                      st.stride(1), BLOCK_K=block_k, num_warps=warps)
-    return yt, st
-
-
-def weight_k_fast_call(x, sub_m, sub_k, warps):
+def weight_variant_call(x, sub_m, sub_k, warps, k_fast=False, bf16_exchange=False):
     m, k = x.shape
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
     yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
     s = torch.empty((cdiv(m, 128), cdiv(k, 128)), device=x.device, dtype=torch.float32)
-    weight_k_fast[(cdiv(k, 128), cdiv(m, 128))](x, y, yt, s, m, k, x.stride(0), x.stride(1), cdiv(k, 128),
-                                                SUB_M=sub_m, SUB_K=sub_k, num_warps=warps)
+    grid = (cdiv(k, 128), cdiv(m, 128)) if k_fast else (cdiv(m, 128), cdiv(k, 128))
+    weight_variant[grid](x, y, yt, s, m, k, x.stride(0), x.stride(1), cdiv(k, 128), SUB_M=sub_m, SUB_K=sub_k,
+                         K_FAST=k_fast, BF16_EXCHANGE=bf16_exchange, num_warps=warps)
     return y, s, yt, s.t().contiguous()
 
 
@@ -267,16 +248,6 @@ def along_m_pre_call(x, block_k, warps, mode):
     along_m_pre[(cdiv(m, 128), cdiv(k, block_k))](x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0),
                                                   st.stride(1), BLOCK_K=block_k, MODE=mode, num_warps=warps)
     return yt, st
-
-
-def weight_pre_call(x, sub_m, sub_k, warps):
-    m, k = x.shape
-    y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
-    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
-    s = torch.empty((cdiv(m, 128), cdiv(k, 128)), device=x.device, dtype=torch.float32)
-    weight_pre[(cdiv(m, 128), cdiv(k, 128))](x, y, yt, s, m, k, x.stride(0), x.stride(1), cdiv(k, 128),
-                                             SUB_M=sub_m, SUB_K=sub_k, num_warps=warps)
-    return y, s, yt, s.t().contiguous()
 
 
 def _act_outputs(x):
@@ -317,12 +288,13 @@ def along_m_call(x, block_k, warps):
     return yt, st
 
 
-def along_m_kt_call(x, block_k, warps):
+def along_m_variant_call(x, block_k, warps, k_first=False, k_fast_grid=False):
     m, k = x.shape
     yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
     st = qb.m_major_empty(k, cdiv(m, 128), x.device)
-    along_m_kt[(cdiv(m, 128), cdiv(k, block_k))](x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0),
-                                                 st.stride(1), BLOCK_K=block_k, num_warps=warps)
+    grid = (cdiv(k, block_k), cdiv(m, 128)) if k_fast_grid else (cdiv(m, 128), cdiv(k, block_k))
+    along_m_variant[grid](x, yt, st, m, k, x.stride(0), x.stride(1), st.stride(0), st.stride(1), BLOCK_K=block_k,
+                          K_FIRST=k_first, K_FAST_GRID=k_fast_grid, num_warps=warps)
     return yt, st
 
 
@@ -343,21 +315,28 @@ def same(a, b) -> bool:
     return all(torch.equal(raw(u), raw(v)) for u, v in zip(a, b, strict=True))
 
 
-def grid_order_rows(m: int, k: int) -> list[dict]:
-    """The along-M and weight casts with the grid's first axis along K, beside kernels/'s (along M)."""
+def _along_m_and_weight(m: int, k: int):
+    """X, the bytes of the along-M cast alone and of the weight cast, their kernels/ outputs, and the along-M
+    kernels/ case every comparison starts from."""
     x = torch.randn(m, k, device="cuda").bfloat16()
     n = x.numel()
     along_one = 3 * n + 4 * cdiv(m, 128) * k
     weight = 4 * n + 4 * cdiv(m, 128) * cdiv(k, 128)
     ref_a = qb.quantize_blockwise_both(x)[2:]
     ref_w = qb.quantize_blockwise_both(x, weight=True)
-    cases = [("along-m kernels/ k64 w4", lambda: along_m_call(x, 64, 4), along_one, ref_a)]
+    return x, along_one, weight, ref_a, ref_w, [("along-m kernels/ k64 w4", lambda: along_m_call(x, 64, 4), along_one,
+                                                 ref_a)]
+
+
+def grid_order_rows(m: int, k: int) -> list[dict]:
+    """The along-M and weight casts with the grid's first axis along K, beside kernels/'s (along M)."""
+    x, along_one, weight, ref_a, ref_w, cases = _along_m_and_weight(m, k)
     for bk, w in ((32, 2), (32, 4), (64, 4), (64, 8)):
-        cases.append((f"along-m k-fast grid k{bk} w{w}", lambda bk=bk, w=w: along_m_k_fast_call(x, bk, w), along_one,
-                      ref_a))
+        cases.append((f"along-m k-fast grid k{bk} w{w}",
+                      lambda bk=bk, w=w: along_m_variant_call(x, bk, w, k_fast_grid=True), along_one, ref_a))
     cases.append(("weight kernels/ m64 k64 w8", lambda: weight_call(x, 64, 64, 8), weight, ref_w))
     for sm, sk, w in ((64, 64, 8), (32, 64, 8), (64, 64, 4)):
-        cases.append((f"weight k-fast grid m{sm} k{sk} w{w}", lambda sm=sm, sk=sk, w=w: weight_k_fast_call(x, sm, sk, w),
+        cases.append((f"weight k-fast grid m{sm} k{sk} w{w}", lambda sm=sm, sk=sk, w=w: weight_variant_call(x, sm, sk, w, k_fast=True),
                       weight, ref_w))
     return _timed_cases(m, k, "grid order", cases)
 
@@ -385,44 +364,21 @@ def _timed_cases(m: int, k: int, family: str, cases: list) -> list[dict]:
 def transpose_rows(m: int, k: int) -> list[dict]:
     """The along-M cast with its exchange on BF16, and without it; the weight cast with its chunks transposed as
     BF16 before Yᵀ is quantized."""
-    rows: list[dict] = []
-    x = torch.randn(m, k, device="cuda").bfloat16()
-    n = x.numel()
-    along_one = 3 * n + 4 * cdiv(m, 128) * k
-    weight = 4 * n + 4 * cdiv(m, 128) * cdiv(k, 128)
-    copies = {b: copy_gbps(torch.device("cuda"), b // 2, 0.0, timer=CAST_TIMER) for b in (along_one, weight)}
-    ref_a = qb.quantize_blockwise_both(x)[2:]
-    ref_w = qb.quantize_blockwise_both(x, weight=True)
-    cases = [("along-m kernels/ k64 w4", lambda: along_m_call(x, 64, 4), along_one, ref_a)]
+    x, along_one, weight, ref_a, ref_w, cases = _along_m_and_weight(m, k)
     for mode, name in ((0, "no exchange (wrong Yᵀ)"), (3, "bf16 exchange")):
         for bk, w in ((32, 4), (64, 4), (64, 8)):
             cases.append((f"along-m {name} k{bk} w{w}", lambda bk=bk, w=w, mode=mode: along_m_pre_call(x, bk, w, mode),
                           along_one, ref_a if mode else None))
-    act_4n = 4 * n + 4 * cdiv(k, 128) * m + 4 * cdiv(m, 128) * k
-    copies[act_4n] = copy_gbps(torch.device("cuda"), act_4n // 2, 0.0, timer=CAST_TIMER)
+    act_4n = 4 * x.numel() + 4 * cdiv(k, 128) * m + 4 * cdiv(m, 128) * k
     ref_both = qb.quantize_blockwise_both(x)
     cases.append(("activation kernels/ (4n counted)", lambda: qb.quantize_blockwise_both(x), act_4n, None))
     for w in (8, 16):
         cases.append((f"activation tile both w{w} (4n)", lambda w=w: tile_both_call(x, w), act_4n, ref_both))
     cases.append(("weight kernels/ m64 k64 w8", lambda: weight_call(x, 64, 64, 8), weight, ref_w))
     for sm, sk, w in ((64, 64, 8), (32, 64, 8), (64, 32, 4), (64, 64, 4)):
-        cases.append((f"weight bf16 exchange m{sm} k{sk} w{w}", lambda sm=sm, sk=sk, w=w: weight_pre_call(x, sm, sk, w),
-                      weight, ref_w))
-    for name, fn, nbytes, ref in cases:
-        try:
-            ok = None if ref is None else same(fn(), ref)
-            eager = time_fn(fn, **CAST_TIMER).median_ms
-            graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
-            pct = 100 * (nbytes / graph / 1e6) / copies[nbytes]
-            row = {"shape": [m, k], "family": "transpose", "variant": name, "eager_us": 1e3 * eager,
-                   "graph_us": 1e3 * graph, "bit_exact": ok, "graph_pct_of_same_bytes_copy": pct}
-            print(f"{m}x{k} {name:>40}: eager {1e3 * eager:6.1f} µs graph {1e3 * graph:6.1f} µs ({pct:5.1f}% of a "
-                  f"same-bytes copy); exact={ok}", flush=True)
-        except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is recorded, the rest run
-            row = {"shape": [m, k], "family": "transpose", "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
-            print(f"{m}x{k} {name:>40}: {row['error']}", flush=True)
-        rows.append(row)
-    return rows
+        cases.append((f"weight bf16 exchange m{sm} k{sk} w{w}",
+                      lambda sm=sm, sk=sk, w=w: weight_variant_call(x, sm, sk, w, bf16_exchange=True), weight, ref_w))
+    return _timed_cases(m, k, "transpose", cases)
 
 
 def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
@@ -461,7 +417,7 @@ def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
         record("activation", f"along-m alone k{bk} w{w}", lambda bk=bk, w=w: along_m_call(x, bk, w), (along_one,),
                ref_a[2:])
     for bk, w in ((16, 2), (32, 2), (32, 4), (64, 4), (64, 8)):
-        record("activation", f"along-m k-first k{bk} w{w}", lambda bk=bk, w=w: along_m_kt_call(x, bk, w),
+        record("activation", f"along-m k-first k{bk} w{w}", lambda bk=bk, w=w: along_m_variant_call(x, bk, w, k_first=True),
                (along_one,), ref_a[2:])
     for bm, bk, w in ((16, 32, 4), (32, 32, 4), (32, 64, 4), (64, 64, 8), (64, 32, 8), (32, 64, 8), (16, 16, 4)):
         record("activation", f"interleaved m{bm} k{bk} w{w}", lambda bm=bm, bk=bk, w=w: interleaved_call(x, bm, bk, w),
