@@ -76,6 +76,20 @@ cast_variant_probe_f5e8879.json): 64x64 chunks at 8 warps took 30.3-142.0 µs fr
 block held in registers and stored with its transpose took 35.6-189.0 µs. At 4 warps the chunks spill."""
 
 
+@triton.jit
+def block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M: tl.constexpr):
+    """max|x| over the 128x128 block (pm, pk) of X, read in row chunks [SUB_M, 128] with only a running max held
+    (the first pass of the two-layout weight cast; research/ probes time other second passes after it)."""
+    cols = pk * 128 + tl.arange(0, 128)
+    amax = tl.zeros((SUB_M, 128), dtype=tl.float32)
+    for r in tl.range(0, 128, SUB_M):
+        rows = pm * 128 + r + tl.arange(0, SUB_M)
+        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    return tl.max(tl.max(amax, axis=1), axis=0)
+
+
 @triton.autotune(configs=BOTH_LAYOUTS_CONFIGS, key=["M", "K", "POW2"], do_bench=steady_do_bench)
 @triton.jit
 def _quantize_128x128_both_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
@@ -85,14 +99,7 @@ def _quantize_128x128_both_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, s
     # column chunks [128, SUB_K], each stored as is and transposed. The whole block in registers with its
     # transposed store took 17-33% more time (at 4 warps it spilled).
     pm, pk = tl.program_id(0), tl.program_id(1)
-    cols = pk * 128 + tl.arange(0, 128)
-    amax = tl.zeros((SUB_M, 128), dtype=tl.float32)
-    for r in tl.range(0, 128, SUB_M):
-        rows = pm * 128 + r + tl.arange(0, SUB_M)
-        mask = (rows[:, None] < M) & (cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    scale = e4m3_scale(tl.max(tl.max(amax, axis=1), axis=0))
+    scale = e4m3_scale(block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M))
     if POW2:
         scale = pow2_floor(scale)
     rows = pm * 128 + tl.arange(0, 128)

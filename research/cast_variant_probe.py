@@ -90,13 +90,7 @@ def weight_rows_passes(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_
     # column-chunk pass is the kernel in kernels/, run below at each chunk config.)
     pm, pk = tl.program_id(0), tl.program_id(1)
     cols = pk * 128 + tl.arange(0, 128)
-    amax = tl.zeros([SUB_M, 128], dtype=tl.float32)
-    for r in tl.range(0, 128, SUB_M):
-        rows = pm * 128 + r + tl.arange(0, SUB_M)
-        mask = (rows[:, None] < M) & (cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    scale = e4m3_scale(tl.max(tl.max(amax, axis=1), axis=0))
+    scale = e4m3_scale(qb.block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M))
     for r in tl.range(0, 128, SUB_M):
         rows = pm * 128 + r + tl.arange(0, SUB_M)
         mask = (rows[:, None] < M) & (cols[None, :] < K)
