@@ -557,6 +557,27 @@ def test_both_layouts_are_each_layouts_own_quantization_bit_for_bit(k, m, n, wei
         assert s.stride(0) == 1 and st.stride(0) == 1
 
 
+@pytest.mark.parametrize("pow2", [False, True], ids=["exact", "pow2"])
+@pytest.mark.parametrize("m,n", SHAPES + [pytest.param(8200, 4112, marks=pytest.mark.gpu) if CUDA else (257, 130)])
+def test_every_weight_cast_config_writes_both_layouts_bit_for_bit(k, m, n, pow2):
+    """On a GPU the autotuner runs one of `BOTH_LAYOUTS_CONFIGS` per shape, the only one the test above then
+    checks: each config, launched by itself, writes Y, Yᵀ and the block scales bit for bit as the reference."""
+    mod = k.quantize_blockwise
+    x = data(m, n)
+    ry, rs = mod.quantize_blockwise_reference(x, (128, 128), pow2)
+    rty, _ = mod.quantize_blockwise_reference(x.t().contiguous(), (128, 128), pow2)
+    groups = -(-n // 128)
+    for config in mod.BOTH_LAYOUTS_CONFIGS:
+        y = torch.empty((m, n), device=DEV, dtype=torch.float8_e4m3fn)
+        yt = torch.empty((n, m), device=DEV, dtype=torch.float8_e4m3fn)
+        s = torch.empty((-(-m // 128), groups), device=DEV, dtype=torch.float32)
+        mod._quantize_128x128_both_kernel.fn[(s.shape[0], groups)](
+            x, y, yt, s, m, n, x.stride(0), x.stride(1), groups, POW2=pow2, num_warps=config.num_warps,
+            **config.kwargs)
+        assert torch.equal(bits(y), bits(ry)) and torch.equal(bits(yt), bits(rty)), config
+        assert torch.equal(s, rs), config
+
+
 @pytest.mark.parametrize("m,n,kk", GEMMS + [pytest.param(4112, 1040, 2064, marks=pytest.mark.gpu) if CUDA else (136, 72, 208)])
 def test_wgrad_gemm_matches_the_dequantized_reference(k, m, n, kk):
     """Both operands 1x128 along K, each group's scales an outer product: a scale applied per 128 columns
