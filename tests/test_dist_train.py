@@ -48,6 +48,7 @@ def test_a_failing_rank_fails_the_case_not_the_sweep(tmp_path):
     records = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
     assert [r.status for r in records] == ["failed"]
     assert "torchrun with 2 ranks exited" in records[0].reason
+    assert "CorpusError" in records[0].reason  # the ranks' own error, not only torchrun's closing summary
     shard = next((tmp_path / "r").glob("shard-*.jsonl"))
     assert json.loads(shard.read_text().splitlines()[0])["status"] == "failed"
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -81,14 +82,27 @@ def run(case: CaseInput) -> CaseOutput:
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                               preexec_fn=die_with_parent)  # resolved before the fork
         if proc.returncode != 0 or not result.is_file():
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
-            raise RuntimeError(f"torchrun with {t.nproc} ranks exited {proc.returncode}: {tail}")
+            raise RuntimeError(f"torchrun with {t.nproc} ranks exited {proc.returncode}: "
+                               f"{failure_lines(proc.stderr or proc.stdout)}")
         res = json.loads(result.read_text())
     out = CaseOutput([Metric.of(k, v) for k, v in res["metrics"].items()], res["samples"],
                      ran=case.backend.kernels("train", case.recipe, case.device))
     if res.get("diverged") is not None:
         raise Diverged(f"{res['diverged']} (the mean over {t.nproc} ranks)", out)
     return out
+
+
+_CAUSE = re.compile(r"(Error|Exception|terminate called|what\(\)|Signal \d+|signal \d+)")
+
+
+def failure_lines(output: str, causes: int = 6, tail: int = 6) -> str:
+    """What a failed torchrun printed that says why: the ranks' own error lines (their exceptions, a C++
+    `terminate called ... what(): ...` before a SIGABRT), which its closing summary pushes out of a plain tail,
+    then that summary's last lines."""
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    end = lines[-tail:]
+    cause = [line for line in lines[:-tail] if _CAUSE.search(line)][-causes:]
+    return "\n".join([*cause, *(["..."] if cause else []), *end])
 
 
 def _parent_death_signal():
