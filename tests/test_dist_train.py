@@ -69,3 +69,36 @@ def test_fsdp2_float8_on_two_gpus_tracks_bf16(tmp_path, all_gather):
     assert fp8.case_id.endswith(".torchao") and ("fp8ag" in fp8.case_id) == all_gather
     assert fp8.metric("loss_final") == pytest.approx(bf16.metric("loss_final"), rel=0.05)
     assert len(fp8.samples["peak_mem_rank_bytes"]) == 2 and fp8.metric("tokens_per_s") > 0
+
+
+def test_a_rank_abort_reason_names_its_cause_and_the_root_rank():
+    """The shape of torchrun's output when a gloo rank aborts (SIGABRT): the rank's C++ terminate message, a
+    Python traceback of torchrun's own, then its summary; the reason keeps the first (with its what()) and the
+    summary's rank and exit code, not the ChildFailedError lines or the source line."""
+    from fp8bench.workloads.train.distributed import failure_lines
+
+    output = "\n".join([
+        "terminate called after throwing an instance of 'gloo::IoException'",
+        "  what():  [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:45327",
+        "Traceback (most recent call last):",
+        '    raise ChildFailedError(',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "============================================================",
+        "fp8bench.workloads.train.rank FAILED",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2026-12-03_15:01:02",
+        "  host      : ci",
+        "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : -6 (pid: 29154)",
+        "  error_file: <N/A>",
+        "  traceback : Signal 6 (SIGABRT) received by PID 29154",
+        "============================================================",
+    ])
+    reason = failure_lines(output)
+    assert reason.splitlines() == [
+        "terminate called after throwing an instance of 'gloo::IoException'",
+        "what():  [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:45327",
+        "rank      : 1 (local_rank: 1)",
+        "exitcode  : -6 (pid: 29154)",
+    ]

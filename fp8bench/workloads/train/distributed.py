@@ -93,16 +93,27 @@ def run(case: CaseInput) -> CaseOutput:
 
 
 _CAUSE = re.compile(r"(Error|Exception|terminate called|what\(\)|Signal \d+|signal \d+)")
+_RANK = re.compile(r"^\[rank\d+\]:\s?")
+_ROOT = re.compile(r"^\s*(rank|exitcode)\s*:")
 
 
-def failure_lines(output: str, causes: int = 6, tail: int = 6) -> str:
-    """What a failed torchrun printed that says why: the ranks' own error lines (their exceptions, a C++
-    `terminate called ... what(): ...` before a SIGABRT), which its closing summary pushes out of a plain tail,
-    then that summary's last lines."""
+def failure_lines(output: str, causes: int = 3, tail: int = 4) -> str:
+    """What a failed torchrun printed that says why, short enough for a record's reason: the ranks' own error
+    lines (their exceptions, a C++ `terminate called ... what(): ...` before a SIGABRT), each message once
+    whichever rank printed it, which torchrun's closing summary pushes out of a plain tail; then that summary's
+    root cause (rank and exit code). Traceback source lines and torchrun's own ChildFailedError are left out."""
     lines = [line for line in output.strip().splitlines() if line.strip()]
-    end = lines[-tail:]
-    cause = [line for line in lines[:-tail] if _CAUSE.search(line)][-causes:]
-    return "\n".join([*cause, *(["..."] if cause else []), *end])
+    seen, cause = set(), []
+    for line in lines[:-tail]:
+        message = _RANK.sub("", line)
+        source = message[:1].isspace() and "what()" not in message  # a traceback's source line, not a message
+        if not _CAUSE.search(message) or source or "ChildFailedError" in message or message in seen:
+            continue
+        seen.add(message)
+        cause.append(line.strip())
+    # the summary's root cause: which rank, with what exit code or signal (else its last lines)
+    root = [line.strip() for line in lines[-12:] if _ROOT.match(line)] or lines[-tail:]
+    return "\n".join([*cause[-causes:], *root])
 
 
 def _parent_death_signal():
