@@ -99,7 +99,7 @@ def quantize_current(x: torch.Tensor, transpose: bool = True,
     args = (x, y, yt, partials, inv_scale, m, n, x.stride(0), x.stride(1), programs)
     _launch_cast.launch(cast_key(x, args[5:], transpose),
                         lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n, meta["BLOCK_N"])), args,
-                        {"PARTIALS": 1 << (programs - 1).bit_length(), "TRANSPOSE": transpose})
+                        {"PARTIALS": triton.next_power_of_2(programs), "TRANSPOSE": transpose})
     return y, (yt if transpose else None), inv_scale
 
 

@@ -36,20 +36,22 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+from cast_variant_probe import same  # research/: the script's own folder
 from fp8bench_kernels import quantize_blockwise as qb
 from fp8bench_kernels._fp8 import e4m3_scale, exact_rcp, scale_to_e4m3
 from fp8bench_kernels._launch import cdiv
 
-from fp8bench.analysis.calibrate import copy_gbps
 from fp8bench.core.measure import time_fn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from recipe_bench import CAST_TIMER, same_bytes_copy_gbps  # noqa: E402 - the cast line's timer and its copy
+
 SHAPES = [(4096, 4096), (8192, 4096), (8192, 8192), (8192, 14336)]
-CAST_TIMER = dict(device=torch.device("cuda"), warmup=10, iters=5000, min_samples=100, max_time_s=0.3, flush_l2=True)
-"""scripts/recipe_bench.py's cast timer."""
 
 
 @triton.jit
@@ -302,12 +304,6 @@ def weight_call(x, sub_m, sub_k, warps):
     return y, s, yt, s.t().contiguous()
 
 
-def same(a, b) -> bool:
-    def raw(t):
-        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-    return all(torch.equal(raw(u), raw(v)) for u, v in zip(a, b, strict=True))
-
-
 def _along_m_and_weight(m: int, k: int):
     """X, the bytes of the along-M cast alone and of the weight cast, their kernels/ outputs, and the along-M
     kernels/ case every comparison starts from."""
@@ -329,28 +325,39 @@ def grid_order_rows(m: int, k: int) -> list[dict]:
                       lambda bk=bk, w=w: along_m_variant_call(x, bk, w, k_fast_grid=True), along_one, ref_a))
     cases.append(("weight kernels/ m64 k64 w8", lambda: weight_call(x, 64, 64, 8), weight, ref_w))
     for sm, sk, w in ((64, 64, 8), (32, 64, 8), (64, 64, 4)):
-        cases.append((f"weight k-fast grid m{sm} k{sk} w{w}", lambda sm=sm, sk=sk, w=w: weight_variant_call(x, sm, sk, w, k_fast=True),
-                      weight, ref_w))
+        cases.append((f"weight k-fast grid m{sm} k{sk} w{w}",
+                      lambda sm=sm, sk=sk, w=w: weight_variant_call(x, sm, sk, w, k_fast=True), weight, ref_w))
     return _timed_cases(m, k, "grid order", cases)
 
 
+def _record(rows: list, copies: dict, m: int, k: int, family: str, variant: str, fn, counts: tuple, ref=None):
+    """Time one form (checked bit for bit against `ref` first, when given) eager and replayed from a graph, each
+    as % of a same-bytes copy for every byte count in `counts`; a form that fails is recorded with its error."""
+    try:
+        ok = None if ref is None else same(fn(), ref)
+        eager = time_fn(fn, **CAST_TIMER).median_ms
+        graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
+        row = {"shape": [m, k], "family": family, "variant": variant, "eager_us": 1e3 * eager,
+               "graph_us": 1e3 * graph, "bit_exact": ok,
+               "pct_of_same_bytes_copy": {str(b): 100 * (b / eager / 1e6) / copies[b] for b in counts},
+               "graph_pct_of_same_bytes_copy": {str(b): 100 * (b / graph / 1e6) / copies[b] for b in counts}}
+        pcts = ", ".join(f"{p:5.1f}% ({int(b) / (m * k):.2f}n)" for b, p in row["pct_of_same_bytes_copy"].items())
+        print(f"{m}x{k} {family:>10} {variant:>40}: eager {row['eager_us']:6.1f} µs graph {row['graph_us']:6.1f} µs; "
+              f"eager {pcts} of a same-bytes copy; exact={ok}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is recorded, the rest run
+        row = {"shape": [m, k], "family": family, "variant": variant, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        print(f"{m}x{k} {family:>10} {variant:>40}: {row['error']}", flush=True)
+    rows.append(row)
+
+
+def _copies(*counts: int) -> dict[int, float]:
+    return {b: same_bytes_copy_gbps(b) for b in sorted(set(counts))}
+
+
 def _timed_cases(m: int, k: int, family: str, cases: list) -> list[dict]:
-    copies = {b: copy_gbps(torch.device("cuda"), b // 2, 0.0, timer=CAST_TIMER) for b in {c[2] for c in cases}}
-    rows = []
+    copies, rows = _copies(*(c[2] for c in cases)), []
     for name, fn, nbytes, ref in cases:
-        try:
-            ok = None if ref is None else same(fn(), ref)
-            eager = time_fn(fn, **CAST_TIMER).median_ms
-            graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
-            pct = 100 * (nbytes / graph / 1e6) / copies[nbytes]
-            row = {"shape": [m, k], "family": family, "variant": name, "eager_us": 1e3 * eager,
-                   "graph_us": 1e3 * graph, "bit_exact": ok, "graph_pct_of_same_bytes_copy": pct}
-            print(f"{m}x{k} {name:>40}: eager {1e3 * eager:6.1f} µs graph {1e3 * graph:6.1f} µs ({pct:5.1f}% of a "
-                  f"same-bytes copy); exact={ok}", flush=True)
-        except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is recorded, the rest run
-            row = {"shape": [m, k], "family": family, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
-            print(f"{m}x{k} {name:>40}: {row['error']}", flush=True)
-        rows.append(row)
+        _record(rows, copies, m, k, family, name, fn, (nbytes,), ref)
     return rows
 
 
@@ -383,24 +390,10 @@ def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
     weight = 4 * n + 4 * cdiv(m, 128) * cdiv(k, 128)
     row_one = qb.bytes_moved(x, (1, 128))
     along_one = 3 * n + 4 * cdiv(m, 128) * k
-    copies = {b: copy_gbps(torch.device("cuda"), b // 2, 0.0, timer=CAST_TIMER)
-              for b in sorted({act_6n, act_4n, weight, row_one, along_one})}
+    copies = _copies(act_6n, act_4n, weight, row_one, along_one)
 
     def record(family, variant, fn, counts, ref=None):
-        try:
-            ok = None if ref is None else same(fn(), ref)
-            eager = time_fn(fn, **CAST_TIMER).median_ms
-            graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
-            row = {"shape": [m, k], "family": family, "variant": variant, "eager_us": 1e3 * eager,
-                   "graph_us": 1e3 * graph, "bit_exact": ok,
-                   "pct_of_same_bytes_copy": {str(b): 100 * (b / eager / 1e6) / copies[b] for b in counts}}
-            pcts = ", ".join(f"{p:5.1f}% ({int(b) / n:.2f}n)" for b, p in row["pct_of_same_bytes_copy"].items())
-            print(f"{m}x{k} {family:>10} {variant:>22}: eager {row['eager_us']:6.1f} µs graph "
-                  f"{row['graph_us']:6.1f} µs; eager {pcts} of a same-bytes copy; exact={ok}", flush=True)
-        except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is recorded, the rest run
-            row = {"shape": [m, k], "family": family, "variant": variant, "error": f"{type(exc).__name__}: {exc}"[:300]}
-            print(f"{m}x{k} {family:>10} {variant:>22}: {row['error']}", flush=True)
-        rows.append(row)
+        _record(rows, copies, m, k, family, variant, fn, counts, ref)
 
     ref_a = qb.quantize_blockwise_both(x)
     record("activation", "kernels/", lambda: qb.quantize_blockwise_both(x), (act_6n, act_4n))
@@ -410,8 +403,8 @@ def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
         record("activation", f"along-m alone k{bk} w{w}", lambda bk=bk, w=w: along_m_call(x, bk, w), (along_one,),
                ref_a[2:])
     for bk, w in ((16, 2), (32, 2), (32, 4), (64, 4), (64, 8)):
-        record("activation", f"along-m k-first k{bk} w{w}", lambda bk=bk, w=w: along_m_variant_call(x, bk, w, k_first=True),
-               (along_one,), ref_a[2:])
+        record("activation", f"along-m k-first k{bk} w{w}",
+               lambda bk=bk, w=w: along_m_variant_call(x, bk, w, k_first=True), (along_one,), ref_a[2:])
     for bm, bk, w in ((16, 32, 4), (32, 32, 4), (32, 64, 4), (64, 64, 8), (64, 32, 8), (32, 64, 8), (16, 16, 4)):
         record("activation", f"interleaved m{bm} k{bk} w{w}", lambda bm=bm, bk=bk, w=w: interleaved_call(x, bm, bk, w),
                (act_6n, act_4n), ref_a)
@@ -440,4 +433,5 @@ def main(out_path: str, everything: bool = True, transposes: bool = False, grid_
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--activation-only" not in sys.argv[2:], "--transposes" in sys.argv[2:], "--grid-order" in sys.argv[2:])
+    flags = sys.argv[2:]
+    main(sys.argv[1], "--activation-only" not in flags, "--transposes" in flags, "--grid-order" in flags)
