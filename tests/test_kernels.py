@@ -203,9 +203,10 @@ def test_gluon_gemm_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypat
 def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
     """The blockwise and current-scaling casts key their direct launches themselves (`cast_key`: X, the integer
     arguments and the flags, not the fresh outputs): per launcher, over shapes, input dtypes, a misaligned input,
-    power-of-two scales, both scale layouts and with or without Yᵀ, two calls get the same key exactly when
-    `launch_key` gives them the same one. Different binaries never share a key, and no key is finer than Triton's (a key that took in an output
-    would miss on every call and keep every compiled kernel)."""
+    power-of-two scales, both scale layouts, with or without Yᵀ and two amax-partials counts, two calls get the
+    same key exactly when `launch_key` gives them the same one. Different binaries never share a key, and no key
+    is finer than Triton's (a key that took in an output would miss on every call and keep every compiled
+    kernel)."""
     from itertools import combinations, product
 
     from fp8bench_kernels import quantize_blockwise as qb
