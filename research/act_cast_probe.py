@@ -420,10 +420,57 @@ def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
     return rows
 
 
-def main(out_path: str, everything: bool = True, transposes: bool = False, grid_order: bool = False) -> None:
+def gluon_call(x, weight: bool, **options):
+    """kernels/quantize_blockwise_gluon.py's kernel launched through Triton with launch `options` (maxnreg)."""
+    from fp8bench_kernels import quantize_blockwise_gluon as qg
+
+    m, k = x.shape
+    y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
+    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
+    if weight:
+        s = torch.empty((cdiv(m, 128), cdiv(k, 128)), device=x.device, dtype=torch.float32)
+        st = torch.empty((cdiv(k, 128), cdiv(m, 128)), device=x.device, dtype=torch.float32)
+    else:
+        s, st = qb.m_major_empty(m, cdiv(k, 128), x.device), qb.m_major_empty(k, cdiv(m, 128), x.device)
+    qg._cast_both_kernel[(cdiv(m, 128), cdiv(k, 128))](
+        x, y, s, yt, st, m, k, x.stride(0), s.stride(0), s.stride(1), st.stride(0), st.stride(1), WEIGHT=weight,
+        POW2=False, num_warps=qg.WARPS, **options)
+    return y, s, yt, st
+
+
+def gluon_rows(m: int, k: int) -> list[dict]:
+    """The Gluon two-layout casts (one read of each tile, Yᵀ from the same registers) beside kernels/'s."""
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    n = x.numel()
+    act_6n = 2 * qb.bytes_moved(x, (1, 128))
+    act_4n = 4 * n + 4 * cdiv(k, 128) * m + 4 * cdiv(m, 128) * k
+    weight = 4 * n + 4 * cdiv(m, 128) * cdiv(k, 128)
+    ref_a, ref_w = qb.quantize_blockwise_both(x), qb.quantize_blockwise_both(x, weight=True)
+    x32 = x.float() * 3.0  # FP32 input: what a training step's master weights are
+    ref_a32, ref_w32 = qb.quantize_blockwise_both(x32), qb.quantize_blockwise_both(x32, weight=True)
+    cases = [("activation", "kernels/ (two kernels)", lambda: qb.quantize_blockwise_both(x), (act_6n, act_4n), None)]
+    for options in ({}, {"maxnreg": 128}):
+        tag = " ".join(f"{k}={v}" for k, v in options.items())
+        cases.append(("activation", f"gluon {tag}", lambda o=options: gluon_call(x, False, **o), (act_6n, act_4n), ref_a))
+    cases.append(("activation", "gluon fp32 input", lambda: gluon_call(x32, False), (act_4n,), ref_a32))
+    cases.append(("weight", "kernels/", lambda: qb.quantize_blockwise_both(x, weight=True), (weight,), None))
+    for options in ({}, {"maxnreg": 128}):
+        tag = " ".join(f"{k}={v}" for k, v in options.items())
+        cases.append(("weight", f"gluon {tag}", lambda o=options: gluon_call(x, True, **o), (weight,), ref_w))
+    cases.append(("weight", "gluon fp32 input", lambda: gluon_call(x32, True), (weight,), ref_w32))
+    copies, rows = _copies(*(b for case in cases for b in case[3])), []
+    for family, name, fn, counts, ref in cases:
+        _record(rows, copies, m, k, family, name, fn, counts, ref)
+    return rows
+
+
+def main(out_path: str, everything: bool = True, transposes: bool = False, grid_order: bool = False,
+         gluon: bool = False) -> None:
     rows = []
     for m, k in SHAPES:
-        if grid_order:
+        if gluon:
+            rows += gluon_rows(m, k)
+        elif grid_order:
             rows += grid_order_rows(m, k)
         else:
             rows += transpose_rows(m, k) if transposes else shape_rows(m, k, everything)
@@ -434,4 +481,5 @@ def main(out_path: str, everything: bool = True, transposes: bool = False, grid_
 
 if __name__ == "__main__":
     flags = sys.argv[2:]
-    main(sys.argv[1], "--activation-only" not in flags, "--transposes" in flags, "--grid-order" in flags)
+    main(sys.argv[1], "--activation-only" not in flags, "--transposes" in flags, "--grid-order" in flags,
+         "--gluon" in flags)

@@ -44,6 +44,7 @@ STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.r
 
 def profile() -> None:
     import torch
+    from act_cast_probe import gluon_call  # research/: the script's own folder
     from fp8bench_kernels import quantize_blockwise as qb
 
     calls = {}
@@ -56,6 +57,9 @@ def profile() -> None:
             ("1x128 both", lambda x=x: qb.quantize_blockwise_both(x)),
             ("128x128", lambda x=x: qb.quantize_blockwise(x, (128, 128))),
             ("128x128 both", lambda x=x: qb.quantize_blockwise_both(x, weight=True)),
+            ("gluon 1x128 both", lambda x=x: gluon_call(x, False)),
+            ("gluon 128x128 both", lambda x=x: gluon_call(x, True)),
+            ("gluon 1x128 both maxnreg=128", lambda x=x: gluon_call(x, False, maxnreg=128)),
         ]
         for _, fn in calls[f"{m}x{k}"]:
             fn()  # autotune outside the profiled range

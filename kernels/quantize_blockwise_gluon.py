@@ -1,0 +1,127 @@
+"""The two-layout blockwise casts (`quantize_blockwise_both`) in Gluon: each 128x128 tile of X read from HBM once,
+written as Y and as Yᵀ with no shared-memory exchange.
+
+Why: Nsight Compute on the H200 (`research/cast_ncu.py`, results/h200-recipe-blockwise/cast_ncu_bac616a.txt)
+showed the Triton along-M cast (an activation's Yᵀ) at 31% of DRAM throughput and 66% of L1/shared-memory
+throughput, with ~0.9 million shared-memory bank conflicts per 32 MB cast, where the 1x128 cast that reads the
+same bytes ran at 55%: Triton transposes the E4M3 bytes through shared memory one byte per access. The weight's
+two-layout cast read each block twice (the second time from L2) to keep its registers low.
+
+Here the layout is chosen, not inferred. A program holds one 128x128 tile, 8 warps, each thread an 8x8 patch:
+8 rows of 8 consecutive columns. `ALONG_K` numbers a thread's registers along K first, so X loads in 16-byte
+vectors (8 lanes cover 128 bytes of a row) and Y stores 8 bytes per row; `ALONG_M` gives every element to the
+same thread and lane, numbering the registers along M first, so Yᵀ [K, M] stores 8 bytes per column (4 lanes
+cover a 32-byte sector). Converting between the two moves registers within each thread: no shared memory, no
+barrier. Both scales come from the same registers: a row's max crosses 8 lanes and 2 warps, a column's 4 lanes
+and 4 warps (Gluon's reductions, a few hundred bytes of shared memory).
+
+- activations and gradients (`WEIGHT=False`): 1x128 groups along K for Y (one scale per row) and along M for Yᵀ
+  (one per column), both scale tensors M-major as the GEMMs read them;
+- weights (`WEIGHT=True`): one scale per 128x128 block, the same for Y and Yᵀ; both the block scales and their
+  transpose are written, so no transposing copy follows.
+
+Triton's interpreter does not run Gluon: `quantize_blockwise_both` uses these kernels on a CUDA GPU and the
+Triton kernels of `quantize_blockwise` elsewhere; the GPU tests check these bit for bit against the reference,
+and CI compiles them for sm_90 and checks that nothing spills and no shared memory is used for the transpose.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ._fp8 import e4m3_scale, exact_rcp, pow2_floor, scale_to_e4m3
+from ._launch import Launcher, cast_key, cdiv
+
+TILE = 128
+WARPS = 8
+_TILE = gl.constexpr(TILE)  # the same, readable inside the kernels
+
+# one element per (register, lane, warp): a thread's 8x8 patch, lanes 8 along K x 4 along M, warps 2 x 4
+_LANES = [[0, 8], [0, 16], [0, 32], [8, 0], [16, 0]]
+_WARPS = [[0, 64], [32, 0], [64, 0]]
+ALONG_K = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0]], lane_bases=_LANES, warp_bases=_WARPS,
+    block_bases=[], shape=[TILE, TILE]))
+ALONG_M = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 2], [0, 4]], lane_bases=_LANES, warp_bases=_WARPS,
+    block_bases=[], shape=[TILE, TILE]))
+
+
+@gluon.jit
+def _tile_index(pm, pk, M, K, LAYOUT: gl.constexpr):
+    rows = pm * _TILE + gl.arange(0, _TILE, layout=gl.SliceLayout(1, LAYOUT))
+    cols = pk * _TILE + gl.arange(0, _TILE, layout=gl.SliceLayout(0, LAYOUT))
+    return rows, cols, (rows[:, None] < M) & (cols[None, :] < K)
+
+
+@gluon.jit
+def _scale(amax, POW2: gl.constexpr):
+    scale = e4m3_scale(amax)
+    if POW2:
+        scale = pow2_floor(scale)
+    return scale
+
+
+@gluon.jit
+def _cast_both_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_sm, s_sg, st_sk, st_sm,
+                      WEIGHT: gl.constexpr, POW2: gl.constexpr):
+    """One 128x128 tile (pm, pk) of X [M, K] (unit stride along K) into Y [M, K] and Yᵀ [K, M], E4M3.
+    Scales (inverse, float32): s[row or block row, group] at s_sm, s_sg; st[column or block column, block row]
+    at st_sk, st_sm."""
+    pm = gl.program_id(0)
+    pk = gl.program_id(1)
+    rows, cols, mask = _tile_index(pm, pk, M, K, ALONG_K)
+    x = gl.load(x_ptr + rows[:, None] * stride_m + cols[None, :], mask=mask, other=0.0)
+    t_rows, t_cols, t_mask = _tile_index(pm, pk, M, K, ALONG_M)
+    t_ptrs = yt_ptr + t_cols[None, :] * M + t_rows[:, None]
+    if WEIGHT:
+        scale = _scale(gl.max(gl.max(gl.abs(x), axis=1), axis=0).to(gl.float32), POW2)
+        q = scale_to_e4m3(x.to(gl.float32), scale)
+        gl.store(y_ptr + rows[:, None] * K + cols[None, :], q, mask=mask)
+        gl.store(t_ptrs, gl.convert_layout(q, ALONG_M), mask=t_mask)
+        inverse = exact_rcp(scale)
+        gl.store(s_ptr + pm * s_sm + pk * s_sg, inverse)
+        gl.store(st_ptr + pk * st_sk + pm * st_sm, inverse)
+    else:
+        xf = x.to(gl.float32)
+        row_scale = _scale(gl.max(gl.abs(xf), axis=1), POW2)
+        gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, row_scale[:, None]), mask=mask)
+        gl.store(s_ptr + rows * s_sm + pk * s_sg, exact_rcp(row_scale), mask=rows < M)
+        xt = gl.convert_layout(xf, ALONG_M)
+        col_scale = _scale(gl.max(gl.abs(xt), axis=0), POW2)
+        gl.store(t_ptrs, scale_to_e4m3(xt, col_scale[None, :]), mask=t_mask)
+        gl.store(st_ptr + t_cols * st_sk + pm * st_sm, exact_rcp(col_scale), mask=t_cols < K)
+
+
+_launch_both = Launcher(_cast_both_kernel)
+
+
+def cast_both(x: torch.Tensor, y: torch.Tensor, s: torch.Tensor, yt: torch.Tensor, st: torch.Tensor, weight: bool,
+              pow2_scales: bool) -> None:
+    """Fill Y, its scales s, Yᵀ and its scales st from X (2-D, unit stride along K) in one launch."""
+    m, k = x.shape
+    args = (x, y, s, yt, st, m, k, x.stride(0), s.stride(0), s.stride(1), st.stride(0), st.stride(1))
+    _launch_both.launch(cast_key(x, args[5:], weight, pow2_scales), (cdiv(m, TILE), cdiv(k, TILE)), args,
+                        {"WEIGHT": weight, "POW2": pow2_scales, "num_warps": WARPS})
+
+
+def compile_sm90(weight: bool, dtype: str = "bf16", **options):
+    """The kernel compiled for sm_90 without a GPU, specialized as a launch specializes it (unit stride along K,
+    the scales' unit strides, 16-divisible sizes and aligned pointers), for tests/test_kernels.py's ptxas check."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _cast_both_kernel
+    ints = ("M", "K", "stride_m", "s_sm", "s_sg", "st_sk", "st_sm")
+    signature = {"x_ptr": f"*{dtype}", "y_ptr": "*fp8e4nv", "s_ptr": "*fp32", "yt_ptr": "*fp8e4nv",
+                 "st_ptr": "*fp32", **dict.fromkeys(ints, "i32")}
+    ones = ("s_sg", "st_sm") if weight else ("s_sm", "st_sk")  # the unit strides a launch passes
+    constants = {"WEIGHT": weight, "POW2": False, **dict.fromkeys(ones, 1)}
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    aligned = [n for n in signature if signature[n] != "constexpr"]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(GluonASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": WARPS, **options})
