@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from ._fp8 import e4m3_scale, exact_rcp, pow2_floor, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv
@@ -47,6 +48,8 @@ ALONG_K = gl.constexpr(gl.DistributedLinearLayout(
 ALONG_M = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 2], [0, 4]], lane_bases=_LANES, warp_bases=_WARPS,
     block_bases=[], shape=[TILE, TILE]))
+# the copy ring, row-major: a warp's 16-byte accesses cover whole 128-byte rows, so no swizzle is needed
+RING = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
 
 
 @gluon.jit
@@ -65,6 +68,32 @@ def _scale(amax, POW2: gl.constexpr):
 
 
 @gluon.jit
+def _cast_tile(x, pm, pk, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk, st_sm, WEIGHT: gl.constexpr,
+               POW2: gl.constexpr):
+    """Tile (pm, pk) of X, held as `x` [128, 128] in ALONG_K, into Y, Yᵀ and their scales."""
+    rows, cols, mask = _tile_index(pm, pk, M, K, ALONG_K)
+    t_rows, t_cols, t_mask = _tile_index(pm, pk, M, K, ALONG_M)
+    t_ptrs = yt_ptr + t_cols[None, :] * M + t_rows[:, None]
+    xf = x.to(gl.float32)
+    if WEIGHT:
+        scale = _scale(gl.max(gl.max(gl.abs(xf), axis=1), axis=0), POW2)
+        gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, scale), mask=mask)
+        # Yᵀ quantized again from X's registers renumbered, not from Y's E4M3 values renumbered
+        gl.store(t_ptrs, scale_to_e4m3(gl.convert_layout(xf, ALONG_M), scale), mask=t_mask)
+        inverse = exact_rcp(scale)
+        gl.store(s_ptr + pm * s_sm + pk * s_sg, inverse)
+        gl.store(st_ptr + pk * st_sk + pm * st_sm, inverse)
+    else:
+        row_scale = _scale(gl.max(gl.abs(xf), axis=1), POW2)
+        gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, row_scale[:, None]), mask=mask)
+        gl.store(s_ptr + rows * s_sm + pk * s_sg, exact_rcp(row_scale), mask=rows < M)
+        xt = gl.convert_layout(xf, ALONG_M)
+        col_scale = _scale(gl.max(gl.abs(xt), axis=0), POW2)
+        gl.store(t_ptrs, scale_to_e4m3(xt, col_scale[None, :]), mask=t_mask)
+        gl.store(st_ptr + t_cols * st_sk + pm * st_sm, exact_rcp(col_scale), mask=t_cols < K)
+
+
+@gluon.jit
 def _cast_both_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_sm, s_sg, st_sk, st_sm,
                       WEIGHT: gl.constexpr, POW2: gl.constexpr):
     """One 128x128 tile (pm, pk) of X [M, K] (unit stride along K) into Y [M, K] and Yᵀ [K, M], E4M3.
@@ -74,25 +103,40 @@ def _cast_both_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_sm,
     pk = gl.program_id(1)
     rows, cols, mask = _tile_index(pm, pk, M, K, ALONG_K)
     x = gl.load(x_ptr + rows[:, None] * stride_m + cols[None, :], mask=mask, other=0.0)
-    t_rows, t_cols, t_mask = _tile_index(pm, pk, M, K, ALONG_M)
-    t_ptrs = yt_ptr + t_cols[None, :] * M + t_rows[:, None]
-    if WEIGHT:
-        scale = _scale(gl.max(gl.max(gl.abs(x), axis=1), axis=0).to(gl.float32), POW2)
-        q = scale_to_e4m3(x.to(gl.float32), scale)
-        gl.store(y_ptr + rows[:, None] * K + cols[None, :], q, mask=mask)
-        gl.store(t_ptrs, gl.convert_layout(q, ALONG_M), mask=t_mask)
-        inverse = exact_rcp(scale)
-        gl.store(s_ptr + pm * s_sm + pk * s_sg, inverse)
-        gl.store(st_ptr + pk * st_sk + pm * st_sm, inverse)
-    else:
-        xf = x.to(gl.float32)
-        row_scale = _scale(gl.max(gl.abs(xf), axis=1), POW2)
-        gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, row_scale[:, None]), mask=mask)
-        gl.store(s_ptr + rows * s_sm + pk * s_sg, exact_rcp(row_scale), mask=rows < M)
-        xt = gl.convert_layout(xf, ALONG_M)
-        col_scale = _scale(gl.max(gl.abs(xt), axis=0), POW2)
-        gl.store(t_ptrs, scale_to_e4m3(xt, col_scale[None, :]), mask=t_mask)
-        gl.store(st_ptr + t_cols * st_sk + pm * st_sm, exact_rcp(col_scale), mask=t_cols < K)
+    _cast_tile(x, pm, pk, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk, st_sm, WEIGHT, POW2)
+
+
+@gluon.jit
+def _copy_tile_async(buf, x_ptr, tile, n_tiles_k, M, K, stride_m, valid):
+    """Start copying tile `tile` of X into shared-memory buffer `buf`, each thread the elements it will read back
+    in ALONG_K (so no barrier is needed between the copy and the read); nothing when not `valid`."""
+    rows, cols, mask = _tile_index(tile // n_tiles_k, tile % n_tiles_k, M, K, ALONG_K)
+    async_copy.async_copy_global_to_shared(buf, x_ptr + rows[:, None] * stride_m + cols[None, :], mask=mask & valid)
+
+
+@gluon.jit
+def _cast_both_pipelined_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_sm, s_sg, st_sk, st_sm,
+                                n_tiles_k, n_tiles, WEIGHT: gl.constexpr, POW2: gl.constexpr,
+                                STAGES: gl.constexpr):
+    """The same casts with a persistent grid: each program walks tiles pid, pid + programs, ..., its next
+    STAGES - 1 tiles in flight from HBM into a shared-memory ring (cp.async) while it casts the current one."""
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    ring = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, _TILE, _TILE], RING)
+    mine = gl.cdiv(n_tiles - pid, programs)
+    for s in gl.static_range(STAGES - 1):
+        _copy_tile_async(ring.index(s), x_ptr, pid + s * programs, n_tiles_k, M, K, stride_m, s < mine)
+        async_copy.commit_group()
+    for i in range(mine):
+        ahead = i + STAGES - 1
+        _copy_tile_async(ring.index(ahead % STAGES), x_ptr, pid + ahead * programs, n_tiles_k, M, K, stride_m,
+                         ahead < mine)
+        async_copy.commit_group()
+        async_copy.wait_group(STAGES - 1)  # tile i has landed (each thread waits for its own copies)
+        tile = pid + i * programs
+        x = ring.index(i % STAGES).load(ALONG_K)
+        _cast_tile(x, tile // n_tiles_k, tile % n_tiles_k, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk,
+                   st_sm, WEIGHT, POW2)
 
 
 _launch_both = Launcher(_cast_both_kernel)
@@ -107,19 +151,20 @@ def cast_both(x: torch.Tensor, y: torch.Tensor, s: torch.Tensor, yt: torch.Tenso
                         {"WEIGHT": weight, "POW2": pow2_scales, "num_warps": WARPS})
 
 
-def compile_sm90(weight: bool, dtype: str = "bf16", **options):
-    """The kernel compiled for sm_90 without a GPU, specialized as a launch specializes it (unit stride along K,
-    the scales' unit strides, 16-divisible sizes and aligned pointers), for tests/test_kernels.py's ptxas check."""
+def compile_sm90(weight: bool, dtype: str = "bf16", stages: int = 0, **options):
+    """The kernel (`stages` > 0: the pipelined one) compiled for sm_90 without a GPU, specialized as a launch
+    specializes it (unit stride along K, the scales' unit strides, 16-divisible sizes and aligned pointers), for
+    tests/test_kernels.py's ptxas check."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = _cast_both_kernel
-    ints = ("M", "K", "stride_m", "s_sm", "s_sg", "st_sk", "st_sm")
+    fn = _cast_both_pipelined_kernel if stages else _cast_both_kernel
+    ints = ("M", "K", "stride_m", "s_sm", "s_sg", "st_sk", "st_sm") + (("n_tiles_k", "n_tiles") if stages else ())
     signature = {"x_ptr": f"*{dtype}", "y_ptr": "*fp8e4nv", "s_ptr": "*fp32", "yt_ptr": "*fp8e4nv",
                  "st_ptr": "*fp32", **dict.fromkeys(ints, "i32")}
     ones = ("s_sg", "st_sm") if weight else ("s_sm", "st_sk")  # the unit strides a launch passes
-    constants = {"WEIGHT": weight, "POW2": False, **dict.fromkeys(ones, 1)}
+    constants = {"WEIGHT": weight, "POW2": False, **dict.fromkeys(ones, 1), **({"STAGES": stages} if stages else {})}
     signature.update(dict.fromkeys(constants, "constexpr"))
     aligned = [n for n in signature if signature[n] != "constexpr"]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}

@@ -420,8 +420,9 @@ def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
     return rows
 
 
-def gluon_call(x, weight: bool, **options):
-    """kernels/quantize_blockwise_gluon.py's kernel launched through Triton with launch `options` (maxnreg)."""
+def gluon_call(x, weight: bool, stages: int = 0, programs: int = 0, **options):
+    """kernels/quantize_blockwise_gluon.py's kernel launched through Triton with launch `options` (maxnreg): one
+    tile per program, or (`stages`) the pipelined kernel on `programs` persistent programs."""
     from fp8bench_kernels import quantize_blockwise_gluon as qg
 
     m, k = x.shape
@@ -432,41 +433,71 @@ def gluon_call(x, weight: bool, **options):
         st = torch.empty((cdiv(k, 128), cdiv(m, 128)), device=x.device, dtype=torch.float32)
     else:
         s, st = qb.m_major_empty(m, cdiv(k, 128), x.device), qb.m_major_empty(k, cdiv(m, 128), x.device)
-    qg._cast_both_kernel[(cdiv(m, 128), cdiv(k, 128))](
-        x, y, s, yt, st, m, k, x.stride(0), s.stride(0), s.stride(1), st.stride(0), st.stride(1), WEIGHT=weight,
-        POW2=False, num_warps=qg.WARPS, **options)
+    args = (x, y, s, yt, st, m, k, x.stride(0), s.stride(0), s.stride(1), st.stride(0), st.stride(1))
+    if stages:
+        tiles_k, tiles = cdiv(k, 128), cdiv(m, 128) * cdiv(k, 128)
+        qg._cast_both_pipelined_kernel[(min(programs, tiles),)](*args, tiles_k, tiles, WEIGHT=weight, POW2=False,
+                                                                STAGES=stages, num_warps=qg.WARPS, **options)
+    else:
+        qg._cast_both_kernel[(cdiv(m, 128), cdiv(k, 128))](*args, WEIGHT=weight, POW2=False, num_warps=qg.WARPS,
+                                                           **options)
     return y, s, yt, st
 
 
+GLUON_FORMS = [  # (name, kwargs of gluon_call with programs in SMs)
+    ("gluon maxnreg=128", {"maxnreg": 128}),
+    ("gluon pipelined s2 1/SM", {"stages": 2, "programs": 1}),
+    ("gluon pipelined s3 1/SM", {"stages": 3, "programs": 1}),
+    ("gluon pipelined s2 2/SM maxnreg=128", {"stages": 2, "programs": 2, "maxnreg": 128}),
+    ("gluon pipelined s3 2/SM maxnreg=128", {"stages": 3, "programs": 2, "maxnreg": 128}),
+]
+
+
 def gluon_rows(m: int, k: int) -> list[dict]:
-    """The Gluon two-layout casts (one read of each tile, Yᵀ from the same registers) beside kernels/'s."""
+    """The Gluon two-layout casts (one read of each tile, Yᵀ from the same registers) beside kernels/'s: one tile
+    per program, and pipelined (persistent, the next tiles copied into shared memory while one is cast)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = torch.randn(m, k, device="cuda").bfloat16()
     n = x.numel()
     act_6n = 2 * qb.bytes_moved(x, (1, 128))
     act_4n = 4 * n + 4 * cdiv(k, 128) * m + 4 * cdiv(m, 128) * k
     weight = 4 * n + 4 * cdiv(m, 128) * cdiv(k, 128)
     ref_a, ref_w = qb.quantize_blockwise_both(x), qb.quantize_blockwise_both(x, weight=True)
-    x32 = x.float() * 3.0  # FP32 input: what a training step's master weights are
-    ref_a32, ref_w32 = qb.quantize_blockwise_both(x32), qb.quantize_blockwise_both(x32, weight=True)
-    cases = [("activation", "kernels/ (two kernels)", lambda: qb.quantize_blockwise_both(x), (act_6n, act_4n), None)]
-    for options in ({}, {"maxnreg": 128}):
-        tag = " ".join(f"{k}={v}" for k, v in options.items())
-        cases.append(("activation", f"gluon {tag}", lambda o=options: gluon_call(x, False, **o), (act_6n, act_4n), ref_a))
-    cases.append(("activation", "gluon fp32 input", lambda: gluon_call(x32, False), (act_4n,), ref_a32))
-    cases.append(("weight", "kernels/", lambda: qb.quantize_blockwise_both(x, weight=True), (weight,), None))
-    for options in ({}, {"maxnreg": 128}):
-        tag = " ".join(f"{k}={v}" for k, v in options.items())
-        cases.append(("weight", f"gluon {tag}", lambda o=options: gluon_call(x, True, **o), (weight,), ref_w))
-    cases.append(("weight", "gluon fp32 input", lambda: gluon_call(x32, True), (weight,), ref_w32))
+    cases = [("activation", "kernels/ (two kernels)", lambda: qb.quantize_blockwise_both(x), (act_6n, act_4n), None),
+             ("weight", "kernels/", lambda: qb.quantize_blockwise_both(x, weight=True), (weight,), None)]
+    for name, form in GLUON_FORMS:
+        form = {**form, "programs": form.get("programs", 0) * sms}
+        cases.append(("activation", name, lambda f=form: gluon_call(x, False, **f), (act_6n, act_4n), ref_a))
+        cases.append(("weight", name, lambda f=form: gluon_call(x, True, **f), (weight,), ref_w))
     copies, rows = _copies(*(b for case in cases for b in case[3])), []
     for family, name, fn, counts, ref in cases:
         _record(rows, copies, m, k, family, name, fn, counts, ref)
     return rows
 
 
+def gluon_exactness() -> list[dict]:
+    """Every Gluon form bit for bit against kernels/ on ragged shapes and FP32 input (no timing)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for (m, k), dtype in (((1000, 1200), torch.bfloat16), ((200, 136), torch.bfloat16), ((384, 640), torch.float32),
+                          ((1000, 1200), torch.float32)):
+        x = (torch.randn(m, k, device="cuda") * 3).to(dtype)
+        for weight in (False, True):
+            ref = qb.quantize_blockwise_both(x, weight=weight)
+            for name, form in [("gluon", {})] + GLUON_FORMS:
+                form = {**form, "programs": form.get("programs", 0) * sms}
+                try:
+                    ok = same(gluon_call(x, weight, **form), ref)
+                except Exception as exc:  # noqa: BLE001 - a form that fails to compile is recorded, the rest run
+                    ok = f"{type(exc).__name__}: {exc}"[:200]
+                rows.append({"shape": [m, k], "dtype": str(dtype), "weight": weight, "variant": name, "bit_exact": ok})
+                print(f"exactness {m}x{k} {dtype} weight={weight} {name}: {ok}", flush=True)
+    return rows
+
+
 def main(out_path: str, everything: bool = True, transposes: bool = False, grid_order: bool = False,
          gluon: bool = False) -> None:
-    rows = []
+    rows = gluon_exactness() if gluon else []
     for m, k in SHAPES:
         if gluon:
             rows += gluon_rows(m, k)
