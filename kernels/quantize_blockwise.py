@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ._fp8 import AMAX_EPS, E4M3_MAX, e4m3_scale, exact_rcp, pow2_floor, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv
-from ._tune import steady_do_bench, tuning_configs
+from ._tune import INTERPRETING, steady_do_bench, tuning_configs
 
 GROUP = 128
 
@@ -196,19 +196,25 @@ def quantize_blockwise_both(x: torch.Tensor, weight: bool = False, pow2_scales: 
     """X [M, K] quantized for both GEMMs of a training step that use it: (Y [M, K], its scales, Yᵀ [K, M], its
     scales), each layout equal to `quantize_blockwise` of that layout, bit for bit. Activations and gradients
     (`weight=False`) get 1x128 groups along K in Y (fprop, dgrad) and along M in Yᵀ (wgrad sums over tokens),
-    both scales M-major as the GEMMs read them: X is read once per layout. A weight gets 128x128 blocks, the same
-    in either layout: Yᵀ is Y's FP8 values and block scales transposed (fprop and dgrad), both written by one
-    kernel from a BF16 X, which reads each block from HBM once (Y and then a transposing copy of it ran at 18% of
-    copy bandwidth on the H200 at e83c31e); from
-    FP32, Y and then that copy."""
+    both scales M-major as the GEMMs read them. A weight gets 128x128 blocks, the same in either layout: Yᵀ is
+    Y's FP8 values and block scales transposed (fprop and dgrad).
+
+    On a GPU (X with unit stride along K) one Gluon kernel writes all four, reading each 128x128 tile of X from
+    HBM once (`quantize_blockwise_gluon`). Elsewhere (Triton's interpreter) Triton kernels do: for activations
+    the 1x128 cast and an along-M cast, X read once per layout; for a BF16 weight one kernel in two passes over
+    each block; for an FP32 weight Y and then a transposing copy (compiled for sm_90, that kernel's transposed
+    store wrote a wrong Yᵀ from FP32 input on the H200 at 865b59e)."""
     if x.dim() != 2:
         raise ValueError(f"quantize_blockwise_both takes a 2-D tensor, got shape {tuple(x.shape)}")
+    if x.is_cuda and x.stride(1) == 1 and not INTERPRETING:
+        from . import quantize_blockwise_gluon  # imported here: it imports this module
+
+        return quantize_blockwise_gluon.quantize_both(x, weight, pow2_scales)
     if weight:
         m, k = x.shape
         y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
         if x.dtype != torch.bfloat16:
-            # FP32 weights (a training step's master weights): compiled for sm_90, the transposed store wrote a
-            # wrong Yᵀ from FP32 input on the H200 at 865b59e (bit-exact from BF16), so Yᵀ is Y transposed here
+            # FP32 weights (a training step's master weights): Yᵀ is Y transposed (docstring)
             s = _quantize_blocks(x, y, None, pow2_scales)
             return y, s, y.t().contiguous(), s.t().contiguous()
         yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
@@ -246,28 +252,32 @@ def bytes_moved(x: torch.Tensor, block: tuple[int, int] = (1, GROUP)) -> int:
 
 
 def _compile_sm90(kernel, signature: dict, constants: dict, num_warps: int):
-    """A cast kernel compiled for sm_90 without a GPU (tests/test_kernels.py runs ptxas on it)."""
+    """A cast kernel compiled for sm_90 without a GPU (tests/test_kernels.py runs ptxas on it), specialized as a
+    launch specializes it: the unit strides in `constants` are constexpr 1 and every other integer and pointer
+    is 16-divisible (Triton's specializations). Unspecialized, loads and stores are 1-2 bytes wide and ptxas
+    reports about twice the registers (248 for the weight kernel at 8 warps, where the launched one has 77)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    return triton.compile(ASTSource(kernel.fn, signature, constants), target=GPUTarget("cuda", 90, 32),
+    signature = {**signature, **dict.fromkeys(constants, "constexpr")}
+    aligned = [name for name, kind in signature.items() if kind != "constexpr"]
+    attrs = {(kernel.fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    return triton.compile(ASTSource(kernel.fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": num_warps})
 
 
 def compile_along_m_sm90(block_k: int, num_warps: int):
-    """The Yᵀ kernel of `quantize_blockwise_both` for activations and gradients."""
+    """The Yᵀ kernel of `quantize_blockwise_both` for activations and gradients (the interpreter's path)."""
     signature = {"x_ptr": "*bf16", "yt_ptr": "*fp8e4nv", "st_ptr": "*fp32",
-                 **dict.fromkeys(("M", "K", "stride_m", "stride_k", "st_sk", "st_sm"), "i32"),
-                 **dict.fromkeys(("GROUP_M", "BLOCK_K", "POW2"), "constexpr")}
-    return _compile_sm90(_quantize_along_m_kernel, signature, {"GROUP_M": GROUP, "BLOCK_K": block_k, "POW2": False},
-                         num_warps)
+                 **dict.fromkeys(("M", "K", "stride_m", "stride_k", "st_sk", "st_sm"), "i32")}
+    return _compile_sm90(_quantize_along_m_kernel, signature,
+                         {"GROUP_M": GROUP, "BLOCK_K": block_k, "POW2": False, "stride_k": 1, "st_sk": 1}, num_warps)
 
 
 def compile_blocks_both_sm90(config: triton.Config):
-    """The weight kernel with its transposed store (`quantize_blockwise_both(weight=True)` from BF16), one of
-    `BOTH_LAYOUTS_CONFIGS`."""
+    """The weight kernel with its transposed store (`quantize_blockwise_both(weight=True)` from BF16 under the
+    interpreter), one of `BOTH_LAYOUTS_CONFIGS`."""
     signature = {"x_ptr": "*bf16", "y_ptr": "*fp8e4nv", "yt_ptr": "*fp8e4nv", "s_ptr": "*fp32",
-                 **dict.fromkeys(("M", "K", "stride_m", "stride_k", "n_groups"), "i32"),
-                 **dict.fromkeys(("SUB_M", "SUB_K", "POW2"), "constexpr")}
-    return _compile_sm90(_quantize_128x128_both_kernel, signature, {**config.kwargs, "POW2": False},
+                 **dict.fromkeys(("M", "K", "stride_m", "stride_k", "n_groups"), "i32")}
+    return _compile_sm90(_quantize_128x128_both_kernel, signature, {**config.kwargs, "POW2": False, "stride_k": 1},
                          config.num_warps)

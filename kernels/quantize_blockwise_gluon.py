@@ -33,7 +33,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from ._fp8 import e4m3_scale, exact_rcp, pow2_floor, scale_to_e4m3
-from ._launch import Launcher, cast_key, cdiv
+from ._launch import Launcher, cast_key, cdiv, sm_count
+from .quantize_blockwise import m_major_empty
 
 TILE = 128
 WARPS = 8
@@ -139,16 +140,45 @@ def _cast_both_pipelined_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, strid
                    st_sm, WEIGHT, POW2)
 
 
-_launch_both = Launcher(_cast_both_kernel)
+_launch_one = Launcher(_cast_both_kernel)
+_launch_pipelined = Launcher(_cast_both_pipelined_kernel)
+
+STAGES = 0
+"""0: one tile per program (`_cast_both_kernel`); else the pipelined kernel's ring depth."""
+PROGRAMS_PER_SM = 2
+"""The pipelined kernel's persistent programs per SM."""
+MAXNREG = 128
+"""Registers per thread ptxas may use: at most 128 lets two 8-warp programs share an SM (without the cap the
+activation kernel took 147 on the H200 and ran one program per SM, 30-50% slower)."""
 
 
-def cast_both(x: torch.Tensor, y: torch.Tensor, s: torch.Tensor, yt: torch.Tensor, st: torch.Tensor, weight: bool,
-              pow2_scales: bool) -> None:
-    """Fill Y, its scales s, Yᵀ and its scales st from X (2-D, unit stride along K) in one launch."""
+def launcher() -> Launcher:
+    """The launcher `quantize_both` calls (tests count its direct launches)."""
+    return _launch_pipelined if STAGES else _launch_one
+
+
+def quantize_both(x: torch.Tensor, weight: bool, pow2_scales: bool):
+    """`quantize_blockwise_both`'s four tensors for X (2-D, CUDA, unit stride along K) in one launch."""
     m, k = x.shape
+    y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
+    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
+    tiles_m, tiles_k = cdiv(m, TILE), cdiv(k, TILE)
+    if weight:
+        s = torch.empty((tiles_m, tiles_k), device=x.device, dtype=torch.float32)
+        st = torch.empty((tiles_k, tiles_m), device=x.device, dtype=torch.float32)
+    else:
+        s, st = m_major_empty(m, tiles_k, x.device), m_major_empty(k, tiles_m, x.device)
     args = (x, y, s, yt, st, m, k, x.stride(0), s.stride(0), s.stride(1), st.stride(0), st.stride(1))
-    _launch_both.launch(cast_key(x, args[5:], weight, pow2_scales), (cdiv(m, TILE), cdiv(k, TILE)), args,
-                        {"WEIGHT": weight, "POW2": pow2_scales, "num_warps": WARPS})
+    flags = {"WEIGHT": weight, "POW2": pow2_scales, "num_warps": WARPS, "maxnreg": MAXNREG}
+    if STAGES:
+        tiles = tiles_m * tiles_k
+        args += (tiles_k, tiles)
+        _launch_pipelined.launch(cast_key(x, args[5:], weight, pow2_scales),
+                                 (min(tiles, PROGRAMS_PER_SM * sm_count(x.device)),), args,
+                                 {**flags, "STAGES": STAGES})
+    else:
+        _launch_one.launch(cast_key(x, args[5:], weight, pow2_scales), (tiles_m, tiles_k), args, flags)
+    return y, s, yt, st
 
 
 def compile_sm90(weight: bool, dtype: str = "bf16", stages: int = 0, **options):

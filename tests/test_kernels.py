@@ -12,8 +12,8 @@ from fp8bench.core.numerics import fake_quant, sqnr_db
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
-MODULES = ("_fp8", "quantize_current", "quantize_blockwise", "quantize_mx", "gemm_blockwise", "gemm_blockwise_gluon",
-           "gemm_blockwise_wgrad", "tensor_core_load")
+MODULES = ("_fp8", "quantize_current", "quantize_blockwise", "quantize_blockwise_gluon", "quantize_mx", "gemm_blockwise",
+           "gemm_blockwise_gluon", "gemm_blockwise_wgrad", "tensor_core_load")
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +256,7 @@ def test_direct_launches_write_what_launches_through_triton_write(k):
     from fp8bench_kernels import gemm_blockwise_gluon as g
     from fp8bench_kernels import gemm_blockwise_wgrad as w
     from fp8bench_kernels import quantize_blockwise as qb
+    from fp8bench_kernels import quantize_blockwise_gluon as qg
     from fp8bench_kernels import quantize_current as qc
     from fp8bench_kernels import quantize_mx as qm
     from fp8bench_kernels._launch import Launcher
@@ -276,8 +277,8 @@ def test_direct_launches_write_what_launches_through_triton_write(k):
 
     x, other = data(4096, 2048), data(4096, 2048, seed=3)
     casts = {"current": (qc.quantize_current, [qc._launch_amax, qc._launch_cast]),
-             "1x128 both": (qb.quantize_blockwise_both, [qb._launch_1x128, qb._launch_along_m]),
-             "128x128 both": (lambda t: qb.quantize_blockwise_both(t, weight=True), [qb._launch_128x128_both]),
+             "1x128 both": (qb.quantize_blockwise_both, [qg.launcher()]),
+             "128x128 both": (lambda t: qb.quantize_blockwise_both(t, weight=True), [qg.launcher()]),
              "mx": (qm.quantize_mx, [qm._launch_mx])}
     for name, (cast, launchers) in casts.items():
         cast(x)  # the key's first call: through Triton (compiled, tuned)
@@ -542,12 +543,15 @@ def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k)
 @pytest.mark.parametrize("weight", [False, True], ids=["1x128", "128x128"])
 @pytest.mark.parametrize("pow2", [False, pytest.param(True, marks=[] if CUDA else pytest.mark.slow)], ids=["exact", "pow2"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float32, marks=pytest.mark.slow)], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("m,n", SHAPES + [pytest.param(8200, 4112, marks=pytest.mark.gpu) if CUDA else (257, 130)])
+@pytest.mark.parametrize("m,n", SHAPES + ([pytest.param(8200, 4112, marks=pytest.mark.gpu)]
+                                          + [pytest.param(*s, marks=pytest.mark.gpu) for s in SMALL] if CUDA
+                                          else [(257, 130)]))
 def test_both_layouts_are_each_layouts_own_quantization_bit_for_bit(k, m, n, weight, pow2, dtype):
     """quantize_blockwise_both: Y as quantize_blockwise writes it, and Yᵀ as quantize_blockwise writes the
     transposed tensor (1x128: groups along the rows of X, what wgrad sums over; 128x128: the same blocks).
     FP32 too: a training step casts its FP32 master weights (on the H200 at 865b59e the weight kernel's
-    transposed store wrote a wrong Yᵀ from FP32 input, bit-exact from BF16, and training went NaN)."""
+    transposed store wrote a wrong Yᵀ from FP32 input, bit-exact from BF16, and training went NaN). On a GPU
+    this is the Gluon kernel, at ragged small shapes too (a tile past M or K); under the interpreter, Triton's."""
     mod = k.quantize_blockwise
     x = data(m, n)
     if dtype is torch.float32:  # values BF16 cannot hold: the cast must start from the FP32 ones
@@ -789,6 +793,51 @@ def test_the_recipe_kernels_compile_for_hopper_without_spills_or_serialized_wgmm
             assert b["ptx_wgmma_e4m3"] and "wgmma" not in b["ptxas"], (name, b["ptxas"])
         else:
             assert b["cvt_e4m3"], name
+
+
+_COMPILE_GLUON_CASTS_SM90 = """
+import json, re, subprocess
+from fp8bench_kernels import quantize_blockwise_gluon as qg
+from triton.backends.nvidia.compiler import get_ptxas
+out = {}
+for weight in (False, True):
+    for dtype in ("bf16", "fp32"):
+        kernel = qg.compile_sm90(weight, dtype, qg.STAGES, maxnreg=qg.MAXNREG)
+        ptx = kernel.asm["ptx"]
+        done = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"], input=ptx,
+                              capture_output=True, text=True)
+        out[f"weight={weight} {dtype}"] = {
+            "rc": done.returncode, "ptxas": done.stderr, "shared": kernel.metadata.shared,
+            "ring": qg.STAGES * 128 * 128 * (2 if dtype == "bf16" else 4),
+            "cvt_e4m3": ptx.count("cvt.rn.satfinite.e4m3x2"),
+            "wide_loads": len(re.findall(r"ld\\.global\\.v4\\.b32|cp\\.async\\.cg\\.shared\\.global", ptx)),
+            "narrow_stores": len(re.findall(r"st\\.global\\.b8|st\\.global\\.b16", ptx))}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_the_gluon_casts_compile_for_hopper_without_spills_or_a_shared_memory_transpose():
+    """The two-layout casts as `quantize_blockwise_both` launches them on a GPU, from BF16 and FP32, compiled for
+    sm_90 and assembled by ptxas: nothing spills; the transpose to Yᵀ stays in registers (shared memory holds
+    the reductions' few KB beside the copy ring, not a 16-64 KB tile); X arrives in 16-byte vectors and no
+    store is narrower than 4 bytes; every element is rounded by the hardware's E4M3 conversion, once per layout
+    (64 cvt.rn.satfinite.e4m3x2 per thread: 64 elements, two to an instruction, twice)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_GLUON_CASTS_SM90], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    builds = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(builds) == 4
+    for name, b in builds.items():
+        assert b["rc"] == 0, (name, b["ptxas"])
+        assert "0 bytes spill stores" in b["ptxas"] and "0 bytes spill loads" in b["ptxas"], (name, b["ptxas"])
+        assert b["shared"] - b["ring"] <= 4096, (name, b["shared"])
+        assert b["cvt_e4m3"] == 64 and b["wide_loads"] > 0 and b["narrow_stores"] == 0, (name, b)
 
 
 @pytest.mark.slow
