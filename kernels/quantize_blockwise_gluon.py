@@ -181,6 +181,13 @@ def quantize_both(x: torch.Tensor, weight: bool, pow2_scales: bool):
     return y, s, yt, st
 
 
+def bytes_moved(x: torch.Tensor, weight: bool) -> int:
+    """What `quantize_both` moves: X read once, Y and Yᵀ written (E4M3), both scale tensors written."""
+    m, k = x.shape
+    scales = 2 * cdiv(m, TILE) * cdiv(k, TILE) if weight else m * cdiv(k, TILE) + k * cdiv(m, TILE)
+    return x.numel() * x.element_size() + 2 * x.numel() + 4 * scales
+
+
 def compile_sm90(weight: bool, dtype: str = "bf16", stages: int = 0, **options):
     """The kernel (`stages` > 0: the pipelined one) compiled for sm_90 without a GPU, specialized as a launch
     specializes it (unit stride along K, the scales' unit strides, 16-divisible sizes and aligned pointers), for

@@ -141,22 +141,20 @@ def wgrad_rounds(rounds: int) -> list[dict]:
 def cast_calls(x: torch.Tensor) -> dict:
     """name: (eager call, bytes its kernels move)."""
     from fp8bench_kernels import quantize_blockwise as qb
+    from fp8bench_kernels import quantize_blockwise_gluon as qg
     from fp8bench_kernels import quantize_current as qc
     from fp8bench_kernels import quantize_mx as qm
 
-    n = x.numel()
     row_bytes = qb.bytes_moved(x, (1, 128))
     return {
         "current+transpose": (lambda: qc.quantize_current(x), qc.bytes_moved(x)),
         "blockwise 1x128": (lambda: qb.quantize_blockwise(x, (1, 128), m_major_scales=True), row_bytes),
         "blockwise 128x128": (lambda: qb.quantize_blockwise(x, (128, 128)), qb.bytes_moved(x, (128, 128))),
-        # both layouts of an activation: X read once per layout
-        "blockwise 1x128 both": (lambda: qb.quantize_blockwise_both(x), 2 * row_bytes),
-        # a weight's 128x128 blocks and their transpose, from one read of X (recipe_bench_casts_f5e8879.json and
-        # earlier files counted n more: Y read again and Yᵀ written by a transposing copy, 2n where the kernel
-        # has written Yᵀ once, n, since e83c31e)
-        "blockwise 128x128 both": (lambda: qb.quantize_blockwise_both(x, weight=True),
-                                   qb.bytes_moved(x, (128, 128)) + n),
+        # both layouts, from one read of X (the Gluon kernel since 84e0e41). Earlier files counted what the
+        # Triton kernels moved: for an activation X read once per layout (2n more), for a weight its one read
+        # (recipe_bench_casts_f5e8879.json and earlier: n more, Y read again and Yᵀ written by a transposing copy)
+        "blockwise 1x128 both": (lambda: qb.quantize_blockwise_both(x), qg.bytes_moved(x, weight=False)),
+        "blockwise 128x128 both": (lambda: qb.quantize_blockwise_both(x, weight=True), qg.bytes_moved(x, weight=True)),
         "mx": (lambda: qm.quantize_mx(x), qm.bytes_moved(x)),
     }
 
