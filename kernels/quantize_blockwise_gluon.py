@@ -30,10 +30,9 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from ._fp8 import e4m3_scale, exact_rcp, pow2_floor, scale_to_e4m3
-from ._launch import Launcher, cast_key, cdiv, sm_count
+from ._launch import Launcher, cast_key, cdiv
 from .quantize_blockwise import m_major_empty
 
 TILE = 128
@@ -49,8 +48,6 @@ ALONG_K = gl.constexpr(gl.DistributedLinearLayout(
 ALONG_M = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 2], [0, 4]], lane_bases=_LANES, warp_bases=_WARPS,
     block_bases=[], shape=[TILE, TILE]))
-# the copy ring, row-major: a warp's 16-byte accesses cover whole 128-byte rows, so no swizzle is needed
-RING = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
 
 
 @gluon.jit
@@ -107,54 +104,11 @@ def _cast_both_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_sm,
     _cast_tile(x, pm, pk, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk, st_sm, WEIGHT, POW2)
 
 
-@gluon.jit
-def _copy_tile_async(buf, x_ptr, tile, n_tiles_k, M, K, stride_m, valid):
-    """Start copying tile `tile` of X into shared-memory buffer `buf`, each thread the elements it will read back
-    in ALONG_K (so no barrier is needed between the copy and the read); nothing when not `valid`."""
-    rows, cols, mask = _tile_index(tile // n_tiles_k, tile % n_tiles_k, M, K, ALONG_K)
-    async_copy.async_copy_global_to_shared(buf, x_ptr + rows[:, None] * stride_m + cols[None, :], mask=mask & valid)
+_launch_both = Launcher(_cast_both_kernel)
 
-
-@gluon.jit
-def _cast_both_pipelined_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_sm, s_sg, st_sk, st_sm,
-                                n_tiles_k, n_tiles, WEIGHT: gl.constexpr, POW2: gl.constexpr,
-                                STAGES: gl.constexpr):
-    """The same casts with a persistent grid: each program walks tiles pid, pid + programs, ..., its next
-    STAGES - 1 tiles in flight from HBM into a shared-memory ring (cp.async) while it casts the current one."""
-    pid = gl.program_id(0)
-    programs = gl.num_programs(0)
-    ring = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, _TILE, _TILE], RING)
-    mine = gl.cdiv(n_tiles - pid, programs)
-    for s in gl.static_range(STAGES - 1):
-        _copy_tile_async(ring.index(s), x_ptr, pid + s * programs, n_tiles_k, M, K, stride_m, s < mine)
-        async_copy.commit_group()
-    for i in range(mine):
-        ahead = i + STAGES - 1
-        _copy_tile_async(ring.index(ahead % STAGES), x_ptr, pid + ahead * programs, n_tiles_k, M, K, stride_m,
-                         ahead < mine)
-        async_copy.commit_group()
-        async_copy.wait_group(STAGES - 1)  # tile i has landed (each thread waits for its own copies)
-        tile = pid + i * programs
-        x = ring.index(i % STAGES).load(ALONG_K)
-        _cast_tile(x, tile // n_tiles_k, tile % n_tiles_k, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk,
-                   st_sm, WEIGHT, POW2)
-
-
-_launch_one = Launcher(_cast_both_kernel)
-_launch_pipelined = Launcher(_cast_both_pipelined_kernel)
-
-STAGES = 0
-"""0: one tile per program (`_cast_both_kernel`); else the pipelined kernel's ring depth."""
-PROGRAMS_PER_SM = 2
-"""The pipelined kernel's persistent programs per SM."""
 MAXNREG = 128
 """Registers per thread ptxas may use: at most 128 lets two 8-warp programs share an SM (without the cap the
 activation kernel took 147 on the H200 and ran one program per SM, 30-50% slower)."""
-
-
-def launcher() -> Launcher:
-    """The launcher `quantize_both` calls (tests count its direct launches)."""
-    return _launch_pipelined if STAGES else _launch_one
 
 
 def quantize_both(x: torch.Tensor, weight: bool, pow2_scales: bool):
@@ -169,15 +123,8 @@ def quantize_both(x: torch.Tensor, weight: bool, pow2_scales: bool):
     else:
         s, st = m_major_empty(m, tiles_k, x.device), m_major_empty(k, tiles_m, x.device)
     args = (x, y, s, yt, st, m, k, x.stride(0), s.stride(0), s.stride(1), st.stride(0), st.stride(1))
-    flags = {"WEIGHT": weight, "POW2": pow2_scales, "num_warps": WARPS, "maxnreg": MAXNREG}
-    if STAGES:
-        tiles = tiles_m * tiles_k
-        args += (tiles_k, tiles)
-        _launch_pipelined.launch(cast_key(x, args[5:], weight, pow2_scales),
-                                 (min(tiles, PROGRAMS_PER_SM * sm_count(x.device)),), args,
-                                 {**flags, "STAGES": STAGES})
-    else:
-        _launch_one.launch(cast_key(x, args[5:], weight, pow2_scales), (tiles_m, tiles_k), args, flags)
+    _launch_both.launch(cast_key(x, args[5:], weight, pow2_scales), (tiles_m, tiles_k), args,
+                        {"WEIGHT": weight, "POW2": pow2_scales, "num_warps": WARPS, "maxnreg": MAXNREG})
     return y, s, yt, st
 
 
@@ -188,20 +135,20 @@ def bytes_moved(x: torch.Tensor, weight: bool) -> int:
     return x.numel() * x.element_size() + 2 * x.numel() + 4 * scales
 
 
-def compile_sm90(weight: bool, dtype: str = "bf16", stages: int = 0, **options):
-    """The kernel (`stages` > 0: the pipelined one) compiled for sm_90 without a GPU, specialized as a launch
-    specializes it (unit stride along K, the scales' unit strides, 16-divisible sizes and aligned pointers), for
-    tests/test_kernels.py's ptxas check."""
+def compile_sm90(weight: bool, dtype: str = "bf16", **options):
+    """The kernel compiled for sm_90 without a GPU, specialized as a launch specializes it (unit stride along K,
+    the scales' unit strides, 16-divisible sizes and aligned pointers), for tests/test_kernels.py's ptxas check
+    (and research/act_cast_probe.py's forms: `kernel`)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = _cast_both_pipelined_kernel if stages else _cast_both_kernel
-    ints = ("M", "K", "stride_m", "s_sm", "s_sg", "st_sk", "st_sm") + (("n_tiles_k", "n_tiles") if stages else ())
+    fn = options.pop("kernel", _cast_both_kernel)
+    ints = ("M", "K", "stride_m", "s_sm", "s_sg", "st_sk", "st_sm") + tuple(options.pop("ints", ()))
     signature = {"x_ptr": f"*{dtype}", "y_ptr": "*fp8e4nv", "s_ptr": "*fp32", "yt_ptr": "*fp8e4nv",
                  "st_ptr": "*fp32", **dict.fromkeys(ints, "i32")}
     ones = ("s_sg", "st_sm") if weight else ("s_sm", "st_sk")  # the unit strides a launch passes
-    constants = {"WEIGHT": weight, "POW2": False, **dict.fromkeys(ones, 1), **({"STAGES": stages} if stages else {})}
+    constants = {"WEIGHT": weight, "POW2": False, **dict.fromkeys(ones, 1), **options.pop("constants", {})}
     signature.update(dict.fromkeys(constants, "constexpr"))
     aligned = [n for n in signature if signature[n] != "constexpr"]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}

@@ -43,8 +43,12 @@ import triton
 import triton.language as tl
 from cast_variant_probe import same  # research/: the script's own folder
 from fp8bench_kernels import quantize_blockwise as qb
+from fp8bench_kernels import quantize_blockwise_gluon as qg
 from fp8bench_kernels._fp8 import e4m3_scale, exact_rcp, scale_to_e4m3
 from fp8bench_kernels._launch import cdiv
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from fp8bench.core.measure import time_fn
 
@@ -420,11 +424,46 @@ def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
     return rows
 
 
+# the copy ring, row-major: a warp's 16-byte accesses cover whole 128-byte rows, so no swizzle is needed
+RING = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+
+
+@gluon.jit
+def _copy_tile_async(buf, x_ptr, tile, n_tiles_k, M, K, stride_m, valid):
+    """Start copying tile `tile` of X into shared-memory buffer `buf`, each thread the elements it will read back
+    in ALONG_K (so no barrier is needed between the copy and the read); nothing when not `valid`."""
+    rows, cols, mask = qg._tile_index(tile // n_tiles_k, tile % n_tiles_k, M, K, qg.ALONG_K)
+    async_copy.async_copy_global_to_shared(buf, x_ptr + rows[:, None] * stride_m + cols[None, :], mask=mask & valid)
+
+
+@gluon.jit
+def _cast_both_pipelined_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_sm, s_sg, st_sk, st_sm,
+                                n_tiles_k, n_tiles, WEIGHT: gl.constexpr, POW2: gl.constexpr,
+                                STAGES: gl.constexpr):
+    """The same casts with a persistent grid: each program walks tiles pid, pid + programs, ..., its next
+    STAGES - 1 tiles in flight from HBM into a shared-memory ring (cp.async) while it casts the current one."""
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    ring = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, qg._TILE, qg._TILE], RING)
+    mine = gl.cdiv(n_tiles - pid, programs)
+    for s in gl.static_range(STAGES - 1):
+        _copy_tile_async(ring.index(s), x_ptr, pid + s * programs, n_tiles_k, M, K, stride_m, s < mine)
+        async_copy.commit_group()
+    for i in range(mine):
+        ahead = i + STAGES - 1
+        _copy_tile_async(ring.index(ahead % STAGES), x_ptr, pid + ahead * programs, n_tiles_k, M, K, stride_m,
+                         ahead < mine)
+        async_copy.commit_group()
+        async_copy.wait_group(STAGES - 1)  # tile i has landed (each thread waits for its own copies)
+        tile = pid + i * programs
+        x = ring.index(i % STAGES).load(qg.ALONG_K)
+        qg._cast_tile(x, tile // n_tiles_k, tile % n_tiles_k, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk,
+                   st_sm, WEIGHT, POW2)
+
+
 def gluon_call(x, weight: bool, stages: int = 0, programs: int = 0, **options):
     """kernels/quantize_blockwise_gluon.py's kernel launched through Triton with launch `options` (maxnreg): one
-    tile per program, or (`stages`) the pipelined kernel on `programs` persistent programs."""
-    from fp8bench_kernels import quantize_blockwise_gluon as qg
-
+    tile per program, or (`stages`) the pipelined kernel above on `programs` persistent programs."""
     m, k = x.shape
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
     yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
@@ -436,7 +475,7 @@ def gluon_call(x, weight: bool, stages: int = 0, programs: int = 0, **options):
     args = (x, y, s, yt, st, m, k, x.stride(0), s.stride(0), s.stride(1), st.stride(0), st.stride(1))
     if stages:
         tiles_k, tiles = cdiv(k, 128), cdiv(m, 128) * cdiv(k, 128)
-        qg._cast_both_pipelined_kernel[(min(programs, tiles),)](*args, tiles_k, tiles, WEIGHT=weight, POW2=False,
+        _cast_both_pipelined_kernel[(min(programs, tiles),)](*args, tiles_k, tiles, WEIGHT=weight, POW2=False,
                                                                 STAGES=stages, num_warps=qg.WARPS, **options)
     else:
         qg._cast_both_kernel[(cdiv(m, 128), cdiv(k, 128))](*args, WEIGHT=weight, POW2=False, num_warps=qg.WARPS,

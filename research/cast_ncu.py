@@ -3,8 +3,8 @@
 The cast line (`scripts/recipe_bench.py --only cast`) times the kernels and divides bytes by time; it cannot say
 why the along-M cast (an activation's Yᵀ) runs at 73-75% of a same-bytes copy where the 1x128 cast runs at
 93-96%, or what limits the weight's two-layout cast. This script is the program that `ncu` profiles: each cast
-of `kernels/` (autotuned first, outside the profiled range), the Gluon casts in the forms research/act_cast_probe.py
-times, and a copy of the input as a kernel (x * 1), called once each per
+of `kernels/` (autotuned first, outside the profiled range; the two-layout ones are Gluon kernels since 84e0e41),
+the Triton two-layout kernels beside them, and a copy of the input as a kernel (x * 1), called once each per
 shape between `cudaProfilerStart` and `cudaProfilerStop`, so `ncu --profile-from-start off` records exactly those
 kernels with DRAM throughput, achieved occupancy, warp stall reasons, L2 hit rates and shared-memory bank
 conflicts. ncu replays each kernel with the caches flushed (its default `--cache-control all`); leave the clocks
@@ -45,7 +45,7 @@ STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.r
 
 def profile() -> None:
     import torch
-    from act_cast_probe import gluon_call  # research/: the script's own folder
+    from act_cast_probe import along_m_call, weight_call  # research/: the script's own folder
     from fp8bench_kernels import quantize_blockwise as qb
 
     calls = {}
@@ -56,12 +56,11 @@ def profile() -> None:
             # an elementwise kernel, not copy_ (a cudaMemcpy, which ncu does not profile)
             ("copy", lambda x=x, out=out: torch.mul(x, 1, out=out)),
             ("1x128", lambda x=x: qb.quantize_blockwise(x, (1, 128), m_major_scales=True)),
-            ("1x128 both", lambda x=x: qb.quantize_blockwise_both(x)),
+            ("1x128 both (Gluon, one kernel)", lambda x=x: qb.quantize_blockwise_both(x)),
+            ("along-M (Triton, the interpreter's second kernel)", lambda x=x: along_m_call(x, 64, 4)),
             ("128x128", lambda x=x: qb.quantize_blockwise(x, (128, 128))),
-            ("128x128 both", lambda x=x: qb.quantize_blockwise_both(x, weight=True)),
-            ("gluon 1x128 both", lambda x=x: gluon_call(x, False)),
-            ("gluon 128x128 both", lambda x=x: gluon_call(x, True)),
-            ("gluon 1x128 both maxnreg=128", lambda x=x: gluon_call(x, False, maxnreg=128)),
+            ("128x128 both (Gluon)", lambda x=x: qb.quantize_blockwise_both(x, weight=True)),
+            ("128x128 both (Triton, two passes)", lambda x=x: weight_call(x, 64, 64, 8)),
         ]
         for _, fn in calls[f"{m}x{k}"]:
             fn()  # autotune outside the profiled range
