@@ -27,7 +27,8 @@ SHAPES = [(4096, 4096), (8192, 4096)]
 # raw-page metrics (ncu --page raw) shown per kernel, and their short names
 SUMMARY = {
     "gpu__time_duration.sum": "time",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
+    "l1tex__throughput.avg.pct_of_peak_sustained_elapsed": "l1/shared%",
     "dram__bytes_read.sum": "read",
     "dram__bytes_write.sum": "written",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy%",
