@@ -2,7 +2,7 @@
 written as Y and as Yᵀ with no shared-memory exchange.
 
 Why: Nsight Compute on the H200 (`research/cast_ncu.py`, results/h200-recipe-blockwise/cast_ncu_bac616a.txt)
-showed the Triton along-M cast (an activation's Yᵀ) at 31% of DRAM throughput and 66% of L1/shared-memory
+showed the Triton along-M cast (an activation's Yᵀ) at 31% of DRAM throughput and 58% of L1/shared-memory
 throughput, with ~0.9 million shared-memory bank conflicts per 32 MB cast, where the 1x128 cast that reads the
 same bytes ran at 55%: Triton transposes the E4M3 bytes through shared memory one byte per access. The weight's
 two-layout cast read each block twice (the second time from L2) to keep its registers low.
@@ -13,7 +13,7 @@ vectors (8 lanes cover 128 bytes of a row) and Y stores 8 bytes per row; `ALONG_
 same thread and lane, numbering the registers along M first, so Yᵀ [K, M] stores 8 bytes per column (4 lanes
 cover a 32-byte sector). Converting between the two moves registers within each thread: no shared memory, no
 barrier. Both scales come from the same registers: a row's max crosses 8 lanes and 2 warps, a column's 4 lanes
-and 4 warps (Gluon's reductions, a few hundred bytes of shared memory).
+and 4 warps (Gluon's reductions, 1-2 KB of shared memory).
 
 - activations and gradients (`WEIGHT=False`): 1x128 groups along K for Y (one scale per row) and along M for Yᵀ
   (one per column), both scale tensors M-major as the GEMMs read them;
