@@ -91,6 +91,20 @@ def block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M: tl.conste
     return tl.max(tl.max(amax, axis=1), axis=0)
 
 
+@triton.jit
+def store_block_both(x_ptr, y_ptr, yt_ptr, pm, pk, scale, M, K, stride_m, stride_k, SUB_K: tl.constexpr):
+    """The second pass of the two-layout weight cast: block (pm, pk) of X again (from L2), in column chunks
+    [128, SUB_K], each quantized with the block's `scale` and stored as is into Y and transposed into Yᵀ."""
+    rows = pm * 128 + tl.arange(0, 128)
+    for c in tl.range(0, 128, SUB_K):
+        chunk = pk * 128 + c + tl.arange(0, SUB_K)
+        mask = (rows[:, None] < M) & (chunk[None, :] < K)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + chunk[None, :] * stride_k, mask=mask, other=0.0)
+        q = scale_to_e4m3(x.to(tl.float32), scale)
+        tl.store(y_ptr + rows[:, None] * K + chunk[None, :], q, mask=mask)
+        tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+
+
 @triton.autotune(configs=BOTH_LAYOUTS_CONFIGS, key=["M", "K", "POW2"], do_bench=steady_do_bench)
 @triton.jit
 def _quantize_128x128_both_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_groups,
@@ -103,14 +117,7 @@ def _quantize_128x128_both_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, s
     scale = e4m3_scale(block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M))
     if POW2:
         scale = pow2_floor(scale)
-    rows = pm * 128 + tl.arange(0, 128)
-    for c in tl.range(0, 128, SUB_K):
-        chunk = pk * 128 + c + tl.arange(0, SUB_K)
-        mask = (rows[:, None] < M) & (chunk[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * stride_m + chunk[None, :] * stride_k, mask=mask, other=0.0)
-        q = scale_to_e4m3(x.to(tl.float32), scale)
-        tl.store(y_ptr + rows[:, None] * K + chunk[None, :], q, mask=mask)
-        tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+    store_block_both(x_ptr, y_ptr, yt_ptr, pm, pk, scale, M, K, stride_m, stride_k, SUB_K)
     tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
 
 
@@ -252,27 +259,29 @@ def bytes_moved(x: torch.Tensor, block: tuple[int, int] = (1, GROUP)) -> int:
     return x.numel() * x.element_size() + x.numel() + 4 * n_scales
 
 
-def _compile_sm90(kernel, signature: dict, constants: dict, num_warps: int):
-    """A cast kernel compiled for sm_90 without a GPU (tests/test_kernels.py runs ptxas on it), specialized as a
-    launch specializes it: the unit strides in `constants` are constexpr 1 and every other integer and pointer
-    is 16-divisible (Triton's specializations). Unspecialized, loads and stores are 1-2 bytes wide and ptxas
-    reports about twice the registers (248 for the weight kernel at 8 warps; specialized, 77 with the CPU
-    machines' Triton, and Nsight Compute read 54-58 for the launched kernel on the H200's)."""
+def compile_cast_sm90(fn, signature: dict, constants: dict, num_warps: int, gluon: bool = False, **options):
+    """A cast kernel (`fn`: a Triton or, `gluon`, a Gluon JIT function) compiled for sm_90 without a GPU
+    (tests/test_kernels.py runs ptxas on it), specialized as a launch specializes it: the unit strides in
+    `constants` are constexpr 1 and every other integer and pointer is 16-divisible (Triton's specializations).
+    Unspecialized, loads and stores are 1-2 bytes wide and ptxas reports about twice the registers (248 for the
+    weight kernel at 8 warps; specialized, 77 with the CPU machines' Triton, and Nsight Compute read 54-58 for
+    the launched kernel on the H200's)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
 
     signature = {**signature, **dict.fromkeys(constants, "constexpr")}
     aligned = [name for name, kind in signature.items() if kind != "constexpr"]
-    attrs = {(kernel.fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    return triton.compile(ASTSource(kernel.fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps})
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = (GluonASTSource if gluon else ASTSource)(fn, signature, constants, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **options})
 
 
 def compile_along_m_sm90(block_k: int, num_warps: int):
     """The Yᵀ kernel of `quantize_blockwise_both` for activations and gradients (the interpreter's path)."""
     signature = {"x_ptr": "*bf16", "yt_ptr": "*fp8e4nv", "st_ptr": "*fp32",
                  **dict.fromkeys(("M", "K", "stride_m", "stride_k", "st_sk", "st_sm"), "i32")}
-    return _compile_sm90(_quantize_along_m_kernel, signature,
+    return compile_cast_sm90(_quantize_along_m_kernel.fn, signature,
                          {"GROUP_M": GROUP, "BLOCK_K": block_k, "POW2": False, "stride_k": 1, "st_sk": 1}, num_warps)
 
 
@@ -281,5 +290,5 @@ def compile_blocks_both_sm90(config: triton.Config):
     interpreter), one of `BOTH_LAYOUTS_CONFIGS`."""
     signature = {"x_ptr": "*bf16", "y_ptr": "*fp8e4nv", "yt_ptr": "*fp8e4nv", "s_ptr": "*fp32",
                  **dict.fromkeys(("M", "K", "stride_m", "stride_k", "n_groups"), "i32")}
-    return _compile_sm90(_quantize_128x128_both_kernel, signature, {**config.kwargs, "POW2": False, "stride_k": 1},
-                         config.num_warps)
+    return compile_cast_sm90(_quantize_128x128_both_kernel.fn, signature,
+                             {**config.kwargs, "POW2": False, "stride_k": 1}, config.num_warps)

@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 
 from ._fp8 import e4m3_scale, exact_rcp, pow2_floor, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv
-from .quantize_blockwise import m_major_empty
+from .quantize_blockwise import compile_cast_sm90, m_major_empty
 
 TILE = 128
 WARPS = 8
@@ -111,8 +111,9 @@ MAXNREG = 128
 activation kernel took 147 on the H200 and ran one program per SM, 30-50% slower)."""
 
 
-def quantize_both(x: torch.Tensor, weight: bool, pow2_scales: bool):
-    """`quantize_blockwise_both`'s four tensors for X (2-D, CUDA, unit stride along K) in one launch."""
+def kernel_args(x: torch.Tensor, weight: bool) -> tuple:
+    """The kernel's arguments for X up to its constexprs: X, fresh Y, s, Yᵀ, st (the scales laid out as
+    `quantize_blockwise_both` returns them), the sizes and the strides."""
     m, k = x.shape
     y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
     yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
@@ -122,10 +123,15 @@ def quantize_both(x: torch.Tensor, weight: bool, pow2_scales: bool):
         st = torch.empty((tiles_k, tiles_m), device=x.device, dtype=torch.float32)
     else:
         s, st = m_major_empty(m, tiles_k, x.device), m_major_empty(k, tiles_m, x.device)
-    args = (x, y, s, yt, st, m, k, x.stride(0), s.stride(0), s.stride(1), st.stride(0), st.stride(1))
-    _launch_both.launch(cast_key(x, args[5:], weight, pow2_scales), (tiles_m, tiles_k), args,
-                        {"WEIGHT": weight, "POW2": pow2_scales, "num_warps": WARPS, "maxnreg": MAXNREG})
-    return y, s, yt, st
+    return x, y, s, yt, st, m, k, x.stride(0), s.stride(0), s.stride(1), st.stride(0), st.stride(1)
+
+
+def quantize_both(x: torch.Tensor, weight: bool, pow2_scales: bool):
+    """`quantize_blockwise_both`'s four tensors for X (2-D, CUDA, unit stride along K) in one launch."""
+    args = kernel_args(x, weight)
+    _launch_both.launch(cast_key(x, args[5:], weight, pow2_scales), (cdiv(args[5], TILE), cdiv(args[6], TILE)),
+                        args, {"WEIGHT": weight, "POW2": pow2_scales, "num_warps": WARPS, "maxnreg": MAXNREG})
+    return args[1:5]
 
 
 def bytes_moved(x: torch.Tensor, weight: bool) -> int:
@@ -136,21 +142,10 @@ def bytes_moved(x: torch.Tensor, weight: bool) -> int:
 
 
 def compile_sm90(weight: bool, dtype: str = "bf16", **options):
-    """The kernel compiled for sm_90 without a GPU, specialized as a launch specializes it (unit stride along K,
-    the scales' unit strides, 16-divisible sizes and aligned pointers), for tests/test_kernels.py's ptxas check
-    (and research/act_cast_probe.py's forms: `kernel`)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    fn = options.pop("kernel", _cast_both_kernel)
-    ints = ("M", "K", "stride_m", "s_sm", "s_sg", "st_sk", "st_sm") + tuple(options.pop("ints", ()))
+    """The kernel compiled for sm_90 without a GPU, specialized as a launch specializes it (the scales' unit
+    strides constexpr), for tests/test_kernels.py's ptxas check; `options` are compile options (maxnreg)."""
     signature = {"x_ptr": f"*{dtype}", "y_ptr": "*fp8e4nv", "s_ptr": "*fp32", "yt_ptr": "*fp8e4nv",
-                 "st_ptr": "*fp32", **dict.fromkeys(ints, "i32")}
+                 "st_ptr": "*fp32", **dict.fromkeys(("M", "K", "stride_m", "s_sm", "s_sg", "st_sk", "st_sm"), "i32")}
     ones = ("s_sg", "st_sm") if weight else ("s_sm", "st_sk")  # the unit strides a launch passes
-    constants = {"WEIGHT": weight, "POW2": False, **dict.fromkeys(ones, 1), **options.pop("constants", {})}
-    signature.update(dict.fromkeys(constants, "constexpr"))
-    aligned = [n for n in signature if signature[n] != "constexpr"]
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    return triton.compile(GluonASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": WARPS, **options})
+    return compile_cast_sm90(_cast_both_kernel, signature, {"WEIGHT": weight, "POW2": False, **dict.fromkeys(ones, 1)},
+                             WARPS, gluon=True, **options)

@@ -186,18 +186,17 @@ def weight_variant(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, stride_k, n_grou
     else:
         pm, pk = tl.program_id(0), tl.program_id(1)
     scale = e4m3_scale(qb.block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M))
-    rows = pm * 128 + tl.arange(0, 128)
-    for c in tl.range(0, 128, SUB_K):
-        chunk = pk * 128 + c + tl.arange(0, SUB_K)
-        mask = (rows[:, None] < M) & (chunk[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * stride_m + chunk[None, :] * stride_k, mask=mask, other=0.0)
-        q = scale_to_e4m3(x.to(tl.float32), scale)
-        tl.store(y_ptr + rows[:, None] * K + chunk[None, :], q, mask=mask)
-        if BF16_EXCHANGE:
+    if BF16_EXCHANGE:
+        rows = pm * 128 + tl.arange(0, 128)
+        for c in tl.range(0, 128, SUB_K):
+            chunk = pk * 128 + c + tl.arange(0, SUB_K)
+            mask = (rows[:, None] < M) & (chunk[None, :] < K)
+            x = tl.load(x_ptr + rows[:, None] * stride_m + chunk[None, :] * stride_k, mask=mask, other=0.0)
+            tl.store(y_ptr + rows[:, None] * K + chunk[None, :], scale_to_e4m3(x.to(tl.float32), scale), mask=mask)
             tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], scale_to_e4m3(tl.trans(x).to(tl.float32), scale),
                      mask=tl.trans(mask))
-        else:
-            tl.store(yt_ptr + chunk[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+    else:
+        qb.store_block_both(x_ptr, y_ptr, yt_ptr, pm, pk, scale, M, K, stride_m, stride_k, SUB_K)
     tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
 
 
@@ -465,14 +464,7 @@ def gluon_call(x, weight: bool, stages: int = 0, programs: int = 0, **options):
     """kernels/quantize_blockwise_gluon.py's kernel launched through Triton with launch `options` (maxnreg): one
     tile per program, or (`stages`) the pipelined kernel above on `programs` persistent programs."""
     m, k = x.shape
-    y = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
-    yt = torch.empty((k, m), device=x.device, dtype=torch.float8_e4m3fn)
-    if weight:
-        s = torch.empty((cdiv(m, 128), cdiv(k, 128)), device=x.device, dtype=torch.float32)
-        st = torch.empty((cdiv(k, 128), cdiv(m, 128)), device=x.device, dtype=torch.float32)
-    else:
-        s, st = qb.m_major_empty(m, cdiv(k, 128), x.device), qb.m_major_empty(k, cdiv(m, 128), x.device)
-    args = (x, y, s, yt, st, m, k, x.stride(0), s.stride(0), s.stride(1), st.stride(0), st.stride(1))
+    args = qg.kernel_args(x, weight)
     if stages:
         tiles_k, tiles = cdiv(k, 128), cdiv(m, 128) * cdiv(k, 128)
         _cast_both_pipelined_kernel[(min(programs, tiles),)](*args, tiles_k, tiles, WEIGHT=weight, POW2=False,
@@ -480,7 +472,7 @@ def gluon_call(x, weight: bool, stages: int = 0, programs: int = 0, **options):
     else:
         qg._cast_both_kernel[(cdiv(m, 128), cdiv(k, 128))](*args, WEIGHT=weight, POW2=False, num_warps=qg.WARPS,
                                                            **options)
-    return y, s, yt, st
+    return args[1:5]
 
 
 GLUON_FORMS = [  # (name, kwargs of gluon_call with programs in SMs)
