@@ -53,7 +53,12 @@ def e4m3_scale(amax):
 def scale_to_e4m3(x, scale):
     """x * scale, saturated to +-448 and rounded to E4M3 (ties to even), as float8e4nv: every scaled cast's
     element step (x float32; scale a scalar or a tensor broadcast to x)."""
-    return round_to_e4m3(tl.minimum(tl.maximum(x * scale, -E4M3_MAX_C), E4M3_MAX_C)).to(tl.float8e4nv)
+    y = x * scale
+    if SOFTWARE_ROUNDING:
+        y = round_to_e4m3(tl.minimum(tl.maximum(y, -E4M3_MAX_C), E4M3_MAX_C))
+    # compiled, the saturating cvt clamps (a NaN stays NaN, as in torch's clamp-then-cast); an explicit clamp
+    # was two FMNMX per element, a sixth of the Gluon activation cast's instructions, which is issue-bound
+    return y.to(tl.float8e4nv)
 
 
 @triton.jit
@@ -64,7 +69,13 @@ def pow2_floor(s):
 
 @triton.jit
 def exact_rcp(b):
-    """1 / b correctly rounded to float32. Triton's float32 `/` is an approximate division (so is the
-    interpreter's); a float64 reciprocal rounded once to float32 is exact. Scales are then computed the way
-    torch evaluates `448 / amax` (reciprocal, then multiply), which fp8bench's emulator and torchao use."""
-    return tl.cast(1.0 / tl.cast(b, tl.float64), tl.float32)
+    """1 / b correctly rounded to float32 (IEEE division, `div.rn.f32`; numpy's under the interpreter). Triton's
+    float32 `/` is an approximate division. Scales are then computed the way torch evaluates `448 / amax`
+    (reciprocal, then multiply), which fp8bench's emulator and torchao use. Until 2026-12-03 this was a float64
+    reciprocal rounded once to float32: the same values (double rounding through 53 bits is harmless for a 24-bit
+    quotient, 53 >= 2*24 + 2), but a float64 division is ~10 DFMA with a slow-path call, 32 of them per thread in
+    the Gluon activation cast."""
+    b = b.to(tl.float32)
+    # a 1.0 shaped (and, in Gluon, laid out) as b: the integer product by zero folds to a constant
+    one = (b.to(tl.int32, bitcast=True) * 0 + 0x3F800000).to(tl.float32, bitcast=True)
+    return tl.math.div_rn(one, b)
