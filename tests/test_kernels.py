@@ -826,7 +826,8 @@ for weight in (False, True):
                               capture_output=True, text=True)
         out[f"weight={weight} {dtype}"] = {
             "rc": done.returncode, "ptxas": done.stderr, "shared": kernel.metadata.shared,
-            "cvt_e4m3": ptx.count("cvt.rn.satfinite.e4m3x2"),
+            "cvt_e4m3": ptx.count("cvt.rn.satfinite.e4m3x2"), "divisions": ptx.count("div.rn.f32"),
+            "float64": len(re.findall(r"\\.f64\\b", ptx)), "clamps": len(re.findall(r"\\bmin(?:\\.\\w+)*\\.f32", ptx)),
             "loads": re.findall(r"ld\\.global[.\\w]*", ptx),
             "narrow_stores": re.findall(r"st\\.global(?:\\.v\\d)?\\.b(?:8|16)\\b", ptx)}
 print(json.dumps(out))
@@ -857,6 +858,11 @@ def test_the_gluon_casts_compile_for_hopper_without_spills_or_a_shared_memory_tr
         vectors = 8 if name.endswith("bf16") else 16
         assert b["loads"] == ["ld.global.v4.b32"] * vectors and not b["narrow_stores"], (name, b)
         assert b["cvt_e4m3"] == 64, (name, b["cvt_e4m3"])
+        # the kernel is issue-bound: the exact reciprocals are float32 IEEE divisions, each row's and column's
+        # once per owning thread (activation: a row's scale and inverse, two columns' each; weight: the block's),
+        # and the saturating cvt clamps, so no min is left (the amax reductions are max)
+        assert b["float64"] == 0 and b["divisions"] == (2 if name.startswith("weight=True") else 6), (name, b)
+        assert b["clamps"] == 0, (name, b["clamps"])
 
 
 @pytest.mark.slow
