@@ -29,7 +29,8 @@ Usage on the GPU box: python3 research/act_cast_probe.py OUT.json [--activation-
 interleaved, row-chunk and K-first forms with one along-M and the two-kernel reference; no weight configs)
 [--transposes] (only: the along-M and weight casts with their transposing exchange done on BF16 values before
 quantizing, and the along-M cast without it) [--grid-order] (only: the along-M and weight casts with the grid's
-first axis along K)
+first axis along K) [--gluon] (only: the Gluon two-layout casts, one tile per program and pipelined)
+[--act-variants] (only: the Gluon activation cast beside its scale variants and register caps)
 """
 
 from __future__ import annotations
@@ -527,11 +528,91 @@ def gluon_exactness() -> list[dict]:
     return rows
 
 
+@gluon.jit
+def _act_variant_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_sm, s_sg, st_sk, st_sm,
+                        MODE: gl.constexpr):
+    """The Gluon activation cast with its scales computed otherwise (`MODE`): 0, in every thread that holds a copy
+    of a row's or column's amax (32 divisions per thread, the kernel until 86cbc28); 1, the scale so, its inverse
+    by the owning thread (18 divisions, two layout conversions instead of four); 2, no amax at all: scale 1 (wrong
+    Y and Yᵀ, timed only: the cast without its reductions, the floor they sit on)."""
+    pm = gl.program_id(0)
+    pk = gl.program_id(1)
+    rows, cols, mask = qg._tile_index(pm, pk, M, K, qg.ALONG_K)
+    t_rows, t_cols, t_mask = qg._tile_index(pm, pk, M, K, qg.ALONG_M)
+    xf = gl.load(x_ptr + rows[:, None] * stride_m + cols[None, :], mask=mask, other=0.0).to(gl.float32)
+    t_ptrs = yt_ptr + t_cols[None, :] * M + t_rows[:, None]
+    if MODE == 2:
+        gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, 1.0), mask=mask)
+        gl.store(t_ptrs, scale_to_e4m3(gl.convert_layout(xf, qg.ALONG_M), 1.0), mask=t_mask)
+    else:
+        row_scale = qg._scale(gl.max(gl.abs(xf), axis=1), False)
+        gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, row_scale[:, None]), mask=mask)
+        if MODE == 0:
+            gl.store(s_ptr + rows * s_sm + pk * s_sg, exact_rcp(row_scale), mask=rows < M)
+        else:
+            owned = pm * qg._TILE + gl.arange(0, qg._TILE, layout=qg.ROW_OWNED)
+            gl.store(s_ptr + owned * s_sm + pk * s_sg, exact_rcp(gl.convert_layout(row_scale, qg.ROW_OWNED)),
+                     mask=owned < M)
+        xt = gl.convert_layout(xf, qg.ALONG_M)
+        col_scale = qg._scale(gl.max(gl.abs(xt), axis=0), False)
+        gl.store(t_ptrs, scale_to_e4m3(xt, col_scale[None, :]), mask=t_mask)
+        if MODE == 0:
+            gl.store(st_ptr + t_cols * st_sk + pm * st_sm, exact_rcp(col_scale), mask=t_cols < K)
+        else:
+            owned = pk * qg._TILE + gl.arange(0, qg._TILE, layout=qg.COL_OWNED)
+            gl.store(st_ptr + owned * st_sk + pm * st_sm, exact_rcp(gl.convert_layout(col_scale, qg.COL_OWNED)),
+                     mask=owned < K)
+
+
+ACT_VARIANTS = [  # (name, MODE or None for kernels/'s kernel through Triton, launch options)
+    ("owned (kernels/) via triton", None, {"maxnreg": 128}),
+    ("owned maxnreg=96", None, {"maxnreg": 96}),
+    ("owned maxnreg=112", None, {"maxnreg": 112}),
+    ("replicated (until 86cbc28)", 0, {"maxnreg": 128}),
+    ("inverse owned", 1, {"maxnreg": 128}),
+    ("no amax (wrong scales)", 2, {"maxnreg": 128}),
+]
+
+
+def act_variant_call(x, mode, **options):
+    m, k = x.shape
+    args = qg.kernel_args(x, False)
+    if mode is None:
+        qg._cast_both_kernel[(cdiv(m, 128), cdiv(k, 128))](*args, WEIGHT=False, POW2=False, num_warps=qg.WARPS,
+                                                           **options)
+    else:
+        _act_variant_kernel[(cdiv(m, 128), cdiv(k, 128))](*args, MODE=mode, num_warps=qg.WARPS, **options)
+    return args[1:5]
+
+
+def act_variant_rows(m: int, k: int) -> list[dict]:
+    """The activation's Gluon cast beside its scale variants and register caps (`ACT_VARIANTS`)."""
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    act_4n = 4 * x.numel() + 4 * cdiv(k, 128) * m + 4 * cdiv(m, 128) * k
+    ref = qb.quantize_blockwise_both(x)
+    cases = [("kernels/", lambda: qb.quantize_blockwise_both(x), None)]
+    for name, mode, options in ACT_VARIANTS:
+        cases.append((name, lambda mo=mode, o=options: act_variant_call(x, mo, **o), None if mode == 2 else ref))
+    copies, rows = _copies(act_4n), []
+    for name, fn, r in cases:
+        _record(rows, copies, m, k, "activation", name, fn, (act_4n,), r)
+    return rows
+
+
 def main(out_path: str, everything: bool = True, transposes: bool = False, grid_order: bool = False,
-         gluon: bool = False) -> None:
+         gluon: bool = False, act_variants: bool = False) -> None:
     rows = gluon_exactness() if gluon else []
-    for m, k in SHAPES:
-        if gluon:
+    if act_variants:  # ragged and FP32 first, bit for bit
+        for (m, k), dtype in (((1000, 1200), torch.bfloat16), ((200, 136), torch.bfloat16), ((384, 640), torch.float32)):
+            x = (torch.randn(m, k, device="cuda") * 3).to(dtype)
+            for name, mode, options in ACT_VARIANTS[:-1]:
+                ok = same(act_variant_call(x, mode, **options), qb.quantize_blockwise_both(x))
+                rows.append({"shape": [m, k], "dtype": str(dtype), "variant": name, "bit_exact": ok})
+                print(f"exactness {m}x{k} {dtype} {name}: {ok}", flush=True)
+    for m, k in SHAPES + ([(8192, 11008)] if act_variants else []):
+        if act_variants:
+            rows += act_variant_rows(m, k)
+        elif gluon:
             rows += gluon_rows(m, k)
         elif grid_order:
             rows += grid_order_rows(m, k)
@@ -545,4 +626,4 @@ def main(out_path: str, everything: bool = True, transposes: bool = False, grid_
 if __name__ == "__main__":
     flags = sys.argv[2:]
     main(sys.argv[1], "--activation-only" not in flags, "--transposes" in flags, "--grid-order" in flags,
-         "--gluon" in flags)
+         "--gluon" in flags, "--act-variants" in flags)
