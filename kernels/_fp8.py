@@ -71,7 +71,7 @@ def pow2_floor(s):
 def exact_rcp(b):
     """1 / b correctly rounded to float32 (IEEE division, `div.rn.f32`; numpy's under the interpreter). Triton's
     float32 `/` is an approximate division. Scales are then computed the way torch evaluates `448 / amax`
-    (reciprocal, then multiply), which fp8bench's emulator and torchao use. Until 2026-12-03 this was a float64
+    (reciprocal, then multiply), which fp8bench's emulator and torchao use. Until 81f1c7a this was a float64
     reciprocal rounded once to float32: the same values (double rounding through 53 bits is harmless for a 24-bit
     quotient, 53 >= 2*24 + 2), but a float64 division is ~10 DFMA with a slow-path call, 32 of them per thread in
     the Gluon activation cast."""

@@ -15,6 +15,11 @@ cover a 32-byte sector). Converting between the two moves registers within each 
 barrier. Both scales come from the same registers: a row's max crosses 8 lanes and 2 warps, a column's 4 lanes
 and 4 warps (Gluon's reductions, 1-2 KB of shared memory).
 
+The activation kernel is bound by the instructions it issues, not by HBM: without its amax reductions it ran at
+~90% of a same-bytes copy on the H200, with them ~78% (results/h200-recipe-blockwise/
+act_cast_probe_variants_47785cf.json). So each row's and column's scale is divided out once, by the threads that
+own it (`ROW_OWNED`, `COL_OWNED`), not in each of the 16 threads holding a copy of its amax.
+
 - activations and gradients (`WEIGHT=False`): 1x128 groups along K for Y (one scale per row) and along M for Yᵀ
   (one per column), both scale tensors M-major as the GEMMs read them;
 - weights (`WEIGHT=True`): one scale per 128x128 block, the same for Y and Yᵀ; both the block scales and their
@@ -125,7 +130,9 @@ _launch_both = Launcher(_cast_both_kernel)
 
 MAXNREG = 128
 """Registers per thread ptxas may use: at most 128 lets two 8-warp programs share an SM (without the cap the
-activation kernel took 147 on the H200 and ran one program per SM, 30-50% slower)."""
+activation kernel took 147 on the H200 at 9623be8 and ran one program per SM, 30-50% slower; with its float32
+divisions by the scales' owners, since 86cbc28, ptxas gives it 122-127 anyway). A cap of 96 spills and ran
+4-6% slower (`act_cast_probe.py --act-variants`)."""
 
 
 def kernel_args(x: torch.Tensor, weight: bool) -> tuple:

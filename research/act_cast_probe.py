@@ -31,6 +31,8 @@ interleaved, row-chunk and K-first forms with one along-M and the two-kernel ref
 quantizing, and the along-M cast without it) [--grid-order] (only: the along-M and weight casts with the grid's
 first axis along K) [--gluon] (only: the Gluon two-layout casts, one tile per program and pipelined)
 [--act-variants] (only: the Gluon activation cast beside its scale variants and register caps)
+
+Anywhere, the Markdown table of an `--act-variants` file: python3 research/act_cast_probe.py --markdown OUT.json
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-from cast_variant_probe import same  # research/: the script's own folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # research/: cast_variant_probe beside it
+from cast_variant_probe import same  # noqa: E402
 from fp8bench_kernels import quantize_blockwise as qb
 from fp8bench_kernels import quantize_blockwise_gluon as qg
 from fp8bench_kernels._fp8 import e4m3_scale, exact_rcp, scale_to_e4m3
@@ -623,7 +627,35 @@ def main(out_path: str, everything: bool = True, transposes: bool = False, grid_
         json.dump({"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows}, f, indent=1)
 
 
+def markdown(recorded: dict) -> str:
+    """The table of an `--act-variants` file: each variant's eager time and % of a same-bytes copy per shape, and
+    its bit-exactness on the ragged shapes."""
+    timed = [r for r in recorded["rows"] if "family" in r and "eager_us" in r]
+    shapes = sorted({tuple(r["shape"]) for r in timed}, key=lambda mk: mk[0] * mk[1])
+    variants = list(dict.fromkeys(r["variant"] for r in timed))
+    cell = {(r["variant"], tuple(r["shape"])): r for r in timed}
+    exact = {}
+    for r in recorded["rows"]:
+        if "family" not in r:
+            exact.setdefault(r["variant"], []).append(r["bit_exact"])
+    head = " | ".join(f"{m}×{k} ({2 * m * k / 2**20:.0f} MB)" for m, k in shapes)
+    out = [f"| activation two-layout cast (eager µs; % of a same-bytes copy) | {head} | bit-exact |",
+           "|---|" + "---|" * (len(shapes) + 1)]
+    for v in variants:
+        cells = []
+        for mk in shapes:
+            r = cell.get((v, mk))
+            cells.append(f"{r['eager_us']:.1f}; {next(iter(r['pct_of_same_bytes_copy'].values())):.1f}%" if r else "")
+        ok = exact.get(v)
+        verdict = "—" if ok is None else f"{sum(x is True for x in ok)} of {len(ok)}"
+        out.append(f"| {v} | " + " | ".join(cells) + f" | {verdict} |")
+    return "\n".join(out) + "\n"
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--markdown"]:
+        print(markdown(json.loads(Path(sys.argv[2]).read_text())), end="")
+        sys.exit(0)
     flags = sys.argv[2:]
     main(sys.argv[1], "--activation-only" not in flags, "--transposes" in flags, "--grid-order" in flags,
          "--gluon" in flags, "--act-variants" in flags)
