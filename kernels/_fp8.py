@@ -50,6 +50,16 @@ def e4m3_scale(amax):
 
 
 @triton.jit
+def block_scale(amax, POW2: tl.constexpr):
+    """A block's scale from its amax: `e4m3_scale`, rounded down to a power of two when POW2 (DeepSeek-V3's
+    option, so that scaling changes only exponents); every blockwise cast's step."""
+    scale = e4m3_scale(amax)
+    if POW2:
+        scale = pow2_floor(scale)
+    return scale
+
+
+@triton.jit
 def scale_to_e4m3(x, scale):
     """x * scale, saturated to +-448 and rounded to E4M3 (ties to even), as float8e4nv: every scaled cast's
     element step (x float32; scale a scalar or a tensor broadcast to x)."""

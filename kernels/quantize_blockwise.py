@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._fp8 import AMAX_EPS, E4M3_MAX, e4m3_scale, exact_rcp, pow2_floor, scale_to_e4m3
+from ._fp8 import AMAX_EPS, E4M3_MAX, block_scale, exact_rcp, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv
 from ._tune import INTERPRETING, steady_do_bench, tuning_configs
 
@@ -45,9 +45,7 @@ def _quantize_1x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_grou
     mask = (rows[:, None, None] < M) & (cols[None, :, :] < K)
     x = tl.load(x_ptr + rows[:, None, None] * stride_m + cols[None, :, :] * stride_k, mask=mask,
                 other=0.0).to(tl.float32)
-    scale = e4m3_scale(tl.max(tl.abs(x), axis=2))  # [BM, G]
-    if POW2:
-        scale = pow2_floor(scale)
+    scale = block_scale(tl.max(tl.abs(x), axis=2), POW2)  # [BM, G]
     q = scale_to_e4m3(x, scale[:, :, None])
     tl.store(y_ptr + rows[:, None, None] * K + cols[None, :, :], q, mask=mask)
     smask = (rows[:, None] < M) & (groups[None, :] < n_groups)
@@ -62,9 +60,7 @@ def _quantize_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_gr
     cols = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-    scale = e4m3_scale(tl.max(tl.max(tl.abs(x), axis=1), axis=0))
-    if POW2:
-        scale = pow2_floor(scale)
+    scale = block_scale(tl.max(tl.max(tl.abs(x), axis=1), axis=0), POW2)
     tl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(x, scale), mask=mask)
     tl.store(s_ptr + tl.program_id(0) * n_groups + tl.program_id(1), exact_rcp(scale))
 
@@ -114,9 +110,7 @@ def _quantize_128x128_both_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, s
     # column chunks [128, SUB_K], each stored as is and transposed. The whole block in registers with its
     # transposed store took 17-33% more time (at 4 warps it spilled).
     pm, pk = tl.program_id(0), tl.program_id(1)
-    scale = e4m3_scale(block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M))
-    if POW2:
-        scale = pow2_floor(scale)
+    scale = block_scale(block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M), POW2)
     store_block_both(x_ptr, y_ptr, yt_ptr, pm, pk, scale, M, K, stride_m, stride_k, SUB_K)
     tl.store(s_ptr + pm * n_groups + pk, exact_rcp(scale))
 
@@ -135,9 +129,7 @@ def _quantize_along_m_kernel(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=mask, other=0.0).to(tl.float32)
-    scale = e4m3_scale(tl.max(tl.abs(x), axis=0))
-    if POW2:
-        scale = pow2_floor(scale)
+    scale = block_scale(tl.max(tl.abs(x), axis=0), POW2)
     q = scale_to_e4m3(x, scale[None, :])
     tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
     tl.store(st_ptr + cols * st_sk + tl.program_id(0) * st_sm, exact_rcp(scale), mask=cols < K)

@@ -36,7 +36,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ._fp8 import e4m3_scale, exact_rcp, pow2_floor, scale_to_e4m3
+from ._fp8 import block_scale, exact_rcp, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv
 from .quantize_blockwise import compile_cast_sm90, m_major_empty
 
@@ -72,14 +72,6 @@ def _tile_index(pm, pk, M, K, LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _scale(amax, POW2: gl.constexpr):
-    scale = e4m3_scale(amax)
-    if POW2:
-        scale = pow2_floor(scale)
-    return scale
-
-
-@gluon.jit
 def _cast_tile(x, pm, pk, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk, st_sm, WEIGHT: gl.constexpr,
                POW2: gl.constexpr):
     """Tile (pm, pk) of X, held as `x` [128, 128] in ALONG_K, into Y, Yᵀ and their scales."""
@@ -88,7 +80,7 @@ def _cast_tile(x, pm, pk, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk,
     t_ptrs = yt_ptr + t_cols[None, :] * M + t_rows[:, None]
     xf = x.to(gl.float32)
     if WEIGHT:
-        scale = _scale(gl.max(gl.max(gl.abs(xf), axis=1), axis=0), POW2)
+        scale = block_scale(gl.max(gl.max(gl.abs(xf), axis=1), axis=0), POW2)
         gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, scale), mask=mask)
         # Yᵀ quantized again from X's registers renumbered, not from Y's E4M3 values renumbered
         gl.store(t_ptrs, scale_to_e4m3(gl.convert_layout(xf, ALONG_M), scale), mask=t_mask)
@@ -99,14 +91,14 @@ def _cast_tile(x, pm, pk, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk,
         # each row's and column's scale is divided out once, by the lanes that own it, not in every lane that
         # holds a copy of its amax: 6 divisions per thread instead of 32 (the kernel is issue-bound)
         row_amax = gl.convert_layout(gl.max(gl.abs(xf), axis=1), ROW_OWNED)
-        row_scale = _scale(row_amax, POW2)
+        row_scale = block_scale(row_amax, POW2)
         owned_rows = pm * _TILE + gl.arange(0, _TILE, layout=ROW_OWNED)
         gl.store(s_ptr + owned_rows * s_sm + pk * s_sg, exact_rcp(row_scale), mask=owned_rows < M)
         row_scale = gl.convert_layout(row_scale, gl.SliceLayout(1, ALONG_K))
         gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, row_scale[:, None]), mask=mask)
         xt = gl.convert_layout(xf, ALONG_M)
         col_amax = gl.convert_layout(gl.max(gl.abs(xt), axis=0), COL_OWNED)
-        col_scale = _scale(col_amax, POW2)
+        col_scale = block_scale(col_amax, POW2)
         owned_cols = pk * _TILE + gl.arange(0, _TILE, layout=COL_OWNED)
         gl.store(st_ptr + owned_cols * st_sk + pm * st_sm, exact_rcp(col_scale), mask=owned_cols < K)
         col_scale = gl.convert_layout(col_scale, gl.SliceLayout(0, ALONG_M))

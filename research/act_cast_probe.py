@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # research/: cast_vari
 from cast_variant_probe import same  # noqa: E402
 from fp8bench_kernels import quantize_blockwise as qb
 from fp8bench_kernels import quantize_blockwise_gluon as qg
-from fp8bench_kernels._fp8 import e4m3_scale, exact_rcp, scale_to_e4m3
+from fp8bench_kernels._fp8 import block_scale, e4m3_scale, exact_rcp, scale_to_e4m3
 from fp8bench_kernels._launch import cdiv
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -549,7 +549,7 @@ def _act_variant_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_s
         gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, 1.0), mask=mask)
         gl.store(t_ptrs, scale_to_e4m3(gl.convert_layout(xf, qg.ALONG_M), 1.0), mask=t_mask)
     else:
-        row_scale = qg._scale(gl.max(gl.abs(xf), axis=1), False)
+        row_scale = block_scale(gl.max(gl.abs(xf), axis=1), False)
         gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, row_scale[:, None]), mask=mask)
         if MODE == 0:
             gl.store(s_ptr + rows * s_sm + pk * s_sg, exact_rcp(row_scale), mask=rows < M)
@@ -558,7 +558,7 @@ def _act_variant_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_s
             gl.store(s_ptr + owned * s_sm + pk * s_sg, exact_rcp(gl.convert_layout(row_scale, qg.ROW_OWNED)),
                      mask=owned < M)
         xt = gl.convert_layout(xf, qg.ALONG_M)
-        col_scale = qg._scale(gl.max(gl.abs(xt), axis=0), False)
+        col_scale = block_scale(gl.max(gl.abs(xt), axis=0), False)
         gl.store(t_ptrs, scale_to_e4m3(xt, col_scale[None, :]), mask=t_mask)
         if MODE == 0:
             gl.store(st_ptr + t_cols * st_sk + pm * st_sm, exact_rcp(col_scale), mask=t_cols < K)

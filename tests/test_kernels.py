@@ -413,10 +413,7 @@ def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config, sm90_bu
     fast: warp-specialized (register reallocation between producer and math warpgroups), FP8 wgmmas of the
     half-tile width, and no wgmma that ptxas serializes or waits on behind the kernel's back (C7514/C7517:
     an accumulator register read while a wgmma is in flight, what held the Triton kernel back), no spills."""
-    import subprocess
-
     from fp8bench_kernels.gemm_blockwise_gluon import SMEM_LIMIT
-    from triton.backends.nvidia.compiler import get_ptxas
 
     build = sm90_builds[repr(config)]
     ptx = build["ptx"]
@@ -426,8 +423,7 @@ def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config, sm90_bu
     turns = [f"bar.{op} {barrier}, 256" for op in ("sync", "arrive") for barrier in (8, 9)]
     assert [t in ptx for t in turns] == [config.pingpong] * 4
     assert config.smem_bytes() <= build["shared"] <= SMEM_LIMIT
-    ptxas = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"],
-                           input=ptx, capture_output=True, text=True)
+    ptxas = ptxas_sm90(ptx)
     assert ptxas.returncode == 0, ptxas.stderr
     assert "wgmma" not in ptxas.stderr, ptxas.stderr  # C7514 / C7517 name the serialized wgmma
     assert "0 bytes spill stores" in ptxas.stderr
@@ -767,23 +763,42 @@ def test_kernels_read_only_constexpr_globals(k, name):
     assert kernels > 0, f"found no kernels in {name}"
 
 
-_COMPILE_RECIPE_SM90 = """
-import json, subprocess
-from fp8bench_kernels import gemm_blockwise_wgrad as wgrad, quantize_blockwise as qb
-from triton.backends.nvidia.compiler import get_ptxas
-builds = [("wgrad " + str(c.all_kwargs()), wgrad.compile_sm90(c)) for c in wgrad.CONFIGS]
-builds += [("along-m " + str(c.all_kwargs()), qb.compile_along_m_sm90(c.kwargs["BLOCK_K"], c.num_warps))
-           for c in qb.ALONG_M_CONFIGS]
-builds += [("blocks-transposed " + str(c.all_kwargs()), qb.compile_blocks_both_sm90(c))
-           for c in qb.BOTH_LAYOUTS_CONFIGS]
-out = {}
-for name, kernel in builds:
-    ptx = kernel.asm["ptx"]
-    done = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"], input=ptx,
+def ptxas_sm90(ptx: str):
+    """ptxas's verbose assembly of `ptx` for sm_90a (registers, spills and its warnings on stderr)."""
+    import subprocess
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"], input=ptx,
                           capture_output=True, text=True)
-    out[name] = {"ptx_wgmma_e4m3": "wgmma.mma_async.sync.aligned" in ptx and ".e4m3.e4m3" in ptx,
-                 "cvt_e4m3": "cvt.rn.satfinite.e4m3x2" in ptx, "rc": done.returncode, "ptxas": done.stderr}
-print(json.dumps(out))
+
+
+def _compiled_for_sm90(script: str) -> dict:
+    """{name: {"ptx", "shared", "ptxas", "rc"}} for the kernels `script` compiles into its dict `builds` ({name:
+    compiled kernel}), compiled in a process without Triton's interpreter (so for sm_90, not interpreted) and
+    assembled here by ptxas."""
+    import json
+    import subprocess
+    import sys
+
+    script += "\nimport json\nprint(json.dumps({n: [k.asm['ptx'], k.metadata.shared] for n, k in builds.items()}))"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = {}
+    for name, (ptx, shared) in json.loads(done.stdout.strip().splitlines()[-1]).items():
+        assembled = ptxas_sm90(ptx)
+        out[name] = {"ptx": ptx, "shared": shared, "ptxas": assembled.stderr, "rc": assembled.returncode}
+    return out
+
+
+_COMPILE_RECIPE_SM90 = """
+from fp8bench_kernels import gemm_blockwise_wgrad as wgrad, quantize_blockwise as qb
+builds = {"wgrad " + str(c.all_kwargs()): wgrad.compile_sm90(c) for c in wgrad.CONFIGS}
+builds.update({"along-m " + str(c.all_kwargs()): qb.compile_along_m_sm90(c.kwargs["BLOCK_K"], c.num_warps)
+               for c in qb.ALONG_M_CONFIGS})
+builds.update({"blocks-transposed " + str(c.all_kwargs()): qb.compile_blocks_both_sm90(c)
+               for c in qb.BOTH_LAYOUTS_CONFIGS})
 """
 
 
@@ -793,44 +808,23 @@ def test_the_recipe_kernels_compile_for_hopper_without_spills_or_serialized_wgmm
     process without the interpreter) and assembled by ptxas: the GEMM issues FP8 wgmmas that ptxas does not
     serialize (C7514/C7517 would name them), the cast rounds with the hardware's saturating E4M3 conversion,
     and nothing spills."""
-    import json
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_RECIPE_SM90], capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    builds = json.loads(done.stdout.strip().splitlines()[-1])
+    builds = _compiled_for_sm90(_COMPILE_RECIPE_SM90)
     assert sum(n.startswith("wgrad") for n in builds) >= 3 and sum(n.startswith("along-m") for n in builds) >= 2
     assert sum(n.startswith("blocks-transposed") for n in builds) == 2
     for name, b in builds.items():
         assert b["rc"] == 0, (name, b["ptxas"])
         assert "0 bytes spill stores" in b["ptxas"] and "0 bytes spill loads" in b["ptxas"], (name, b["ptxas"])
         if name.startswith("wgrad"):
-            assert b["ptx_wgmma_e4m3"] and "wgmma" not in b["ptxas"], (name, b["ptxas"])
+            assert "wgmma.mma_async.sync.aligned" in b["ptx"] and ".e4m3.e4m3" in b["ptx"], name
+            assert "wgmma" not in b["ptxas"], (name, b["ptxas"])
         else:
-            assert b["cvt_e4m3"], name
+            assert "cvt.rn.satfinite.e4m3x2" in b["ptx"], name
 
 
 _COMPILE_GLUON_CASTS_SM90 = """
-import json, re, subprocess
 from fp8bench_kernels import quantize_blockwise_gluon as qg
-from triton.backends.nvidia.compiler import get_ptxas
-out = {}
-for weight in (False, True):
-    for dtype in ("bf16", "fp32"):
-        kernel = qg.compile_sm90(weight, dtype, maxnreg=qg.MAXNREG)
-        ptx = kernel.asm["ptx"]
-        done = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"], input=ptx,
-                              capture_output=True, text=True)
-        out[f"weight={weight} {dtype}"] = {
-            "rc": done.returncode, "ptxas": done.stderr, "shared": kernel.metadata.shared,
-            "cvt_e4m3": ptx.count("cvt.rn.satfinite.e4m3x2"), "divisions": ptx.count("div.rn.f32"),
-            "float64": len(re.findall(r"\\.f64\\b", ptx)), "clamps": len(re.findall(r"\\bmin(?:\\.\\w+)*\\.f32", ptx)),
-            "loads": re.findall(r"ld\\.global[.\\w]*", ptx),
-            "narrow_stores": re.findall(r"st\\.global(?:\\.v\\d)?\\.b(?:8|16)\\b", ptx)}
-print(json.dumps(out))
+builds = {f"weight={weight} {dtype}": qg.compile_sm90(weight, dtype, maxnreg=qg.MAXNREG)
+          for weight in (False, True) for dtype in ("bf16", "fp32")}
 """
 
 
@@ -841,17 +835,17 @@ def test_the_gluon_casts_compile_for_hopper_without_spills_or_a_shared_memory_tr
     the reductions' few KB, not a 16-64 KB tile); X arrives in 16-byte vectors and no
     store is narrower than 4 bytes (a thread's 64 elements of X in 8 loads from BF16, 16 from FP32); every element is rounded by the hardware's E4M3 conversion, once per layout
     (64 cvt.rn.satfinite.e4m3x2 per thread: 64 elements, two to an instruction, twice)."""
-    import json
-    import subprocess
-    import sys
+    import re
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_GLUON_CASTS_SM90], capture_output=True, text=True,
-                          env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    builds = json.loads(done.stdout.strip().splitlines()[-1])
+    builds = _compiled_for_sm90(_COMPILE_GLUON_CASTS_SM90)
     assert len(builds) == 4
     for name, b in builds.items():
+        ptx = b["ptx"]
+        b.update({"cvt_e4m3": ptx.count("cvt.rn.satfinite.e4m3x2"), "divisions": ptx.count("div.rn.f32"),
+                  "float64": len(re.findall(r"\.f64\b", ptx)), "clamps": len(re.findall(r"\bmin(?:\.\w+)*\.f32", ptx)),
+                  "loads": re.findall(r"ld\.global[.\w]*", ptx),
+                  "narrow_stores": re.findall(r"st\.global(?:\.v\d)?\.b(?:8|16)\b", ptx)})
+        del b["ptx"]
         assert b["rc"] == 0, (name, b["ptxas"])
         assert "0 bytes spill stores" in b["ptxas"] and "0 bytes spill loads" in b["ptxas"], (name, b["ptxas"])
         assert b["shared"] <= 4096, (name, b["shared"])
