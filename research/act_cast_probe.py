@@ -537,7 +537,7 @@ def _act_variant_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_s
                         MODE: gl.constexpr):
     """The Gluon activation cast with its scales computed otherwise (`MODE`): 0, in every thread that holds a copy
     of a row's or column's amax (32 divisions per thread, the kernel until 86cbc28); 1, the scale so, its inverse
-    by the owning thread (18 divisions, two layout conversions instead of four); 2, no amax at all: scale 1 (wrong
+    by the owning thread (19 divisions, two layout conversions instead of four); 2, no amax at all: scale 1 (wrong
     Y and Yᵀ, timed only: the cast without its reductions, the floor they sit on)."""
     pm = gl.program_id(0)
     pk = gl.program_id(1)

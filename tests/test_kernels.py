@@ -834,7 +834,9 @@ def test_the_gluon_casts_compile_for_hopper_without_spills_or_a_shared_memory_tr
     sm_90 and assembled by ptxas: nothing spills; the transpose to Yᵀ stays in registers (shared memory holds
     the reductions' few KB, not a 16-64 KB tile); X arrives in 16-byte vectors and no
     store is narrower than 4 bytes (a thread's 64 elements of X in 8 loads from BF16, 16 from FP32); every element is rounded by the hardware's E4M3 conversion, once per layout
-    (64 cvt.rn.satfinite.e4m3x2 per thread: 64 elements, two to an instruction, twice)."""
+    (64 cvt.rn.satfinite.e4m3x2 per thread: 64 elements, two to an instruction, twice); and, the kernels being
+    bound by the instructions they issue, no float64, no clamp before the saturating cvt, and only the divisions
+    each scale's owning threads make."""
     import re
 
     builds = _compiled_for_sm90(_COMPILE_GLUON_CASTS_SM90)
