@@ -380,30 +380,55 @@ def sm90_configs():
     return gluon_configs() + WGRAD_CONFIGS + (WGRAD_CONFIGS[0]._replace(pingpong=False),)
 
 
+def _compiled_elsewhere(script: str, stdin: str = "") -> dict:
+    """{name: {"ptx", "shared"}} for the kernels `script` compiles into its dict `builds` ({name: compiled
+    kernel}), compiled for sm_90 in a process of its own without TRITON_INTERPRET: after the interpreter has run
+    kernels in this one, Triton's language functions still hold the interpreter's builder."""
+    import json
+    import subprocess
+    import sys
+
+    script += ("\nimport json as _json\nprint(_json.dumps({name: {'ptx': kernel.asm['ptx'], 'shared': "
+               "kernel.metadata.shared} for name, kernel in builds.items()}))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], input=stdin, capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def ptxas_sm90(ptx: str):
+    """ptxas's verbose assembly of `ptx` for sm_90a (registers, spills and its warnings on stderr)."""
+    import subprocess
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"], input=ptx,
+                          capture_output=True, text=True)
+
+
+def _compiled_for_sm90(script: str) -> dict:
+    """`_compiled_elsewhere(script)`, each kernel also assembled here by ptxas ("ptxas": its stderr, "rc")."""
+    builds = _compiled_elsewhere(script)
+    for build in builds.values():
+        assembled = ptxas_sm90(build["ptx"])
+        build.update(ptxas=assembled.stderr, rc=assembled.returncode)
+    return builds
+
+
 _COMPILE_SM90 = """
 import json, sys
 from fp8bench_kernels.gemm_blockwise_gluon import Config, compile_sm90
-out = {}
-for config in (Config(*fields) for fields in json.load(sys.stdin)):
-    kernel = compile_sm90(config)
-    out[repr(config)] = {"ptx": kernel.asm["ptx"], "shared": kernel.metadata.shared}
-json.dump(out, sys.stdout)
+builds = {repr(config): compile_sm90(config) for config in (Config(*fields) for fields in json.load(sys.stdin))}
 """
 
 
 @pytest.fixture(scope="module")
 def sm90_builds():
-    """Every Gluon config compiled for sm_90, in a process of its own: after the interpreter has run kernels in
-    this one, Triton's language functions still hold the interpreter's builder."""
+    """Every Gluon config compiled for sm_90 (`_compiled_elsewhere`)."""
     import json
-    import subprocess
-    import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_SM90], input=json.dumps(sm90_configs()),
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    return _compiled_elsewhere(_COMPILE_SM90, json.dumps(sm90_configs()))
 
 
 @pytest.mark.slow
@@ -761,35 +786,6 @@ def test_kernels_read_only_constexpr_globals(k, name):
             assert not isinstance(value, (int, float)) or isinstance(value, bool), \
                 f"{name}.{attr} reads the plain global {ref}={value!r}; make it tl.constexpr"
     assert kernels > 0, f"found no kernels in {name}"
-
-
-def ptxas_sm90(ptx: str):
-    """ptxas's verbose assembly of `ptx` for sm_90a (registers, spills and its warnings on stderr)."""
-    import subprocess
-
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    return subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"], input=ptx,
-                          capture_output=True, text=True)
-
-
-def _compiled_for_sm90(script: str) -> dict:
-    """{name: {"ptx", "shared", "ptxas", "rc"}} for the kernels `script` compiles into its dict `builds` ({name:
-    compiled kernel}), compiled in a process without Triton's interpreter (so for sm_90, not interpreted) and
-    assembled here by ptxas."""
-    import json
-    import subprocess
-    import sys
-
-    script += "\nimport json\nprint(json.dumps({n: [k.asm['ptx'], k.metadata.shared] for n, k in builds.items()}))"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = {}
-    for name, (ptx, shared) in json.loads(done.stdout.strip().splitlines()[-1]).items():
-        assembled = ptxas_sm90(ptx)
-        out[name] = {"ptx": ptx, "shared": shared, "ptxas": assembled.stderr, "rc": assembled.returncode}
-    return out
 
 
 _COMPILE_RECIPE_SM90 = """
