@@ -512,12 +512,16 @@ def gluon_rows(m: int, k: int) -> list[dict]:
     return rows
 
 
+EXACTNESS_INPUTS = (((1000, 1200), torch.bfloat16), ((200, 136), torch.bfloat16), ((384, 640), torch.float32),
+                    ((1000, 1200), torch.float32))
+"""Ragged shapes (a tile past M and K; a row not a multiple of 16) from BF16 and FP32, for the bit-exact checks."""
+
+
 def gluon_exactness() -> list[dict]:
     """Every Gluon form bit for bit against kernels/ on ragged shapes and FP32 input (no timing)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for (m, k), dtype in (((1000, 1200), torch.bfloat16), ((200, 136), torch.bfloat16), ((384, 640), torch.float32),
-                          ((1000, 1200), torch.float32)):
+    for (m, k), dtype in EXACTNESS_INPUTS:
         x = (torch.randn(m, k, device="cuda") * 3).to(dtype)
         for weight in (False, True):
             ref = qb.quantize_blockwise_both(x, weight=weight)
@@ -530,6 +534,18 @@ def gluon_exactness() -> list[dict]:
                 rows.append({"shape": [m, k], "dtype": str(dtype), "weight": weight, "variant": name, "bit_exact": ok})
                 print(f"exactness {m}x{k} {dtype} weight={weight} {name}: {ok}", flush=True)
     return rows
+
+
+@gluon.jit
+def _store_inverses(ptr, stride, offset, scale, index, tile, limit, OWNED: gl.constexpr, BY_OWNER: gl.constexpr):
+    """1 / `scale` of a tile's rows or columns (`index`, the scale's own layout) at ptr + index * stride + offset,
+    under `limit`: computed where the scale is (every thread holding a copy), or (BY_OWNER) after moving it to the
+    OWNED layout, one division per owner."""
+    if BY_OWNER:
+        owned = tile * qg._TILE + gl.arange(0, qg._TILE, layout=OWNED)
+        gl.store(ptr + owned * stride + offset, exact_rcp(gl.convert_layout(scale, OWNED)), mask=owned < limit)
+    else:
+        gl.store(ptr + index * stride + offset, exact_rcp(scale), mask=index < limit)
 
 
 @gluon.jit
@@ -551,21 +567,11 @@ def _act_variant_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_s
     else:
         row_scale = block_scale(gl.max(gl.abs(xf), axis=1), False)
         gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, row_scale[:, None]), mask=mask)
-        if MODE == 0:
-            gl.store(s_ptr + rows * s_sm + pk * s_sg, exact_rcp(row_scale), mask=rows < M)
-        else:
-            owned = pm * qg._TILE + gl.arange(0, qg._TILE, layout=qg.ROW_OWNED)
-            gl.store(s_ptr + owned * s_sm + pk * s_sg, exact_rcp(gl.convert_layout(row_scale, qg.ROW_OWNED)),
-                     mask=owned < M)
+        _store_inverses(s_ptr, s_sm, pk * s_sg, row_scale, rows, pm, M, qg.ROW_OWNED, MODE == 1)
         xt = gl.convert_layout(xf, qg.ALONG_M)
         col_scale = block_scale(gl.max(gl.abs(xt), axis=0), False)
         gl.store(t_ptrs, scale_to_e4m3(xt, col_scale[None, :]), mask=t_mask)
-        if MODE == 0:
-            gl.store(st_ptr + t_cols * st_sk + pm * st_sm, exact_rcp(col_scale), mask=t_cols < K)
-        else:
-            owned = pk * qg._TILE + gl.arange(0, qg._TILE, layout=qg.COL_OWNED)
-            gl.store(st_ptr + owned * st_sk + pm * st_sm, exact_rcp(gl.convert_layout(col_scale, qg.COL_OWNED)),
-                     mask=owned < K)
+        _store_inverses(st_ptr, st_sk, pm * st_sm, col_scale, t_cols, pk, K, qg.COL_OWNED, MODE == 1)
 
 
 ACT_VARIANTS = [  # (name, MODE or None for kernels/'s kernel through Triton, launch options)
@@ -589,6 +595,19 @@ def act_variant_call(x, mode, **options):
     return args[1:5]
 
 
+def act_variant_exactness() -> list[dict]:
+    """Every activation variant but the one without amax, bit for bit against kernels/, on the first three
+    `EXACTNESS_INPUTS` (as recorded at 47785cf)."""
+    rows = []
+    for (m, k), dtype in EXACTNESS_INPUTS[:3]:
+        x = (torch.randn(m, k, device="cuda") * 3).to(dtype)
+        for name, mode, options in ACT_VARIANTS[:-1]:
+            ok = same(act_variant_call(x, mode, **options), qb.quantize_blockwise_both(x))
+            rows.append({"shape": [m, k], "dtype": str(dtype), "variant": name, "bit_exact": ok})
+            print(f"exactness {m}x{k} {dtype} {name}: {ok}", flush=True)
+    return rows
+
+
 def act_variant_rows(m: int, k: int) -> list[dict]:
     """The activation's Gluon cast beside its scale variants and register caps (`ACT_VARIANTS`)."""
     x = torch.randn(m, k, device="cuda").bfloat16()
@@ -605,14 +624,7 @@ def act_variant_rows(m: int, k: int) -> list[dict]:
 
 def main(out_path: str, everything: bool = True, transposes: bool = False, grid_order: bool = False,
          gluon: bool = False, act_variants: bool = False) -> None:
-    rows = gluon_exactness() if gluon else []
-    if act_variants:  # ragged and FP32 first, bit for bit
-        for (m, k), dtype in (((1000, 1200), torch.bfloat16), ((200, 136), torch.bfloat16), ((384, 640), torch.float32)):
-            x = (torch.randn(m, k, device="cuda") * 3).to(dtype)
-            for name, mode, options in ACT_VARIANTS[:-1]:
-                ok = same(act_variant_call(x, mode, **options), qb.quantize_blockwise_both(x))
-                rows.append({"shape": [m, k], "dtype": str(dtype), "variant": name, "bit_exact": ok})
-                print(f"exactness {m}x{k} {dtype} {name}: {ok}", flush=True)
+    rows = gluon_exactness() if gluon else act_variant_exactness() if act_variants else []
     for m, k in SHAPES + ([(8192, 11008)] if act_variants else []):
         if act_variants:
             rows += act_variant_rows(m, k)
