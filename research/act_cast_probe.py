@@ -377,7 +377,7 @@ def transpose_rows(m: int, k: int) -> list[dict]:
         for bk, w in ((32, 4), (64, 4), (64, 8)):
             cases.append((f"along-m {name} k{bk} w{w}", lambda bk=bk, w=w, mode=mode: along_m_pre_call(x, bk, w, mode),
                           along_one, ref_a if mode else None))
-    act_4n = 4 * x.numel() + 4 * cdiv(k, 128) * m + 4 * cdiv(m, 128) * k
+    act_4n = qg.bytes_moved(x, weight=False)  # X read once, Y and Yᵀ written, both scale tensors
     ref_both = qb.quantize_blockwise_both(x)
     cases.append(("activation kernels/ (4n counted)", lambda: qb.quantize_blockwise_both(x), act_4n, None))
     for w in (8, 16):
@@ -392,9 +392,9 @@ def transpose_rows(m: int, k: int) -> list[dict]:
 def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
     rows: list[dict] = []
     x = torch.randn(m, k, device="cuda").bfloat16()
-    n, groups = x.numel(), cdiv(k, 128) * m
+    n = x.numel()
     act_6n = 2 * qb.bytes_moved(x, (1, 128))
-    act_4n = 4 * n + 4 * groups + 4 * cdiv(m, 128) * k
+    act_4n = qg.bytes_moved(x, weight=False)
     weight = 4 * n + 4 * cdiv(m, 128) * cdiv(k, 128)
     row_one = qb.bytes_moved(x, (1, 128))
     along_one = 3 * n + 4 * cdiv(m, 128) * k
@@ -496,7 +496,7 @@ def gluon_rows(m: int, k: int) -> list[dict]:
     x = torch.randn(m, k, device="cuda").bfloat16()
     n = x.numel()
     act_6n = 2 * qb.bytes_moved(x, (1, 128))
-    act_4n = 4 * n + 4 * cdiv(k, 128) * m + 4 * cdiv(m, 128) * k
+    act_4n = qg.bytes_moved(x, weight=False)
     weight = 4 * n + 4 * cdiv(m, 128) * cdiv(k, 128)
     ref_a, ref_w = qb.quantize_blockwise_both(x), qb.quantize_blockwise_both(x, weight=True)
     # "kernels/" is quantize_blockwise_both as committed: the two Triton kernels until 84e0e41, the Gluon kernel since
@@ -611,7 +611,7 @@ def act_variant_exactness() -> list[dict]:
 def act_variant_rows(m: int, k: int) -> list[dict]:
     """The activation's Gluon cast beside its scale variants and register caps (`ACT_VARIANTS`)."""
     x = torch.randn(m, k, device="cuda").bfloat16()
-    act_4n = 4 * x.numel() + 4 * cdiv(k, 128) * m + 4 * cdiv(m, 128) * k
+    act_4n = qg.bytes_moved(x, weight=False)  # X read once, Y and Yᵀ written, both scale tensors
     ref = qb.quantize_blockwise_both(x)
     cases = [("kernels/", lambda: qb.quantize_blockwise_both(x), None)]
     for name, mode, options in ACT_VARIANTS:
