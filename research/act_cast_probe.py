@@ -430,14 +430,21 @@ def shape_rows(m: int, k: int, everything: bool) -> list[dict]:
 
 # the copy ring, row-major: a warp's 16-byte accesses cover whole 128-byte rows, so no swizzle is needed
 RING = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+RING4 = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[3, 2, 1, 0]))
 
 
 @gluon.jit
-def _copy_tile_async(buf, x_ptr, tile, n_tiles_k, M, K, stride_m, valid):
+def _copy_tile_async(buf, x_ptr, tile, n_tiles_k, M, K, stride_m, valid, WEIGHT: gl.constexpr):
     """Start copying tile `tile` of X into shared-memory buffer `buf`, each thread the elements it will read back
-    in ALONG_K (so no barrier is needed between the copy and the read); nothing when not `valid`."""
-    rows, cols, mask = qg._tile_index(tile // n_tiles_k, tile % n_tiles_k, M, K, qg.ALONG_K)
-    async_copy.async_copy_global_to_shared(buf, x_ptr + rows[:, None] * stride_m + cols[None, :], mask=mask & valid)
+    (ALONG_K for a weight, [kw, mw, r, c] ACT_ALONG_K for an activation), so no barrier is needed between the
+    copy and the read; nothing when not `valid`."""
+    if WEIGHT:
+        rows, cols, mask = qg._tile_index(tile // n_tiles_k, tile % n_tiles_k, M, K, qg.ALONG_K)
+        ptrs = x_ptr + rows[:, None] * stride_m + cols[None, :]
+    else:
+        rows, cols, mask = qg._tile_index4(tile // n_tiles_k, tile % n_tiles_k, M, K, qg.ACT_ALONG_K)
+        ptrs = x_ptr + rows * stride_m + cols
+    async_copy.async_copy_global_to_shared(buf, ptrs, mask=mask & valid)
 
 
 @gluon.jit
@@ -448,21 +455,27 @@ def _cast_both_pipelined_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, strid
     STAGES - 1 tiles in flight from HBM into a shared-memory ring (cp.async) while it casts the current one."""
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
-    ring = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, qg._TILE, qg._TILE], RING)
+    if WEIGHT:
+        ring = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, qg._TILE, qg._TILE], RING)
+    else:
+        ring = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, 2, 4, 32, 64], RING4)
     mine = gl.cdiv(n_tiles - pid, programs)
     for s in gl.static_range(STAGES - 1):
-        _copy_tile_async(ring.index(s), x_ptr, pid + s * programs, n_tiles_k, M, K, stride_m, s < mine)
+        _copy_tile_async(ring.index(s), x_ptr, pid + s * programs, n_tiles_k, M, K, stride_m, s < mine, WEIGHT)
         async_copy.commit_group()
     for i in range(mine):
         ahead = i + STAGES - 1
         _copy_tile_async(ring.index(ahead % STAGES), x_ptr, pid + ahead * programs, n_tiles_k, M, K, stride_m,
-                         ahead < mine)
+                         ahead < mine, WEIGHT)
         async_copy.commit_group()
         async_copy.wait_group(STAGES - 1)  # tile i has landed (each thread waits for its own copies)
         tile = pid + i * programs
-        x = ring.index(i % STAGES).load(qg.ALONG_K)
-        qg._cast_tile(x, tile // n_tiles_k, tile % n_tiles_k, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk,
-                   st_sm, WEIGHT, POW2)
+        if WEIGHT:
+            qg._weight_tile(ring.index(i % STAGES).load(qg.ALONG_K), tile // n_tiles_k, tile % n_tiles_k, y_ptr,
+                            s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk, st_sm, POW2)
+        else:
+            qg._activation_tile(ring.index(i % STAGES).load(qg.ACT_ALONG_K), tile // n_tiles_k, tile % n_tiles_k,
+                                y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, st_sk, st_sm, POW2)
 
 
 def gluon_call(x, weight: bool, stages: int = 0, programs: int = 0, **options):
@@ -536,6 +549,16 @@ def gluon_exactness() -> list[dict]:
     return rows
 
 
+# The [128, 128] tile's owners of a row's and a column's scale in the Gluon activation cast from 86cbc28 until the
+# [kw, mw, r, c] form: a row's amax (sliced from ALONG_K) moved to one lane per row (the warp bit along K a copy),
+# a column's (sliced from ALONG_M) to two columns per thread, each through Triton's layout conversions
+ROW_OWNED_2D = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[], lane_bases=[[1], [2], [4], [8], [16]], warp_bases=[[0], [32], [64]], block_bases=[], shape=[128]))
+COL_OWNED_2D = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[4]], lane_bases=[[8], [16], [32], [1], [2]], warp_bases=[[64], [0], [0]], block_bases=[],
+    shape=[128]))
+
+
 @gluon.jit
 def _store_inverses(ptr, stride, offset, scale, index, tile, limit, OWNED: gl.constexpr, BY_OWNER: gl.constexpr):
     """1 / `scale` of a tile's rows or columns (`index`, the scale's own layout) at ptr + index * stride + offset,
@@ -549,12 +572,24 @@ def _store_inverses(ptr, stride, offset, scale, index, tile, limit, OWNED: gl.co
 
 
 @gluon.jit
+def _owned_scale(amax, tile, ptr, stride, offset, limit, OWNED: gl.constexpr, BACK: gl.constexpr):
+    """MODE 3's step: `amax` moved to its OWNED layout, its scale and inverse made there, the inverse stored, the
+    scale moved BACK to where the tile's elements are."""
+    scale = block_scale(gl.convert_layout(amax, OWNED), False)
+    owned = tile * qg._TILE + gl.arange(0, qg._TILE, layout=OWNED)
+    gl.store(ptr + owned * stride + offset, exact_rcp(scale), mask=owned < limit)
+    return gl.convert_layout(scale, BACK)
+
+
+@gluon.jit
 def _act_variant_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_sm, s_sg, st_sk, st_sm,
                         MODE: gl.constexpr):
-    """The Gluon activation cast with its scales computed otherwise (`MODE`): 0, in every thread that holds a copy
-    of a row's or column's amax (32 divisions per thread, the kernel until 86cbc28); 1, the scale so, its inverse
-    by the owning thread (19 divisions, two layout conversions instead of four); 2, no amax at all: scale 1 (wrong
-    Y and Yᵀ, timed only: the cast without its reductions, the floor they sit on)."""
+    """The Gluon activation cast on a [128, 128] tile with its scales computed otherwise (`MODE`): 0, in every
+    thread that holds a copy of a row's or column's amax (32 divisions per thread, the kernel until 86cbc28); 1,
+    the scale so, its inverse by the owning thread (19 divisions, two layout conversions instead of four); 2, no
+    amax at all: scale 1 (wrong Y and Yᵀ, timed only: the cast without its reductions, the floor they sit on);
+    3, scale and inverse by the owning thread (6 divisions, four layout conversions: kernels/ from 86cbc28 until
+    the [kw, mw, r, c] tile)."""
     pm = gl.program_id(0)
     pk = gl.program_id(1)
     rows, cols, mask = qg._tile_index(pm, pk, M, K, qg.ALONG_K)
@@ -564,20 +599,28 @@ def _act_variant_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_s
     if MODE == 2:
         gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, 1.0), mask=mask)
         gl.store(t_ptrs, scale_to_e4m3(gl.convert_layout(xf, qg.ALONG_M), 1.0), mask=t_mask)
+    elif MODE == 3:
+        row_scale = _owned_scale(gl.max(gl.abs(xf), axis=1), pm, s_ptr, s_sm, pk * s_sg, M, ROW_OWNED_2D,
+                                 gl.SliceLayout(1, qg.ALONG_K))
+        gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, row_scale[:, None]), mask=mask)
+        xt = gl.convert_layout(xf, qg.ALONG_M)
+        col_scale = _owned_scale(gl.max(gl.abs(xt), axis=0), pk, st_ptr, st_sk, pm * st_sm, K, COL_OWNED_2D,
+                                 gl.SliceLayout(0, qg.ALONG_M))
+        gl.store(t_ptrs, scale_to_e4m3(xt, col_scale[None, :]), mask=t_mask)
     else:
         row_scale = block_scale(gl.max(gl.abs(xf), axis=1), False)
         gl.store(y_ptr + rows[:, None] * K + cols[None, :], scale_to_e4m3(xf, row_scale[:, None]), mask=mask)
-        _store_inverses(s_ptr, s_sm, pk * s_sg, row_scale, rows, pm, M, qg.ROW_OWNED, MODE == 1)
+        _store_inverses(s_ptr, s_sm, pk * s_sg, row_scale, rows, pm, M, ROW_OWNED_2D, MODE == 1)
         xt = gl.convert_layout(xf, qg.ALONG_M)
         col_scale = block_scale(gl.max(gl.abs(xt), axis=0), False)
         gl.store(t_ptrs, scale_to_e4m3(xt, col_scale[None, :]), mask=t_mask)
-        _store_inverses(st_ptr, st_sk, pm * st_sm, col_scale, t_cols, pk, K, qg.COL_OWNED, MODE == 1)
+        _store_inverses(st_ptr, st_sk, pm * st_sm, col_scale, t_cols, pk, K, COL_OWNED_2D, MODE == 1)
 
 
 ACT_VARIANTS = [  # (name, MODE or None for kernels/'s kernel through Triton, launch options)
-    ("owned (kernels/) via triton", None, {"maxnreg": 128}),
-    ("owned maxnreg=96", None, {"maxnreg": 96}),
-    ("owned maxnreg=112", None, {"maxnreg": 112}),
+    ("kernels/ via triton", None, {"maxnreg": 128}),
+    ("kernels/ maxnreg=112", None, {"maxnreg": 112}),
+    ("owned 2-D (86cbc28)", 3, {"maxnreg": 128}),
     ("replicated (until 86cbc28)", 0, {"maxnreg": 128}),
     ("inverse owned", 1, {"maxnreg": 128}),
     ("no amax (wrong scales)", 2, {"maxnreg": 128}),
