@@ -63,7 +63,7 @@ def main(out_path: str) -> None:
                 eager = time_fn(fn, **CAST_TIMER).median_ms * 1e3
                 host_us, gpu_us = paced(fn, flush)
                 graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms * 1e3
-                row = {"kernel": name, "shape": [m, k], "repeat": repeat, "eager_us": eager, "graph_us": graph,
+                row = {"kernel": name, "shape": [m, k], "bytes": nbytes, "repeat": repeat, "eager_us": eager, "graph_us": graph,
                        "host_us_per_iteration": host_us, "gpu_us_per_iteration": gpu_us}
                 rows.append(row)
                 print(f"{name:>24} {m}x{k} #{repeat}: eager {eager:6.1f} µs, graph {graph:6.1f} µs; per iteration "
