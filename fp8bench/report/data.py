@@ -103,7 +103,7 @@ def runs(con) -> pd.DataFrame:
                (SELECT count(*) FROM cases c WHERE c.run_id = r.run_id) AS n_cases,
                (SELECT count(*) FROM cases c WHERE c.run_id = r.run_id AND c.status = 'ok') AS n_ok,
                (SELECT count(*) FROM cases c WHERE c.run_id = r.run_id AND c.status = 'failed') AS n_failed
-        FROM runs r LEFT JOIN environments e USING (env_id) ORDER BY r.started_at DESC""").fetchdf()
+        FROM runs r LEFT JOIN environments e USING (env_id) ORDER BY r.started_at DESC, r.run_id""").fetchdf()
 
 
 def not_measured(df: pd.DataFrame, workloads: tuple[str, ...] | None = None) -> pd.DataFrame:

@@ -89,7 +89,7 @@ def results_block(con) -> str:
              r["commit"]] for _, r in h.iterrows()]
     out = "### Speedup over BF16 per recipe (whole layers, MLPs and training steps)\n\n"
     out += table(["device · model", "workload", "recipe", "speedup (95% interval)", "bound", "run", "commit"], rows)
-    runs = runs.sort_values("started_at")
+    runs = runs.sort_values(["started_at", "run_id"])  # run id breaks ties: runs recorded in the same minute
     out += "\n### The runs\n\n"
     out += table(["run", "started (UTC)", "commit", "device", "cases", "ok", "failed"], [
         [f"`{r['run_id']}`", pd.Timestamp(r["started_at"]).strftime("%Y-%m-%d %H:%M") if pd.notna(r["started_at"])
