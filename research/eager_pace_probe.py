@@ -21,35 +21,18 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from recipe_bench import CAST_TIMER, cast_calls  # noqa: E402 - the cast line's calls and timer
+from recipe_bench import CAST_TIMER, cast_calls, eager_pace  # noqa: E402 - the cast line's calls, timer and pace
 
 from fp8bench.core.measure import L2_FLUSH_BYTES, time_fn  # noqa: E402
 
 SHAPES = [(4096, 4096), (8192, 4096)]
 REPEATS = 3
 ITERATIONS = 2000
-
-
-def paced(fn, flush: torch.Tensor) -> tuple[float, float]:
-    """(host µs, GPU µs) per iteration of the cast line's eager loop over `ITERATIONS` iterations."""
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(ITERATIONS)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(ITERATIONS)]
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(ITERATIONS):
-        flush.zero_()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    host = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return 1e6 * host / ITERATIONS, 1e3 * starts[0].elapsed_time(ends[-1]) / ITERATIONS
 
 
 def main(out_path: str) -> None:
@@ -61,7 +44,7 @@ def main(out_path: str) -> None:
             fn()
             for repeat in range(REPEATS):
                 eager = time_fn(fn, **CAST_TIMER).median_ms * 1e3
-                host_us, gpu_us = paced(fn, flush)
+                host_us, gpu_us = eager_pace(fn, flush, ITERATIONS)
                 graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms * 1e3
                 row = {"kernel": name, "shape": [m, k], "bytes": nbytes, "repeat": repeat, "eager_us": eager, "graph_us": graph,
                        "host_us_per_iteration": host_us, "gpu_us_per_iteration": gpu_us}

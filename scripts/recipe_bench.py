@@ -8,7 +8,11 @@
 2. Casts, eager: every cast kernel called as a user calls it, timed per call with the L2 flushed (fp8bench's
    timer), at shapes of 32 MB and more: GB/s of the bytes the kernels move, as % of a 2 GB copy's bandwidth and
    of a copy of the same bytes timed the same way (which pays the flush's write-back as the cast does), with the
-   same call replayed from a CUDA graph beside it (the launches and allocations taken out).
+   same call replayed from a CUDA graph beside it (the launches and allocations taken out). The eager timing
+   stays a measure of the GPU only while the host enqueues an iteration (flush, event, call, event) faster than
+   the GPU runs it: each cell also runs that loop once more and records the host's and the GPU's time per
+   iteration, and a cell whose host kept pace with the GPU no faster than it ran (`host_paced`) is marked: its
+   eager figure holds host time, on that host.
 3. Host cost: wall time per call at a shape whose kernels take a few microseconds, what each call costs the CPU;
    a call is GPU-bound only while this stays under its kernels' time.
 4. Weight-gradient GEMM rounds: per linear of Llama-2-7B (and gpt-125m's qkv), dW = dYᵀ·X with both operands in
@@ -35,7 +39,7 @@ from triton.testing import do_bench
 
 from fp8bench.analysis.calibrate import copy_gbps
 from fp8bench.backends import get_backend
-from fp8bench.core.measure import time_fn
+from fp8bench.core.measure import L2_FLUSH_BYTES, time_fn
 from fp8bench.core.types import GemmRole
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -160,6 +164,28 @@ def cast_calls(x: torch.Tensor) -> dict:
 
 
 CAST_TIMER = dict(device=torch.device("cuda"), warmup=10, iters=5000, min_samples=100, max_time_s=0.3, flush_l2=True)
+PACE_ITERATIONS = 1000
+HOST_PACED = 0.98
+"""A loop whose host took at least this share of the GPU's time per iteration kept the GPU waiting: when the
+host is the slower, the two spans are equal (the GPU finishes right after the host's last enqueue)."""
+
+
+def eager_pace(fn, flush: torch.Tensor, iterations: int = PACE_ITERATIONS) -> tuple[float, float]:
+    """(host µs, GPU µs) per iteration of the eager timing's loop (the L2 flushed by zeroing `flush`, events
+    around `fn`, no sync between iterations): the host's wall time to enqueue them, the GPU's from the first
+    start event to the last end event."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(iterations):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return 1e6 * host / iterations, 1e3 * starts[0].elapsed_time(ends[-1]) / iterations
 
 
 def same_bytes_copy_gbps(nbytes: int) -> float:
@@ -172,18 +198,21 @@ def same_bytes_copy_gbps(nbytes: int) -> float:
 def casts(copy: float) -> list[dict]:
     """Each cell's GB/s as % of the 2 GB copy (`copy`) and of a copy of the same bytes timed the same way."""
     rows = []
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     for m, k in CAST_SHAPES:
         x = torch.randn(m, k, device="cuda").bfloat16()
         same_copy: dict[int, float] = {}
         for name, (fn, nbytes) in cast_calls(x).items():
             fn()  # autotune outside the timing
             eager = time_fn(fn, **CAST_TIMER).median_ms
+            host_us, gpu_us = eager_pace(fn, flush)
             graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
             if nbytes not in same_copy:
                 same_copy[nbytes] = same_bytes_copy_gbps(nbytes)
             row = {"kernel": name, "shape": [m, k], "input_mb": x.numel() * 2 / 2**20, "bytes": nbytes,
                    "eager_ms": eager, "eager_gbps": nbytes / eager / 1e6, "graph_ms": graph,
-                   "graph_gbps": nbytes / graph / 1e6, "same_bytes_copy_gbps": same_copy[nbytes]}
+                   "graph_gbps": nbytes / graph / 1e6, "same_bytes_copy_gbps": same_copy[nbytes],
+                   "loop_host_us": host_us, "loop_gpu_us": gpu_us, "host_paced": host_us >= HOST_PACED * gpu_us}
             row["eager_pct_of_copy"] = 100 * row["eager_gbps"] / copy
             row["graph_pct_of_copy"] = 100 * row["graph_gbps"] / copy
             row["eager_pct_of_same_bytes_copy"] = 100 * row["eager_gbps"] / same_copy[nbytes]
@@ -191,7 +220,8 @@ def casts(copy: float) -> list[dict]:
             print(f"{name:>24} {m}x{k} ({row['input_mb']:.0f} MB): eager {row['eager_gbps']:6.0f} GB/s "
                   f"{row['eager_pct_of_copy']:5.1f}% of copy, {row['eager_pct_of_same_bytes_copy']:5.1f}% of a "
                   f"same-bytes copy ({same_copy[nbytes]:.0f}); graph {row['graph_gbps']:6.0f} GB/s "
-                  f"{row['graph_pct_of_copy']:5.1f}%", flush=True)
+                  f"{row['graph_pct_of_copy']:5.1f}%; loop per iteration: host {host_us:.1f} µs, GPU {gpu_us:.1f} µs"
+                  + (" (host-paced)" if row["host_paced"] else ""), flush=True)
         del x
         torch.cuda.empty_cache()
     lowest = min(rows, key=lambda r: r["eager_pct_of_copy"])
@@ -276,7 +306,8 @@ def markdown(recorded: dict) -> str:
         out += [f"| {kern} | " + " | ".join(
             f"{cell[kern, s]['eager_pct_of_copy']:.0f}%; "
             + (f"{cell[kern, s]['eager_pct_of_same_bytes_copy']:.0f}%; " if same else "")
-            + f"{cell[kern, s]['graph_pct_of_copy']:.0f}%" for s in shapes) + " |" for kern in kernels]
+            + f"{cell[kern, s]['graph_pct_of_copy']:.0f}%" + (" (host-paced)" if cell[kern, s].get("host_paced") else "")
+            for s in shapes) + " |" for kern in kernels]
         out += ["", f"Copy bandwidth {recorded['copy_gbps']:.0f} GB/s."]
         if same:
             rows = recorded["casts"]
@@ -284,6 +315,13 @@ def markdown(recorded: dict) -> str:
                                 for key in ("eager_pct_of_copy", "eager_pct_of_same_bytes_copy"))
             out.append(f"Eager cells at 80% or more: {of_copy} of {len(rows)} of the 2 GB copy's bandwidth, "
                        f"{of_same} of {len(rows)} of a same-bytes copy's.")
+            if any("host_paced" in r for r in rows):  # files since 7286d16 record the loop's pace
+                paced = [r for r in rows if r["host_paced"]]
+                kept = [r for r in rows if not r["host_paced"]]
+                out.append(f"Host-paced (the eager loop's host as slow as its GPU, so the eager figure holds host "
+                           f"time): {len(paced)} of {len(rows)} cells. Of the {len(kept)} others, "
+                           f"{sum(r['eager_pct_of_same_bytes_copy'] >= 80 for r in kept)} reach 80% of a same-bytes "
+                           f"copy; lowest {min((r['eager_pct_of_same_bytes_copy'] for r in kept), default=0):.1f}%.")
         out.append("")
     if "wgrad" in recorded:
         out += ["| wgrad shape (M×N×K) | Gluon: median TFLOPS | median / best | SQNR dB | Triton: median TFLOPS | "

@@ -145,6 +145,27 @@ def test_a_failed_wgrad_shape_is_a_row_of_its_own(monkeypatch):
     assert rows[3].startswith("| gpt-125m wgrad_qkv (2304×768×4096) | failed: RuntimeError: out of resources |")
 
 
+def test_a_host_paced_cast_cell_is_marked_and_counted_apart(monkeypatch):
+    """A cast cell whose eager loop the host paced (its time per iteration as long as the GPU's) is marked in
+    the table, and the 80% count is given again over the cells the host did not pace."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import recipe_bench
+
+    def cell(shape, eager_same, host_us, gpu_us):
+        return {"kernel": "blockwise 1x128 both", "shape": shape, "eager_pct_of_copy": eager_same * 0.8,
+                "eager_pct_of_same_bytes_copy": eager_same, "graph_pct_of_copy": 70.0, "same_bytes_copy_gbps": 3000.0,
+                "loop_host_us": host_us, "loop_gpu_us": gpu_us,
+                "host_paced": host_us >= recipe_bench.HOST_PACED * gpu_us}
+
+    casts = [cell([4096, 4096], 58.2, 91.7, 91.7), cell([8192, 4096], 86.9, 76.5, 104.6),
+             cell([8192, 8192], 79.0, 120.0, 160.0)]
+    assert [c["host_paced"] for c in casts] == [True, False, False]
+    lines = recipe_bench.markdown({"casts": casts, "copy_gbps": 4248.0}).splitlines()
+    assert lines[2] == "| blockwise 1x128 both | 47%; 58%; 70% (host-paced) | 70%; 87%; 70% | 63%; 79%; 70% |"
+    assert lines[-1] == ("Host-paced (the eager loop's host as slow as its GPU, so the eager figure holds host time): "
+                         "1 of 3 cells. Of the 2 others, 1 reach 80% of a same-bytes copy; lowest 79.0%.")
+
+
 def test_recipe_bench_times_the_weight_gradients_it_recorded(monkeypatch):
     """recipe_bench's weight-gradient shapes come from the gemm workload's own shape rules: a run now measures
     what the committed file measured (the same names and M×N×K)."""
