@@ -14,6 +14,7 @@ the GPU's (the first start event to the last end event, over the iterations). A 
 above the GPU's means the cell was host-bound. The graph median closes each row.
 
 Usage on the GPU box: python3 research/eager_pace_probe.py OUT.json
+Anywhere, the Markdown table of a recorded file: python3 research/eager_pace_probe.py --markdown OUT.json
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from recipe_bench import CAST_TIMER, cast_calls, eager_pace  # noqa: E402 - the cast line's calls, timer and pace
+from recipe_bench import CAST_TIMER, HOST_PACED, cast_calls, eager_pace  # noqa: E402 - the cast line's own
 
 from fp8bench.core.measure import L2_FLUSH_BYTES, time_fn  # noqa: E402
 
@@ -59,5 +60,26 @@ def main(out_path: str) -> None:
     Path(out_path).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
 
 
+def markdown(recorded: dict) -> str:
+    """Per cast and shape, its repeats in order: eager and graph medians, and the loop's host and GPU time per
+    iteration (µs), a host-paced repeat marked with *."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in recorded["rows"]:
+        groups.setdefault((r["kernel"], tuple(r["shape"])), []).append(r)
+    out = ["| cast | shape | eager µs | graph µs | loop per iteration, host / GPU µs (* host-paced) |",
+           "|---|---|---|---|---|"]
+    for (kernel, shape), rows in groups.items():
+        loops = ", ".join(f"{r['host_us_per_iteration']:.1f} / {r['gpu_us_per_iteration']:.1f}"
+                          + ("*" if r["host_us_per_iteration"] >= HOST_PACED * r["gpu_us_per_iteration"] else "")
+                          for r in rows)
+        eager = " / ".join(f"{r['eager_us']:.1f}" for r in rows)
+        graph = " / ".join(f"{r['graph_us']:.1f}" for r in rows)
+        out.append(f"| {kernel} | {'×'.join(map(str, shape))} | {eager} | {graph} | {loops} |")
+    return "\n".join(out) + "\n"
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--markdown"]:
+        print(markdown(json.loads(Path(sys.argv[2]).read_text())), end="")
+        sys.exit(0)
     main(sys.argv[1])
