@@ -495,6 +495,7 @@ def gluon_call(x, weight: bool, stages: int = 0, programs: int = 0, **options):
 
 GLUON_FORMS = [  # (name, kwargs of gluon_call with programs in SMs)
     ("gluon maxnreg=128", {"maxnreg": 128}),
+    ("gluon maxnreg=80", {"maxnreg": 80}),  # 3 programs of 8 warps per SM (registers are granted 8 at a time)
     ("gluon pipelined s2 1/SM", {"stages": 2, "programs": 1}),
     ("gluon pipelined s3 1/SM", {"stages": 3, "programs": 1}),
     ("gluon pipelined s2 2/SM maxnreg=128", {"stages": 2, "programs": 2, "maxnreg": 128}),
