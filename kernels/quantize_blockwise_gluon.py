@@ -1,5 +1,5 @@
 """The two-layout blockwise casts (`quantize_blockwise_both`) in Gluon: each 128x128 tile of X read from HBM once,
-written as Y and as Yᵀ with no shared-memory exchange.
+written as Y and as Yᵀ with no shared-memory transpose.
 
 Why: Nsight Compute on the H200 (`research/cast_ncu.py`, results/h200-recipe-blockwise/cast_ncu_bac616a.txt)
 showed the Triton along-M cast (an activation's Yᵀ) at 31% of DRAM throughput and 58% of L1/shared-memory
@@ -130,9 +130,9 @@ def _activation_tile(x, pm, pk, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, s_sm, s_sg, 
     """Tile (pm, pk) of X, held as `x` [2, 4, 32, 64] in ACT_ALONG_K, into Y and Yᵀ with a scale per row and
     per column. Each warp reduces its part of every row and column it holds in registers and shuffles; the
     warps then swap those partial maxes through shared memory once, each row's and column's owning thread
-    makes its scale and inverse (4 divisions per thread), and the scales go back once. Triton puts a barrier
-    between each shared-memory store and the loads that read it: 3 in all (the second exchange reuses the first's
-    buffers), where Triton's own reductions and layout conversions took 13."""
+    makes its scale and inverse (4 divisions per thread), and the scales go back once. Triton places the barriers:
+    one between each exchange's stores and its loads, and one more before the second exchange's stores because
+    they reuse the first's buffers; 3 in all, where Triton's own reductions and layout conversions took 13."""
     xf = x.to(gl.float32)
     xt = gl.convert_layout(xf, ACT_ALONG_M)  # the same registers renumbered
     row_parts = gl.allocate_shared_memory(gl.float32, [2, 4, 32], _FLAT3)
@@ -181,9 +181,11 @@ _launch_both = Launcher(_cast_both_kernel)
 
 MAXNREG = 128
 """Registers per thread ptxas may use: at most 128 lets two 8-warp programs share an SM (without the cap the
-activation kernel took 147 on the H200 at 9623be8 and ran one program per SM, 30-50% slower; with its float32
-divisions by the scales' owners, since 86cbc28, ptxas gives it 122-127 anyway). A cap of 96 spills and ran
-4-6% slower (`act_cast_probe.py --act-variants`)."""
+activation kernel took 147 on the H200 at 9623be8 and ran one program per SM, 30-50% slower). Since 2b05fcd
+ptxas needs 99 uncapped for the activation kernel and 119 for the weight's (Triton 3.6,
+results/h200-recipe-blockwise/cast_sass_2b05fcd.txt); given 128 it uses up to 127 for scheduling. A cap of 80,
+which lets three programs share an SM, spills a little and ran 4-9% slower from 64 MB (`act_cast_probe.py
+--gluon`, act_cast_probe_gluon_9553b93.json)."""
 
 
 def kernel_args(x: torch.Tensor, weight: bool) -> tuple:

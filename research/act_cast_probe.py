@@ -686,13 +686,14 @@ def main(out_path: str, everything: bool = True, transposes: bool = False, grid_
 def markdown(recorded: dict) -> str:
     """The table of an `--act-variants` file: each variant's eager time and % of a same-bytes copy per shape, and
     its bit-exactness on the ragged shapes."""
-    timed = [r for r in recorded["rows"] if "family" in r and "eager_us" in r]
+    # the activation's rows only: a --gluon file also times the weight under the same variant names
+    timed = [r for r in recorded["rows"] if r.get("family") == "activation" and "eager_us" in r]
     shapes = sorted({tuple(r["shape"]) for r in timed}, key=lambda mk: mk[0] * mk[1])
     variants = list(dict.fromkeys(r["variant"] for r in timed))
     cell = {(r["variant"], tuple(r["shape"])): r for r in timed}
     exact = {}
     for r in recorded["rows"]:
-        if "family" not in r:
+        if "family" not in r and not r.get("weight"):
             exact.setdefault(r["variant"], []).append(r["bit_exact"])
     head = " | ".join(f"{m}×{k} ({2 * m * k / 2**20:.0f} MB)" for m, k in shapes)
     out = [f"| activation two-layout cast (eager µs; % of a same-bytes copy) | {head} | bit-exact |",

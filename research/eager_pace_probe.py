@@ -8,10 +8,11 @@ GPU-bound only while the host enqueues an iteration (flush, event, call, event) 
 (flush plus cast); once the host is slower, the GPU idles between the start event and the cast's launch, and the
 idle time is timed.
 
-For each cast at 32 and 64 MB, `REPEATS` times: the eager median as the cast line times it, and the same loop of
-iterations enqueued again with the host's time per iteration (wall clock of the enqueueing, before the sync) beside
-the GPU's (the first start event to the last end event, over the iterations). A host time per iteration at or
-above the GPU's means the cell was host-bound. The graph median closes each row.
+For each cast at 32 and 64 MB, `REPEATS` times: the eager median as the cast line times it, and the same kind of
+loop (`recipe_bench.eager_pace`, here over `ITERATIONS`) enqueued again with the host's time per iteration (wall
+clock of the enqueueing, before the sync) beside the GPU's (the first start event to the last end event). A host
+time per iteration of at least `recipe_bench.HOST_PACED` of the GPU's means the host paced the loop. The graph
+median closes each row.
 
 Usage on the GPU box: python3 research/eager_pace_probe.py OUT.json
 Anywhere, the Markdown table of a recorded file: python3 research/eager_pace_probe.py --markdown OUT.json
@@ -51,7 +52,7 @@ def main(out_path: str) -> None:
                        "host_us_per_iteration": host_us, "gpu_us_per_iteration": gpu_us}
                 rows.append(row)
                 print(f"{name:>24} {m}x{k} #{repeat}: eager {eager:6.1f} µs, graph {graph:6.1f} µs; per iteration "
-                      f"host {host_us:6.1f} µs, GPU {gpu_us:6.1f} µs{'  HOST-BOUND' if host_us >= gpu_us else ''}",
+                      f"host {host_us:6.1f} µs, GPU {gpu_us:6.1f} µs{'  HOST-PACED' if host_us >= HOST_PACED * gpu_us else ''}",
                       flush=True)
         for name in cast_calls(x):
             mine = [r for r in rows if r["kernel"] == name and r["shape"] == [m, k]]

@@ -11,8 +11,8 @@
    same call replayed from a CUDA graph beside it (the launches and allocations taken out). The eager timing
    stays a measure of the GPU only while the host enqueues an iteration (flush, event, call, event) faster than
    the GPU runs it: each cell also runs that loop once more and records the host's and the GPU's time per
-   iteration, and a cell whose host kept pace with the GPU no faster than it ran (`host_paced`) is marked: its
-   eager figure holds host time, on that host.
+   iteration, and a cell whose host took at least `HOST_PACED` of the GPU's time (`host_paced`) is marked: the
+   GPU waited for that host, so its eager figure may hold host time.
 3. Host cost: wall time per call at a shape whose kernels take a few microseconds, what each call costs the CPU;
    a call is GPU-bound only while this stays under its kernels' time.
 4. Weight-gradient GEMM rounds: per linear of Llama-2-7B (and gpt-125m's qkv), dW = dYᵀ·X with both operands in
@@ -167,7 +167,11 @@ CAST_TIMER = dict(device=torch.device("cuda"), warmup=10, iters=5000, min_sample
 PACE_ITERATIONS = 1000
 HOST_PACED = 0.98
 """A loop whose host took at least this share of the GPU's time per iteration kept the GPU waiting: when the
-host is the slower, the two spans are equal (the GPU finishes right after the host's last enqueue)."""
+host is the slower, the two spans are equal (the GPU finishes right after the host's last enqueue). When the GPU
+is the slower, the host blocks once CUDA's launch queue is full and finishes a queue's worth of iterations (some
+200-250 on the H200 box) before the GPU: over `PACE_ITERATIONS` its time read 75-80% of the GPU's wherever the
+GPU was clearly the slower at 722218f, and a figure between that and this one means the host paced part of the
+loop. The mark is the loop's, on that host."""
 
 
 def eager_pace(fn, flush: torch.Tensor, iterations: int = PACE_ITERATIONS) -> tuple[float, float]:
@@ -315,10 +319,10 @@ def markdown(recorded: dict) -> str:
                                 for key in ("eager_pct_of_copy", "eager_pct_of_same_bytes_copy"))
             out.append(f"Eager cells at 80% or more: {of_copy} of {len(rows)} of the 2 GB copy's bandwidth, "
                        f"{of_same} of {len(rows)} of a same-bytes copy's.")
-            if any("host_paced" in r for r in rows):  # files since 7286d16 record the loop's pace
+            if any("host_paced" in r for r in rows):  # files since 722218f record the loop's pace
                 paced = [r for r in rows if r["host_paced"]]
                 kept = [r for r in rows if not r["host_paced"]]
-                out.append(f"Host-paced (the eager loop's host as slow as its GPU, so the eager figure holds host "
+                out.append(f"Host-paced (the eager loop's host as slow as its GPU, so the eager figure may hold host "
                            f"time): {len(paced)} of {len(rows)} cells. Of the {len(kept)} others, "
                            f"{sum(r['eager_pct_of_same_bytes_copy'] >= 80 for r in kept)} reach 80% of a same-bytes "
                            f"copy; lowest {min((r['eager_pct_of_same_bytes_copy'] for r in kept), default=0):.1f}%.")
