@@ -577,8 +577,7 @@ def _owned_scale(amax, tile, ptr, stride, offset, limit, OWNED: gl.constexpr, BA
     """MODE 3's step: `amax` moved to its OWNED layout, its scale and inverse made there, the inverse stored, the
     scale moved BACK to where the tile's elements are."""
     scale = block_scale(gl.convert_layout(amax, OWNED), False)
-    owned = tile * qg._TILE + gl.arange(0, qg._TILE, layout=OWNED)
-    gl.store(ptr + owned * stride + offset, exact_rcp(scale), mask=owned < limit)
+    _store_inverses(ptr, stride, offset, scale, None, tile, limit, OWNED, True)  # already OWNED: no conversion
     return gl.convert_layout(scale, BACK)
 
 
