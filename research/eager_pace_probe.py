@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from recipe_bench import CAST_TIMER, HOST_PACED, cast_calls, eager_pace  # noqa: E402 - the cast line's own
 
-from fp8bench.core.measure import L2_FLUSH_BYTES, time_fn  # noqa: E402
+from fp8bench.core.measure import L2Flusher, time_fn  # noqa: E402
 
 SHAPES = [(4096, 4096), (8192, 4096)]
 REPEATS = 3
@@ -38,7 +38,7 @@ ITERATIONS = 2000
 
 
 def main(out_path: str) -> None:
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = L2Flusher()
     rows = []
     for m, k in SHAPES:
         x = torch.randn(m, k, device="cuda").bfloat16()

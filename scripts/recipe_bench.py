@@ -39,7 +39,7 @@ from triton.testing import do_bench
 
 from fp8bench.analysis.calibrate import copy_gbps
 from fp8bench.backends import get_backend
-from fp8bench.core.measure import L2_FLUSH_BYTES, time_fn
+from fp8bench.core.measure import L2Flusher, time_fn
 from fp8bench.core.types import GemmRole
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -174,16 +174,16 @@ GPU was clearly the slower at 722218f, and a figure between that and this one me
 loop. The mark is the loop's, on that host."""
 
 
-def eager_pace(fn, flush: torch.Tensor, iterations: int = PACE_ITERATIONS) -> tuple[float, float]:
-    """(host µs, GPU µs) per iteration of the eager timing's loop (the L2 flushed by zeroing `flush`, events
-    around `fn`, no sync between iterations): the host's wall time to enqueue them, the GPU's from the first
-    start event to the last end event."""
+def eager_pace(fn, flush: L2Flusher, iterations: int = PACE_ITERATIONS) -> tuple[float, float]:
+    """(host µs, GPU µs) per iteration of the eager timing's loop (`time_fn`'s: the L2 flushed, events around
+    `fn`, no sync between iterations): the host's wall time to enqueue them, the GPU's from the first start
+    event to the last end event."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for i in range(iterations):
-        flush.zero_()
+        flush()
         starts[i].record()
         fn()
         ends[i].record()
@@ -202,7 +202,7 @@ def same_bytes_copy_gbps(nbytes: int) -> float:
 def casts(copy: float) -> list[dict]:
     """Each cell's GB/s as % of the 2 GB copy (`copy`) and of a copy of the same bytes timed the same way."""
     rows = []
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = L2Flusher()
     for m, k in CAST_SHAPES:
         x = torch.randn(m, k, device="cuda").bfloat16()
         same_copy: dict[int, float] = {}

@@ -46,7 +46,9 @@ class Timing:
         return q[2] - q[0]
 
 
-class _L2Flusher:
+class L2Flusher:
+    """Empties the GPU's L2 when called, as the timers do before each timed call: zeroes `L2_FLUSH_BYTES`."""
+
     def __init__(self) -> None:
         self.buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
 
@@ -182,7 +184,7 @@ def _time_cuda(fn: Callable[[], object], warmup: int, iters: int, min_samples: i
         with torch.cuda.graph(graph):
             fn()
         run = graph.replay
-    flush = _L2Flusher() if flush_l2 else None
+    flush = L2Flusher() if flush_l2 else None
 
     def one() -> object:
         if flush:
@@ -252,7 +254,7 @@ def time_interleaved(ops: dict[str, Callable[[], object]], *, device: torch.devi
         for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
-    flush = _L2Flusher() if flush_l2 else None
+    flush = L2Flusher() if flush_l2 else None
     est = {name: _estimate_ms(fn, flush) for name, fn in runs.items()}
     block = {name: max(1, min(MAX_BLOCK, math.ceil(block_ms / est[name]))) for name in runs}
     round_ms = sum(block[n] * est[n] for n in runs)
@@ -289,7 +291,7 @@ def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
     return graph.replay
 
 
-def _estimate_ms(fn: Callable[[], object], flush: _L2Flusher | None) -> float:
+def _estimate_ms(fn: Callable[[], object], flush: L2Flusher | None) -> float:
     """One iteration's time, from three (after one sync): sizes the blocks of a round."""
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -340,7 +342,7 @@ def _sleep_cycles_per_ms() -> float:
     return _SLEEP_CYCLES_PER_MS[0]
 
 
-def _device_only_ms(fn: Callable[[], object], flush: _L2Flusher | None, wall_ms: float,
+def _device_only_ms(fn: Callable[[], object], flush: L2Flusher | None, wall_ms: float,
                     host_ms: float) -> tuple[float, float] | None:
     """(host-paced, device-only) median iteration times of one short batch each, back to back in the same
     loop as the timed one (flush included): first as the host launches it, then with every launch queued
@@ -374,7 +376,7 @@ def _device_only_ms(fn: Callable[[], object], flush: _L2Flusher | None, wall_ms:
     return None
 
 
-def _enqueue(fn: Callable[[], object], flush: _L2Flusher | None, n: int, last: dict | None = None,
+def _enqueue(fn: Callable[[], object], flush: L2Flusher | None, n: int, last: dict | None = None,
              name: str = "") -> list:
     """n iterations of fn, each between two recorded events (the L2 flushed before each, outside them), queued
     without a sync; the last result goes to last[name] when given. Returns the (start, end) event pairs."""
@@ -392,7 +394,7 @@ def _enqueue(fn: Callable[[], object], flush: _L2Flusher | None, n: int, last: d
     return pairs
 
 
-def _batch_ms(fn: Callable[[], object], flush: _L2Flusher | None, n: int) -> float:
+def _batch_ms(fn: Callable[[], object], flush: L2Flusher | None, n: int) -> float:
     torch.cuda.synchronize()
     pairs = _enqueue(fn, flush, n)
     torch.cuda.synchronize()
