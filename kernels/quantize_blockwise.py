@@ -269,6 +269,17 @@ def compile_cast_sm90(fn, signature: dict, constants: dict, num_warps: int, gluo
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **options})
 
 
+def assemble_sm90(ptx: str):
+    """ptxas's verbose assembly of `ptx` for sm_90a with the ptxas Triton uses (a CompletedProcess: registers,
+    spills and warnings on its stderr). A launch's register cap travels in the PTX (`.maxnreg`)."""
+    import subprocess
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"], input=ptx,
+                          capture_output=True, text=True)
+
+
 def compile_along_m_sm90(block_k: int, num_warps: int):
     """The Yᵀ kernel of `quantize_blockwise_both` for activations and gradients (the interpreter's path)."""
     signature = {"x_ptr": "*bf16", "yt_ptr": "*fp8e4nv", "st_ptr": "*fp32",

@@ -5,8 +5,8 @@ The activation cast ran at ~60% of a same-bytes copy on the H200 where the weigh
 bytes through the same layouts, ran at ~88%; Nsight Compute's top stall was a fixed-latency dependency. This
 counts, per kernel: the SASS instructions (static, from `cuobjdump -sass`, the slow paths of divisions
 included), the float64 FMAs (DFMA), the divisions in the PTX (float32 `div.rn.f32`, float64 `div.rn.f64`),
-`min.f32` (the ±448 clamp), and the registers and spills ptxas reports with and without the launch's cap of 128,
-and at a cap of 80 (the most that lets three 8-warp programs share an SM).
+`min.f32` (the ±448 clamp), and the registers and spills ptxas (`assemble_sm90`) reports with and without the
+launch's cap of 128, and at a cap of 80 (the most that lets three 8-warp programs share an SM).
 
 Each revision's `kernels/` is taken from git (`git archive`) into a temporary package, so the counts compare
 revisions under one Triton; run it with the Triton the GPU box has (3.6) for its figures.
@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 import triton
+from fp8bench_kernels.quantize_blockwise import assemble_sm90  # this checkout's, for every revision
 
 NVIDIA_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
@@ -45,11 +46,10 @@ def kernels_at(rev: str, into: Path):
     return importlib.import_module(f"{name}.quantize_blockwise_gluon")
 
 
-def ptxas(ptx: str, cap: int = 0) -> str:
-    """ptxas's registers and spill stores for `ptx` (`cap`: the register cap a launch's maxnreg gives ptxas)."""
-    capped = [f"-maxrregcount={cap}"] if cap else []
-    done = subprocess.run([str(NVIDIA_BIN / "ptxas"), *capped, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"],
-                          input=ptx, capture_output=True, text=True, check=True)
+def ptxas(ptx: str) -> str:
+    """ptxas's registers and spill stores for `ptx` (its register cap, if any, is in the PTX)."""
+    done = assemble_sm90(ptx)
+    done.check_returncode()
     registers = re.search(r"Used (\d+) registers", done.stderr).group(1)
     spilled = re.search(r"(\d+) bytes spill stores", done.stderr).group(1)
     return f"{registers} registers, {spilled} B spilled"
@@ -85,7 +85,7 @@ def main(revs: list[str]) -> None:
                     cast = f"{'weight' if weight else 'activation'} {dtype}"
                     print(f"| {rev} | {cast} | {c['SASS']} | {c['DFMA']} | {c['BAR']} | {c['div.rn.f32']} | "
                           f"{c['div.rn.f64']} | {c['min.f32']} | {ptxas(kernel.asm['ptx'])} | "
-                          f"{ptxas(uncapped.asm['ptx'])} | {ptxas(three_per_sm.asm['ptx'], 80)} |", flush=True)
+                          f"{ptxas(uncapped.asm['ptx'])} | {ptxas(three_per_sm.asm['ptx'])} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -397,21 +397,14 @@ def _compiled_elsewhere(script: str, stdin: str = "") -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def ptxas_sm90(ptx: str):
-    """ptxas's verbose assembly of `ptx` for sm_90a (registers, spills and its warnings on stderr)."""
-    import subprocess
-
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    return subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"], input=ptx,
-                          capture_output=True, text=True)
-
-
 def _compiled_for_sm90(script: str) -> dict:
-    """`_compiled_elsewhere(script)`, each kernel also assembled here by ptxas ("ptxas": its stderr, "rc")."""
+    """`_compiled_elsewhere(script)`, each kernel also assembled here by ptxas (`assemble_sm90`; "ptxas": its
+    stderr, "rc")."""
+    from fp8bench_kernels.quantize_blockwise import assemble_sm90
+
     builds = _compiled_elsewhere(script)
     for build in builds.values():
-        assembled = ptxas_sm90(build["ptx"])
+        assembled = assemble_sm90(build["ptx"])
         build.update(ptxas=assembled.stderr, rc=assembled.returncode)
     return builds
 
@@ -439,6 +432,7 @@ def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config, sm90_bu
     half-tile width, and no wgmma that ptxas serializes or waits on behind the kernel's back (C7514/C7517:
     an accumulator register read while a wgmma is in flight, what held the Triton kernel back), no spills."""
     from fp8bench_kernels.gemm_blockwise_gluon import SMEM_LIMIT
+    from fp8bench_kernels.quantize_blockwise import assemble_sm90
 
     build = sm90_builds[repr(config)]
     ptx = build["ptx"]
@@ -448,7 +442,7 @@ def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config, sm90_bu
     turns = [f"bar.{op} {barrier}, 256" for op in ("sync", "arrive") for barrier in (8, 9)]
     assert [t in ptx for t in turns] == [config.pingpong] * 4
     assert config.smem_bytes() <= build["shared"] <= SMEM_LIMIT
-    ptxas = ptxas_sm90(ptx)
+    ptxas = assemble_sm90(ptx)
     assert ptxas.returncode == 0, ptxas.stderr
     assert "wgmma" not in ptxas.stderr, ptxas.stderr  # C7514 / C7517 name the serialized wgmma
     assert "0 bytes spill stores" in ptxas.stderr
