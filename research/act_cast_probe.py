@@ -628,13 +628,12 @@ ACT_VARIANTS = [  # (name, MODE or None for kernels/'s kernel through Triton, la
 
 
 def act_variant_call(x, mode, **options):
+    """`_act_variant_kernel` at MODE, or (None) kernels/'s activation cast through Triton (`gluon_call`)."""
+    if mode is None:
+        return gluon_call(x, False, **options)
     m, k = x.shape
     args = qg.kernel_args(x, False)
-    if mode is None:
-        qg._cast_both_kernel[(cdiv(m, 128), cdiv(k, 128))](*args, WEIGHT=False, POW2=False, num_warps=qg.WARPS,
-                                                           **options)
-    else:
-        _act_variant_kernel[(cdiv(m, 128), cdiv(k, 128))](*args, MODE=mode, num_warps=qg.WARPS, **options)
+    _act_variant_kernel[(cdiv(m, 128), cdiv(k, 128))](*args, MODE=mode, num_warps=qg.WARPS, **options)
     return args[1:5]
 
 
