@@ -285,7 +285,7 @@ def compile_along_m_sm90(block_k: int, num_warps: int):
     signature = {"x_ptr": "*bf16", "yt_ptr": "*fp8e4nv", "st_ptr": "*fp32",
                  **dict.fromkeys(("M", "K", "stride_m", "stride_k", "st_sk", "st_sm"), "i32")}
     return compile_cast_sm90(_quantize_along_m_kernel.fn, signature,
-                         {"GROUP_M": GROUP, "BLOCK_K": block_k, "POW2": False, "stride_k": 1, "st_sk": 1}, num_warps)
+                             {"GROUP_M": GROUP, "BLOCK_K": block_k, "POW2": False, "stride_k": 1, "st_sk": 1}, num_warps)
 
 
 def compile_blocks_both_sm90(config: triton.Config):
