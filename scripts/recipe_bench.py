@@ -12,7 +12,11 @@
    stays a measure of the GPU only while the host enqueues an iteration (flush, event, call, event) faster than
    the GPU runs it: each cell also runs that loop once more and records the host's and the GPU's time per
    iteration, and a cell whose host took at least `HOST_PACED` of the GPU's time (`host_paced`) is marked: the
-   GPU waited for that host, so its eager figure may hold host time.
+   GPU waited for that host, so its eager figure may hold host time. Beside it, the same loop device-only
+   (`time_device_only`: batches of iterations queued behind a GPU sleep, so the host is ahead as in a GPU-bound
+   training step and no kernel waits for its launch), against a same-bytes copy timed that way too: the GPU
+   time such a step pays for the call, its kernels and the gaps between them, while the host's cost per call
+   is part 3's figure.
 3. Host cost: wall time per call at a shape whose kernels take a few microseconds, what each call costs the CPU;
    a call is GPU-bound only while this stays under its kernels' time.
 4. Weight-gradient GEMM rounds: per linear of Llama-2-7B (and gpt-125m's qkv), dW = dYᵀ·X with both operands in
@@ -39,7 +43,7 @@ from triton.testing import do_bench
 
 from fp8bench.analysis.calibrate import copy_gbps
 from fp8bench.backends import get_backend
-from fp8bench.core.measure import L2Flusher, time_fn
+from fp8bench.core.measure import L2Flusher, time_device_only, time_fn
 from fp8bench.core.types import GemmRole
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -199,6 +203,14 @@ def same_bytes_copy_gbps(nbytes: int) -> float:
     return copy_gbps(torch.device("cuda"), nbytes // 2, 0.0, timer=CAST_TIMER)
 
 
+def same_bytes_copy_device_only_gbps(nbytes: int) -> float | None:
+    """`same_bytes_copy_gbps`'s copy timed device-only (`time_device_only`, the L2 flushed before each call)."""
+    src = torch.empty(nbytes // 8, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    t = time_device_only(lambda: dst.copy_(src), device=torch.device("cuda"), flush_l2=True)
+    return None if t is None else nbytes / t.median_ms / 1e6
+
+
 def casts(copy: float) -> list[dict]:
     """Each cell's GB/s as % of the 2 GB copy (`copy`) and of a copy of the same bytes timed the same way."""
     rows = []
@@ -206,13 +218,16 @@ def casts(copy: float) -> list[dict]:
     for m, k in CAST_SHAPES:
         x = torch.randn(m, k, device="cuda").bfloat16()
         same_copy: dict[int, float] = {}
+        same_copy_device_only: dict[int, float | None] = {}
         for name, (fn, nbytes) in cast_calls(x).items():
             fn()  # autotune outside the timing
             eager = time_fn(fn, **CAST_TIMER).median_ms
             host_us, gpu_us = eager_pace(fn, flush)
             graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
+            device_only = time_device_only(fn, device=torch.device("cuda"), flush_l2=True)
             if nbytes not in same_copy:
                 same_copy[nbytes] = same_bytes_copy_gbps(nbytes)
+                same_copy_device_only[nbytes] = same_bytes_copy_device_only_gbps(nbytes)
             row = {"kernel": name, "shape": [m, k], "input_mb": x.numel() * 2 / 2**20, "bytes": nbytes,
                    "eager_ms": eager, "eager_gbps": nbytes / eager / 1e6, "graph_ms": graph,
                    "graph_gbps": nbytes / graph / 1e6, "same_bytes_copy_gbps": same_copy[nbytes],
@@ -220,12 +235,22 @@ def casts(copy: float) -> list[dict]:
             row["eager_pct_of_copy"] = 100 * row["eager_gbps"] / copy
             row["graph_pct_of_copy"] = 100 * row["graph_gbps"] / copy
             row["eager_pct_of_same_bytes_copy"] = 100 * row["eager_gbps"] / same_copy[nbytes]
+            # None where the host could not get ahead (time_device_only): the cell then says so, not a figure
+            copy_dev = same_copy_device_only[nbytes]
+            row["device_only_ms"] = device_only.median_ms if device_only else None
+            row["device_only_gbps"] = nbytes / device_only.median_ms / 1e6 if device_only else None
+            row["same_bytes_copy_device_only_gbps"] = copy_dev
+            row["device_only_pct_of_same_bytes_copy"] = (100 * row["device_only_gbps"] / copy_dev
+                                                         if device_only and copy_dev else None)
             rows.append(row)
             print(f"{name:>24} {m}x{k} ({row['input_mb']:.0f} MB): eager {row['eager_gbps']:6.0f} GB/s "
                   f"{row['eager_pct_of_copy']:5.1f}% of copy, {row['eager_pct_of_same_bytes_copy']:5.1f}% of a "
                   f"same-bytes copy ({same_copy[nbytes]:.0f}); graph {row['graph_gbps']:6.0f} GB/s "
                   f"{row['graph_pct_of_copy']:5.1f}%; loop per iteration: host {host_us:.1f} µs, GPU {gpu_us:.1f} µs"
-                  + (" (host-paced)" if row["host_paced"] else ""), flush=True)
+                  + (" (host-paced)" if row["host_paced"] else "") + "; device-only "
+                  + (f"{row['device_only_gbps']:6.0f} GB/s {row['device_only_pct_of_same_bytes_copy']:5.1f}% of a "
+                     f"same-bytes copy ({copy_dev:.0f})" if row["device_only_pct_of_same_bytes_copy"] else
+                     "not measured (the host could not get ahead)"), flush=True)
         del x
         torch.cuda.empty_cache()
     lowest = min(rows, key=lambda r: r["eager_pct_of_copy"])
@@ -233,6 +258,10 @@ def casts(copy: float) -> list[dict]:
     print(f"casts: lowest eager {lowest['eager_pct_of_copy']:.1f}% of copy ({lowest['kernel']} at "
           f"{lowest['shape']}); lowest {lowest_same['eager_pct_of_same_bytes_copy']:.1f}% of a same-bytes copy "
           f"({lowest_same['kernel']} at {lowest_same['shape']})", flush=True)
+    dev = [r["device_only_pct_of_same_bytes_copy"] for r in rows]
+    print(f"casts device-only: {sum(d is not None and d >= 80 for d in dev)} of {len(rows)} cells at 80% or more of "
+          f"a same-bytes copy timed so; lowest {min((d for d in dev if d is not None), default=0):.1f}%; "
+          f"{dev.count(None)} not measured", flush=True)
     return rows
 
 
@@ -286,6 +315,29 @@ def host_cost(calls: int = 300, rounds: int = 4, profile: tuple[str, ...] = ()) 
     return rows
 
 
+def device_only_table(rows: list[dict], shapes: list[tuple], kernels: list[str]) -> list[str]:
+    """The casts timed device-only (the host ahead of the GPU): a table and its 80% count."""
+    cell = {(r["kernel"], tuple(r["shape"])): r for r in rows}
+
+    def text(r: dict) -> str:
+        if r["device_only_pct_of_same_bytes_copy"] is None:
+            return "host not ahead"
+        return f"{r['device_only_gbps']:.0f} GB/s, {r['device_only_pct_of_same_bytes_copy']:.0f}%"
+
+    out = ["", "| cast, device-only (GB/s, % of a same-bytes copy timed so) | " + " | ".join(
+        f"{m}×{k}" for m, k in shapes) + " |", "|---" * (len(shapes) + 1) + "|"]
+    out += [f"| {kern} | " + " | ".join(text(cell[kern, s]) for s in shapes) + " |" for kern in kernels]
+    measured = [r for r in rows if r["device_only_pct_of_same_bytes_copy"] is not None]
+    lowest = min(measured, key=lambda r: r["device_only_pct_of_same_bytes_copy"], default=None)
+    out += ["", f"Device-only cells at 80% or more of a same-bytes copy timed so: "
+            f"{sum(r['device_only_pct_of_same_bytes_copy'] >= 80 for r in measured)} of {len(rows)}"
+            + (f"; lowest {lowest['device_only_pct_of_same_bytes_copy']:.1f}% ({lowest['kernel']} at "
+               f"{'×'.join(map(str, lowest['shape']))})" if lowest else "")
+            + (f"; {len(rows) - len(measured)} not measured (the host could not get ahead)."
+               if len(measured) < len(rows) else ".")]
+    return out
+
+
 def markdown(recorded: dict) -> str:
     """The tables docs/kernels.md shows, from a file this script wrote."""
     out = []
@@ -326,6 +378,8 @@ def markdown(recorded: dict) -> str:
                            f"time): {len(paced)} of {len(rows)} cells. Of the {len(kept)} others, "
                            f"{sum(r['eager_pct_of_same_bytes_copy'] >= 80 for r in kept)} reach 80% of a same-bytes "
                            f"copy; lowest {min((r['eager_pct_of_same_bytes_copy'] for r in kept), default=0):.1f}%.")
+        if any("device_only_gbps" in r for r in recorded["casts"]):  # files since this column was added
+            out += device_only_table(recorded["casts"], shapes, kernels)
         out.append("")
     if "wgrad" in recorded:
         out += ["| wgrad shape (M×N×K) | Gluon: median TFLOPS | median / best | SQNR dB | Triton: median TFLOPS | "

@@ -166,6 +166,28 @@ def test_a_host_paced_cast_cell_is_marked_and_counted_apart(monkeypatch):
                          "1 of 3 cells. Of the 2 others, 1 reach 80% of a same-bytes copy; lowest 79.0%.")
 
 
+def test_the_casts_device_only_table_counts_its_cells_and_names_those_not_measured(monkeypatch):
+    """A file with device-only timings gets a second table: GB/s and % of a same-bytes copy timed the same way
+    per cell, a cell where the host could not get ahead said so in words, and the 80% count over them all."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import recipe_bench
+
+    def cell(kernel, shape, gbps, pct):
+        return {"kernel": kernel, "shape": shape, "eager_pct_of_copy": 60.0, "eager_pct_of_same_bytes_copy": 75.0,
+                "graph_pct_of_copy": 62.0, "same_bytes_copy_gbps": 3000.0, "loop_host_us": 90.0,
+                "loop_gpu_us": 90.0, "host_paced": True, "device_only_gbps": gbps,
+                "device_only_pct_of_same_bytes_copy": pct}
+
+    casts = [cell("current+transpose", [4096, 4096], 2600.0, 81.3), cell("current+transpose", [8192, 4096], 3100.0, 79.6),
+             cell("mx", [4096, 4096], None, None), cell("mx", [8192, 4096], 3500.0, 90.2)]
+    lines = recipe_bench.markdown({"casts": casts, "copy_gbps": 4248.0}).splitlines()
+    head = lines.index("| cast, device-only (GB/s, % of a same-bytes copy timed so) | 4096×4096 | 8192×4096 |")
+    assert lines[head + 2:head + 4] == ["| current+transpose | 2600 GB/s, 81% | 3100 GB/s, 80% |",
+                                        "| mx | host not ahead | 3500 GB/s, 90% |"]
+    assert lines[head + 5] == ("Device-only cells at 80% or more of a same-bytes copy timed so: 2 of 4; lowest 79.6% "
+                               "(current+transpose at 8192×4096); 1 not measured (the host could not get ahead).")
+
+
 def test_recipe_bench_times_the_weight_gradients_it_recorded(monkeypatch):
     """recipe_bench's weight-gradient shapes come from the gemm workload's own shape rules: a run now measures
     what the committed file measured (the same names and M×N×K)."""

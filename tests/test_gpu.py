@@ -86,6 +86,30 @@ def test_settled_timer_and_slowdown_knob_add_the_set_fraction():
     assert drift < 0.02, f"unslowed runs either side of a slowed one differ by {drift:.1%}"  # settled
 
 
+def test_device_only_timing_leaves_out_the_host_time_that_the_eager_timer_counts():
+    """A call that spends 300 µs on the host before a kernel of a few µs: time_fn's events hold that host time
+    (the GPU idles at the start event), time_device_only's queue the call behind a sleep and hold the kernel."""
+    import time
+
+    from fp8bench.core.measure import time_device_only, time_fn
+
+    x = torch.randn(1024, 1024, device="cuda")
+
+    def host_heavy():
+        until = time.perf_counter() + 300e-6
+        while time.perf_counter() < until:
+            pass
+        return x.mul_(1.0)
+
+    eager = time_fn(host_heavy, device=torch.device("cuda"), warmup=5, iters=200, min_samples=50, max_time_s=0.2)
+    device_only = time_device_only(host_heavy, device=torch.device("cuda"), batches=2)
+    kernel = time_device_only(lambda: x.mul_(1.0), device=torch.device("cuda"), batches=2)
+    assert eager.median_ms > 0.25, f"eager {eager.median_ms * 1e3:.0f} µs: the host's 300 µs should show"
+    assert device_only is not None and kernel is not None
+    assert device_only.median_ms < 0.05 and device_only.median_ms < 1.5 * kernel.median_ms + 0.005, (
+        f"device-only {device_only.median_ms * 1e3:.1f} µs against the kernel alone's {kernel.median_ms * 1e3:.1f}")
+
+
 @pytest.mark.parametrize("sc", ["delayed", "current", "blockwise"])
 @pytest.mark.parametrize("fmt", ["e4m3", "hybrid"])
 def test_te_linear_recipes_run_and_match_emulator(tmp_path, fmt, sc):

@@ -129,3 +129,14 @@ def test_when_the_twin_cannot_be_built_every_recipe_runs_alone_and_each_case_is_
         else:
             assert r.status == "ok" and r.measurement["method"] == "alone"
             assert r.metric("speedup_vs_bf16") is None  # nothing was timed beside it
+
+
+def test_device_only_timing_is_refused_off_a_gpu():
+    """Device-only time is a GPU's (launches queued behind a GPU sleep): on a CPU the call says so rather than
+    returning host time under that name."""
+    import torch
+
+    from fp8bench.core.measure import time_device_only
+
+    with pytest.raises(ValueError, match="times a GPU's work; got device cpu"):
+        time_device_only(lambda: None, device=torch.device("cpu"))

@@ -354,7 +354,15 @@ def _device_only_ms(fn: Callable[[], object], flush: L2Flusher | None, wall_ms: 
     can be queued ahead of it, or more launches than the queue holds): the share is then unknown."""
     n = max(1, min(20, math.ceil(DEVICE_ONLY_MS / wall_ms)))
     paced = _batch_ms(fn, flush, n)
-    want_ms = 1.5 * n * min(host_ms, wall_ms) + 0.2
+    pairs = _queued_behind_sleep(fn, flush, n, 1.5 * n * min(host_ms, wall_ms) + 0.2)
+    return None if pairs is None else (paced, statistics.median(s.elapsed_time(e) for s, e in pairs))
+
+
+def _queued_behind_sleep(fn: Callable[[], object], flush: L2Flusher | None, n: int, want_ms: float) -> list | None:
+    """n iterations of fn as `_enqueue` queues them, behind a GPU sleep of about `want_ms`, read after a sync:
+    the (start, end) event pairs when the host enqueued them all before the sleep ended, so that no kernel
+    waited for its launch. The sleep is lengthened and the batch run again when the host fell behind; None
+    after three tries."""
     cycles = want_ms * _sleep_cycles_per_ms()
     for _ in range(3):
         torch.cuda.synchronize()
@@ -369,11 +377,46 @@ def _device_only_ms(fn: Callable[[], object], flush: L2Flusher | None, wall_ms: 
         slept_ms = s0.elapsed_time(s1)
         _SLEEP_CYCLES_PER_MS[0] = cycles / max(slept_ms, 1e-3)  # the clock now, for the next op's first try
         if enqueue_ms < slept_ms:
-            return paced, statistics.median(s.elapsed_time(e) for s, e in pairs)
+            return pairs
         # The sleep counts clock cycles, and the clock it runs at moves with the load: size the next one from
         # the milliseconds this one actually lasted, not from the calibration.
         cycles = min(cycles * (2.0 * enqueue_ms + 1.0) / max(slept_ms, 1e-3), 1000.0 * _sleep_cycles_per_ms())
     return None
+
+
+DEVICE_ONLY_BATCH = 50
+"""Iterations queued behind one sleep by `time_device_only`: each takes four to six entries of CUDA's launch
+queue (the flush, two events, the call's kernels), and the host blocks once some 1000 are pending (200-250
+iterations of a one-kernel loop on the H200 box, scripts/recipe_bench.py's HOST_PACED), which no sleep can
+hide."""
+
+
+def time_device_only(fn: Callable[[], object], *, device: torch.device, warmup: int = 10, batches: int = 6,
+                     flush_l2: bool = False) -> Timing | None:
+    """Per-iteration GPU time of `fn` with the host's cost taken out: `batches` batches of DEVICE_ONLY_BATCH
+    iterations, each timed as time_fn times one (the L2 flushed before it when asked, events around it) and
+    each batch queued behind a GPU sleep long enough for the host to enqueue all of it. What a program whose
+    host runs ahead of its GPU (a large model's training step) pays for the call: its kernels and the gaps
+    between them, but not the Python, allocations and launch calls that time_fn's span holds wherever the
+    host is slower than the GPU. None when the host could not get ahead (`fn` synchronizes, or enqueues
+    more than CUDA's launch queue holds)."""
+    if device.type != "cuda":
+        raise ValueError(f"time_device_only times a GPU's work; got device {device}")
+    flush = L2Flusher() if flush_l2 else None
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()  # the host's enqueue time per iteration sizes the sleeps
+    _enqueue(fn, flush, DEVICE_ONLY_BATCH)
+    host_ms = (time.perf_counter() - t0) * 1e3 / DEVICE_ONLY_BATCH
+    torch.cuda.synchronize()
+    samples: list[float] = []
+    for _ in range(batches):
+        pairs = _queued_behind_sleep(fn, flush, DEVICE_ONLY_BATCH, 1.5 * DEVICE_ONLY_BATCH * host_ms + 0.2)
+        if pairs is None:
+            return None
+        samples += [s.elapsed_time(e) for s, e in pairs]
+    return Timing(samples, flush is not None, False)
 
 
 def _enqueue(fn: Callable[[], object], flush: L2Flusher | None, n: int, last: dict | None = None,
