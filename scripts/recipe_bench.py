@@ -221,7 +221,8 @@ def casts(copy: float) -> list[dict]:
         same_copy_device_only: dict[int, float | None] = {}
         for name, (fn, nbytes) in cast_calls(x).items():
             fn()  # autotune outside the timing
-            eager = time_fn(fn, **CAST_TIMER).median_ms
+            eager_timing = time_fn(fn, **CAST_TIMER)
+            eager = eager_timing.median_ms
             host_us, gpu_us = eager_pace(fn, flush)
             graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
             device_only = time_device_only(fn, device=torch.device("cuda"), flush_l2=True)
@@ -229,7 +230,8 @@ def casts(copy: float) -> list[dict]:
                 same_copy[nbytes] = same_bytes_copy_gbps(nbytes)
                 same_copy_device_only[nbytes] = same_bytes_copy_device_only_gbps(nbytes)
             row = {"kernel": name, "shape": [m, k], "input_mb": x.numel() * 2 / 2**20, "bytes": nbytes,
-                   "eager_ms": eager, "eager_gbps": nbytes / eager / 1e6, "graph_ms": graph,
+                   "eager_ms": eager, "eager_quartiles_ms": statistics.quantiles(eager_timing.samples_ms, n=4),
+                   "eager_gbps": nbytes / eager / 1e6, "graph_ms": graph,
                    "graph_gbps": nbytes / graph / 1e6, "same_bytes_copy_gbps": same_copy[nbytes],
                    "loop_host_us": host_us, "loop_gpu_us": gpu_us, "host_paced": host_us >= HOST_PACED * gpu_us}
             row["eager_pct_of_copy"] = 100 * row["eager_gbps"] / copy
