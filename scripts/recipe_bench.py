@@ -3,8 +3,10 @@
 1. GEMM rounds: per shape (the Llama shapes of `kernel_bench.GEMMS`, 8192³, 4096³ and 2048³), ROUNDS
    interleaved rounds of the `triton` backend's blockwise GEMM (the Gluon kernel on sm_90, as the sweeps run it)
    and cuBLAS's (torch._scaled_mm with 1x128 / 128x128 scales), their order alternating between rounds; each
-   round is one `do_bench` median with the L2 flushed. Per shape: the median and best of the rounds, the spread
-   (median over best, a bimodal shape shows here) and cuBLAS's median over ours.
+   round is one `do_bench` median with the L2 flushed, and the same op timed device-only right after it (its
+   launches queued ahead, so a small shape's host cost per call cannot fall inside the timed span). Per shape and
+   for each timing: the median and best of the rounds, the spread (median over best, a bimodal shape shows
+   here) and cuBLAS's median over ours.
 2. Casts, eager: every cast kernel called as a user calls it, timed per call with the L2 flushed (fp8bench's
    timer), at shapes of 32 MB and more: GB/s of the bytes the kernels move, as % of a 2 GB copy's bandwidth and
    of a copy of the same bytes timed the same way (which pays the flush's write-back as the cast does), with the
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -43,7 +46,7 @@ from triton.testing import do_bench
 
 from fp8bench.analysis.calibrate import copy_gbps
 from fp8bench.backends import get_backend
-from fp8bench.core.measure import L2Flusher, time_device_only, time_fn
+from fp8bench.core.measure import DEVICE_ONLY_BATCH, L2Flusher, time_device_only, time_fn
 from fp8bench.core.types import GemmRole
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,7 +65,7 @@ def gemm_rounds(rounds: int) -> list[dict]:
         ops = {impl: get_backend(impl).gemm(a, b, GemmRole.FPROP, recipe(impl, "blockwise"))
                for impl in ("triton", "torch")}
         ops["triton"].kernel_only()  # the Gluon kernel's per-shape tuning, before any timing
-        times = _rounds({impl: op.kernel_only for impl, op in ops.items()}, rounds)
+        times, dev = _rounds({impl: op.kernel_only for impl, op in ops.items()}, rounds, device_only=True)
         flops = 2.0 * m * n * k
         row = {"shape": name, "mnk": [m, n, k], "ran": ops["triton"].ran}
         for impl, label in (("triton", "ours"), ("torch", "cublas")):
@@ -70,16 +73,26 @@ def gemm_rounds(rounds: int) -> list[dict]:
             row[label] = {"rounds_ms": times[impl], "median_tflops": flops / med / 1e9,
                           "best_tflops": flops / best / 1e9, "median_over_best": med / best}
         row["ratio_to_cublas"] = statistics.median(times["torch"]) / statistics.median(times["triton"])
+        for impl, label in (("triton", "ours"), ("torch", "cublas")):
+            med, best = statistics.median(dev[impl]), min(dev[impl])  # nan where the host never got ahead
+            row[label] |= {"device_only_rounds_ms": dev[impl], "device_only_median_tflops": flops / med / 1e9,
+                           "device_only_median_over_best": med / best}
+        row["device_only_ratio_to_cublas"] = statistics.median(dev["torch"]) / statistics.median(dev["triton"])
         rows.append(row)
         print(f"{name:>24} ours {row['ours']['median_tflops']:6.0f} TFLOPS (best {row['ours']['best_tflops']:5.0f},"
               f" median/best {row['ours']['median_over_best']:.3f})  cuBLAS {row['cublas']['median_tflops']:6.0f}"
-              f" (median/best {row['cublas']['median_over_best']:.3f})  ratio {row['ratio_to_cublas']:.3f}",
-              flush=True)
+              f" (median/best {row['cublas']['median_over_best']:.3f})  ratio {row['ratio_to_cublas']:.3f}; device-only"
+              f" ours {row['ours']['device_only_median_tflops']:6.0f} (median/best "
+              f"{row['ours']['device_only_median_over_best']:.3f}) cuBLAS {row['cublas']['device_only_median_tflops']:6.0f}"
+              f" ratio {row['device_only_ratio_to_cublas']:.3f}", flush=True)
         del ops, a, b
         torch.cuda.empty_cache()
     ratios = [r["ratio_to_cublas"] for r in rows]
     print(f"GEMM: median ratio to cuBLAS {statistics.median(ratios):.3f}, lowest {min(ratios):.3f}; widest "
           f"median/best {max(r['ours']['median_over_best'] for r in rows):.3f}", flush=True)
+    ratios = [r["device_only_ratio_to_cublas"] for r in rows]
+    print(f"GEMM device-only: median ratio to cuBLAS {statistics.median(ratios):.3f}, lowest {min(ratios):.3f}; "
+          f"widest median/best {max(r['ours']['device_only_median_over_best'] for r in rows):.3f}", flush=True)
     return rows
 
 
@@ -97,13 +110,28 @@ def wgrad_shapes() -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def _rounds(ops: dict, rounds: int) -> dict[str, list[float]]:
-    """`rounds` do_bench medians of each op, the order alternating between rounds."""
+ROUND_MS = 100.0
+"""GPU time of one device-only round per op, as do_bench's `rep`."""
+
+
+def _rounds(ops: dict, rounds: int, device_only: bool = False) -> tuple[dict[str, list[float]], dict | None]:
+    """`rounds` do_bench medians of each op, the order alternating between rounds; with `device_only`, each
+    round also times each op device-only (`time_device_only`, the L2 flushed, about ROUND_MS of iterations
+    queued behind a GPU sleep), its median kept. do_bench enqueues flush, event, call, event per iteration
+    with the host's time in between: where a call's host time exceeds the flush's GPU time the GEMM waits
+    for its launch inside the timed span (2048³ at 20 µs a call, its rounds read 0.30x of cuBLAS on two boxes
+    and 0.49x on a third, recipe_bench_gemm_*.json), so the device-only rounds are the kernels' own figure."""
     times: dict[str, list[float]] = {impl: [] for impl in ops}
+    dev: dict[str, list[float]] | None = {impl: [] for impl in ops} if device_only else None
     for r in range(rounds):
         for impl in (ops if r % 2 == 0 else reversed(list(ops))):
             times[impl].append(do_bench(ops[impl], warmup=25, rep=100, return_mode="median"))
-    return times
+            if dev is not None:
+                batch = max(2, min(DEVICE_ONLY_BATCH, math.ceil(ROUND_MS / times[impl][-1])))
+                t = time_device_only(ops[impl], device=torch.device("cuda"), warmup=2, batches=1, batch=batch,
+                                     flush_l2=True)
+                dev[impl].append(t.median_ms if t else math.nan)
+    return times, dev
 
 
 def _wgrad_row(name: str, m: int, n: int, k: int, rounds: int) -> dict:
@@ -120,7 +148,7 @@ def _wgrad_row(name: str, m: int, n: int, k: int, rounds: int) -> dict:
     ref = gemm_blockwise_wgrad_reference(a, sa, b, sb)
     sqnr = {impl: sqnr_db(ref, op().float()) for impl, op in ops.items()}  # tunes both before any timing
     del ref
-    times = _rounds(ops, rounds)
+    times, _ = _rounds(ops, rounds)
     row: dict = {"shape": name, "mnk": [m, n, k]}
     for impl in ops:
         med, best = statistics.median(times[impl]), min(times[impl])
@@ -353,6 +381,17 @@ def markdown(recorded: dict) -> str:
         ratios = [r["ratio_to_cublas"] for r in rows]
         out += ["", f"Median ratio over the {len(rows)} shapes {statistics.median(ratios):.3f}, lowest "
                 f"{min(ratios):.3f}; widest median / best {max(r['ours']['median_over_best'] for r in rows):.3f}.", ""]
+        if "device_only_ratio_to_cublas" in rows[0]:  # files since the rounds were also timed device-only
+            out += ["| shape, device-only rounds | ours: median TFLOPS | median / best | cuBLAS blockwise: median | "
+                    "median / best | cuBLAS / ours (medians) |", "|---|---|---|---|---|---|"]
+            out += [f"| {r['shape']} | {r['ours']['device_only_median_tflops']:.0f} | "
+                    f"{r['ours']['device_only_median_over_best']:.3f} | {r['cublas']['device_only_median_tflops']:.0f} | "
+                    f"{r['cublas']['device_only_median_over_best']:.3f} | {r['device_only_ratio_to_cublas']:.3f} |"
+                    for r in rows]
+            dev = [r["device_only_ratio_to_cublas"] for r in rows]
+            out += ["", f"Device-only: median ratio over the {len(rows)} shapes {statistics.median(dev):.3f}, lowest "
+                    f"{min(dev):.3f}; widest median / best "
+                    f"{max(r['ours']['device_only_median_over_best'] for r in rows):.3f}.", ""]
     if "casts" in recorded:
         shapes = list(dict.fromkeys(tuple(r["shape"]) for r in recorded["casts"]))
         kernels = list(dict.fromkeys(r["kernel"] for r in recorded["casts"]))

@@ -188,6 +188,36 @@ def test_the_casts_device_only_table_counts_its_cells_and_names_those_not_measur
                                "(current+transpose at 8192×4096); 1 not measured (the host could not get ahead).")
 
 
+def test_the_gemm_rounds_timed_device_only_get_a_table_of_their_own(monkeypatch):
+    """A GEMM file whose rounds were also timed device-only lists them in a second table with their own median
+    ratio, lowest shape and widest spread; the do_bench table above it is unchanged."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import recipe_bench
+
+    def row(shape, ours_ms, cublas_ms, dev_ours_ms, dev_cublas_ms):
+        flops = 2.0 * 2048**3
+
+        def side(rounds, dev):
+            return {"median_tflops": flops / sorted(rounds)[1] / 1e9, "best_tflops": flops / min(rounds) / 1e9,
+                    "median_over_best": sorted(rounds)[1] / min(rounds),
+                    "device_only_median_tflops": flops / sorted(dev)[1] / 1e9,
+                    "device_only_median_over_best": sorted(dev)[1] / min(dev)}
+        return {"shape": shape, "mnk": [2048, 2048, 2048], "ours": side(ours_ms, dev_ours_ms),
+                "cublas": side(cublas_ms, dev_cublas_ms),
+                "ratio_to_cublas": sorted(cublas_ms)[1] / sorted(ours_ms)[1],
+                "device_only_ratio_to_cublas": sorted(dev_cublas_ms)[1] / sorted(dev_ours_ms)[1]}
+
+    rows = [row("a", [0.060, 0.055, 0.058], [0.030, 0.028, 0.029], [0.020, 0.0202, 0.0205], [0.0205, 0.021, 0.0208]),
+            row("b", [0.020, 0.020, 0.020], [0.021, 0.021, 0.021], [0.020, 0.0206, 0.020], [0.0212, 0.021, 0.0211])]
+    lines = recipe_bench.markdown({"gemm": rows}).splitlines()
+    assert lines[5] == "Median ratio over the 2 shapes 0.775, lowest 0.500; widest median / best 1.055."
+    head = lines.index("| shape, device-only rounds | ours: median TFLOPS | median / best | cuBLAS blockwise: median | "
+                       "median / best | cuBLAS / ours (medians) |")
+    assert lines[head + 2] == "| a | 850 | 1.010 | 826 | 1.015 | 1.030 |"
+    assert lines[head + 5] == ("Device-only: median ratio over the 2 shapes 1.042, lowest 1.030; widest median / best "
+                               "1.010.")
+
+
 def test_recipe_bench_times_the_weight_gradients_it_recorded(monkeypatch):
     """recipe_bench's weight-gradient shapes come from the gemm workload's own shape rules: a run now measures
     what the committed file measured (the same names and M×N×K)."""

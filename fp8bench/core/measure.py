@@ -392,9 +392,9 @@ hide."""
 
 
 def time_device_only(fn: Callable[[], object], *, device: torch.device, warmup: int = 10, batches: int = 6,
-                     flush_l2: bool = False) -> Timing | None:
-    """Per-iteration GPU time of `fn` with the host's cost taken out: `batches` batches of DEVICE_ONLY_BATCH
-    iterations, each timed as time_fn times one (the L2 flushed before it when asked, events around it) and
+                     batch: int = DEVICE_ONLY_BATCH, flush_l2: bool = False) -> Timing | None:
+    """Per-iteration GPU time of `fn` with the host's cost taken out: `batches` batches of `batch` (at most
+    DEVICE_ONLY_BATCH) iterations, each timed as time_fn times one (the L2 flushed before it when asked, events around it) and
     each batch queued behind a GPU sleep long enough for the host to enqueue all of it. What a program whose
     host runs ahead of its GPU (a large model's training step) pays for the call: its kernels and the gaps
     between them, but not the Python, allocations and launch calls that time_fn's span holds wherever the
@@ -402,17 +402,18 @@ def time_device_only(fn: Callable[[], object], *, device: torch.device, warmup: 
     more than CUDA's launch queue holds)."""
     if device.type != "cuda":
         raise ValueError(f"time_device_only times a GPU's work; got device {device}")
+    batch = max(1, min(batch, DEVICE_ONLY_BATCH))
     flush = L2Flusher() if flush_l2 else None
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()  # the host's enqueue time per iteration sizes the sleeps
-    _enqueue(fn, flush, DEVICE_ONLY_BATCH)
-    host_ms = (time.perf_counter() - t0) * 1e3 / DEVICE_ONLY_BATCH
+    _enqueue(fn, flush, batch)
+    host_ms = (time.perf_counter() - t0) * 1e3 / batch
     torch.cuda.synchronize()
     samples: list[float] = []
     for _ in range(batches):
-        pairs = _queued_behind_sleep(fn, flush, DEVICE_ONLY_BATCH, 1.5 * DEVICE_ONLY_BATCH * host_ms + 0.2)
+        pairs = _queued_behind_sleep(fn, flush, batch, 1.5 * batch * host_ms + 0.2)
         if pairs is None:
             return None
         samples += [s.elapsed_time(e) for s, e in pairs]
