@@ -120,7 +120,10 @@ def _rounds(ops: dict, rounds: int, device_only: bool = False) -> tuple[dict[str
     queued behind a GPU sleep), its median kept. do_bench enqueues flush, event, call, event per iteration
     with the host's time in between: where a call's host time exceeds the flush's GPU time the GEMM waits
     for its launch inside the timed span (2048³ at 20 µs a call, its rounds read 0.30x of cuBLAS on two boxes
-    and 0.49x on a third, recipe_bench_gemm_*.json), so the device-only rounds are the kernels' own figure."""
+    and 0.49x on a third, recipe_bench_gemm_*.json), so there the device-only rounds are the kernels' own
+    figure. At large shapes do_bench's are: a device-only round is a short batch right after the GPU idled
+    through the sleep, and under the H200's power cap it ran 3-10% faster than the sustained rounds
+    (recipe_bench_gemm_300739f.json), the clocks not yet down to their level under load."""
     times: dict[str, list[float]] = {impl: [] for impl in ops}
     dev: dict[str, list[float]] | None = {impl: [] for impl in ops} if device_only else None
     for r in range(rounds):
