@@ -4,13 +4,15 @@ cuBLAS there?
 At 2048³ the GEMM line reads our kernel 0.964-0.992x of cuBLAS blockwise, the one shape under 0.98
 (results/h200-recipe-blockwise/recipe_bench_gemm_*.json). A call there takes ~20 µs on the GPU, while on the H200
 boxes a call costs 25-75 µs of host time, and the tuner (`gemm_blockwise_gluon._pick`) times each option with
-`steady_do_bench`, whose loop (flush, event, call, event) the host paces at such shapes: its pick may follow host
-time, not the kernels'.
+`steady_do_bench`, which until fec7093 ended in `do_bench`, whose loop (flush, event, call, event) the host
+paces at such shapes: its pick could follow host time, not the kernels'. Since then it replays a CUDA graph.
 
 Per shape, in `ROUNDS` rounds (the order of the options reversed every other round): every promote config of
 `CONFIGS` with both grid kinds, and cuBLAS (torch._scaled_mm with the same 1x128 / 128x128 scales), each timed
-device-only (`time_device_only`, the L2 flushed) and with `steady_do_bench` as the tuner times it; the option
-the tuner picked is marked. Medians over the rounds.
+device-only (`time_device_only`, the L2 flushed), with `do_bench` (the L2 flushed, as the tuner timed options
+until fec7093) and with `steady_do_bench` (the tuner's timer of the commit run: at fec7093 `do_bench`, since a
+CUDA graph replayed); the option the tuner picked is marked. Medians over the rounds. Files before the graph
+have no `tuner_ms`.
 
 Usage on the GPU box: python3 research/gemm_pick_probe.py OUT.json
 Anywhere, the Markdown table of a recorded file: python3 research/gemm_pick_probe.py --markdown OUT.json
@@ -39,6 +41,7 @@ def main(out_path: str) -> None:
     from fp8bench_kernels import gemm_blockwise_gluon as gg
     from fp8bench_kernels._tune import steady_do_bench
     from fp8bench_kernels.quantize_blockwise import quantize_blockwise
+    from triton.testing import do_bench
 
     from fp8bench.backends import get_backend
     from fp8bench.core.measure import time_device_only
@@ -59,19 +62,21 @@ def main(out_path: str) -> None:
                for label, (c, p) in options().items()}
         # cuBLAS blockwise as the GEMM line times it: the torch backend's call on its own quantized operands
         ops["cuBLAS blockwise"] = get_backend("torch").gemm(a16, b16, GemmRole.FPROP, recipe("torch", "blockwise")).kernel_only
-        times = {label: {"device_only_ms": [], "do_bench_ms": []} for label in ops}
+        times = {label: {"device_only_ms": [], "do_bench_ms": [], "tuner_ms": []} for label in ops}
         for r in range(ROUNDS):
             for label in (list(ops) if r % 2 == 0 else list(ops)[::-1]):
                 t = time_device_only(ops[label], device=cuda, batches=2, flush_l2=True)
                 times[label]["device_only_ms"].append(t.median_ms if t else float("nan"))
-                times[label]["do_bench_ms"].append(steady_do_bench(ops[label]))
+                times[label]["do_bench_ms"].append(do_bench(ops[label], warmup=25, rep=100))
+                times[label]["tuner_ms"].append(steady_do_bench(ops[label]))
         picked = next(label for label, v in options().items() if v == (picked_config, picked_persistent))
         row = {"shape": name, "mnk": [m, n, k], "picked": picked,
                "options": {label: {key: statistics.median(v) for key, v in t.items()} for label, t in times.items()}}
         out["shapes"].append(row)
         for label, t in row["options"].items():
             print(f"{name:>16} {label:>44}{' (picked)' if label == picked else '':>10}: device-only "
-                  f"{1e3 * t['device_only_ms']:7.1f} µs  do_bench {1e3 * t['do_bench_ms']:7.1f} µs", flush=True)
+                  f"{1e3 * t['device_only_ms']:7.1f} µs  do_bench {1e3 * t['do_bench_ms']:7.1f} µs  tuner's timer "
+                  f"{1e3 * t['tuner_ms']:7.1f} µs", flush=True)
         del a16, b16, qa, qb, ops
         torch.cuda.empty_cache()
     Path(out_path).write_text(json.dumps(out, indent=1))
@@ -80,13 +85,15 @@ def main(out_path: str) -> None:
 def markdown(recorded: dict) -> str:
     rows = recorded["shapes"]
     labels = list(rows[0]["options"])
-    out = ["| option (µs: device-only; do_bench as the tuner times it) | "
+    graph = "tuner_ms" in rows[0]["options"][labels[0]]
+    out = ["| option (µs: device-only; do_bench" + ("; CUDA graph, the tuner's timer" if graph else "") + ") | "
            + " | ".join(f"{r['shape']}" for r in rows) + " |", "|---" * (len(rows) + 1) + "|"]
     for label in labels:
         cells = []
         for r in rows:
             t = r["options"][label]
             cells.append(f"{1e3 * t['device_only_ms']:.1f}; {1e3 * t['do_bench_ms']:.1f}"
+                         + (f"; {1e3 * t['tuner_ms']:.1f}" if graph else "")
                          + (" (picked)" if label == r["picked"] else ""))
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     out.append("")
