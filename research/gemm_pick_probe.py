@@ -4,15 +4,20 @@ cuBLAS there?
 At 2048³ the GEMM line reads our kernel 0.964-0.992x of cuBLAS blockwise, the one shape under 0.98
 (results/h200-recipe-blockwise/recipe_bench_gemm_*.json). A call there takes ~20 µs on the GPU, while on the H200
 boxes a call costs 25-75 µs of host time, and the tuner (`gemm_blockwise_gluon._pick`) times each option with
-`steady_do_bench`, which until fec7093 ended in `do_bench`, whose loop (flush, event, call, event) the host
-paces at such shapes: its pick could follow host time, not the kernels'. Since then it replays a CUDA graph.
+`steady_do_bench`, which ends in `do_bench`, whose loop (flush, event, call, event) the host paces at such shapes:
+its pick can follow host time, not the kernels'.
 
 Per shape, in `ROUNDS` rounds (the order of the options reversed every other round): every promote config of
 `CONFIGS` with both grid kinds, and cuBLAS (torch._scaled_mm with the same 1x128 / 128x128 scales), each timed
-device-only (`time_device_only`, the L2 flushed), with `do_bench` (the L2 flushed, as the tuner timed options
-until fec7093) and with `steady_do_bench` (the tuner's timer of the commit run: at fec7093 `do_bench`, since a
-CUDA graph replayed); the option the tuner picked is marked. Medians over the rounds. Files before the graph
-have no `tuner_ms`.
+device-only (`time_device_only`, the L2 flushed), with `do_bench` (the L2 flushed) and with `steady_do_bench`,
+the tuner's timer at the commit run (`tuner_ms`; fec7093's file has no such column, its tuner's timer being its
+`do_bench`); the option the tuner picked is marked. Medians over the rounds.
+
+A tuner timing each option from a replayed CUDA graph (a4b4ff0, reverted) ranked the 2048³ options as the
+device-only timings do, but tuning through graph captures took far longer on the H200: this probe ran two of
+three shapes in 120 s, against all three in 51 s at fec7093, and the GEMM rounds four of 13 shapes in 200 s,
+against all 13 in about 100 s at 300739f (`gemm_pick_probe_a4b4ff0_partial.log`,
+`recipe_bench_gemm_a4b4ff0_partial.log`).
 
 Usage on the GPU box: python3 research/gemm_pick_probe.py OUT.json
 Anywhere, the Markdown table of a recorded file: python3 research/gemm_pick_probe.py --markdown OUT.json
