@@ -1,22 +1,23 @@
 """Does the Gluon GEMM's per-shape tuner pick its fastest config at small shapes, and how far is that config from
 cuBLAS there?
 
-At 2048³ the GEMM line reads our kernel 0.964-0.992x of cuBLAS blockwise, the one shape under 0.98
-(results/h200-recipe-blockwise/recipe_bench_gemm_*.json). A call there takes ~20 µs on the GPU, while on the H200
+At 2048³ the GEMM line reads our kernel 0.974-0.992x of cuBLAS blockwise (0.964 device-only at 300739f, 0.491
+host-paced at 6ff10d9), the one shape under 0.98 in those runs (results/h200-recipe-blockwise/recipe_bench_gemm_*.json). A call there takes ~20 µs on the GPU, while on the H200
 boxes a call costs 25-75 µs of host time, and the tuner (`gemm_blockwise_gluon._pick`) times each option with
 `steady_do_bench`, which ends in `do_bench`, whose loop (flush, event, call, event) the host paces at such shapes:
 its pick can follow host time, not the kernels'.
 
 Per shape, in `ROUNDS` rounds (the order of the options reversed every other round): every promote config of
 `CONFIGS` with both grid kinds, and cuBLAS (torch._scaled_mm with the same 1x128 / 128x128 scales), each timed
-device-only (`time_device_only`, the L2 flushed), with `do_bench` (the L2 flushed) and with `steady_do_bench`,
-the tuner's timer at the commit run (`tuner_ms`; fec7093's file has no such column, its tuner's timer being its
-`do_bench`); the option the tuner picked is marked. Medians over the rounds.
+device-only (`time_device_only`, the L2 flushed), with `do_bench` (the L2 flushed; its mean, as the tuner takes
+it) and with `steady_do_bench`, the tuner's timer at the commit run (`tuner_ms`; fec7093's file has no such
+column, its tuner's timer being its `do_bench`); the option the tuner picked is marked. Medians over the rounds,
+a device-only round where the host could not get ahead left out.
 
 A tuner timing each option from a replayed CUDA graph (a4b4ff0, reverted) ranked the 2048³ options as the
 device-only timings do, but tuning through graph captures took far longer on the H200: this probe ran two of
-three shapes in 120 s, against all three in 51 s at fec7093, and the GEMM rounds four of 13 shapes in 200 s,
-against all 13 in about 100 s at 300739f (`gemm_pick_probe_a4b4ff0_partial.log`,
+three shapes in the 120 s it was given, against all three in one call of 51 s (setup included) at fec7093, and
+the GEMM rounds five of 13 shapes in the 200 s they were given, against all 13 in one call of 123 s at 300739f (`gemm_pick_probe_a4b4ff0_partial.log`,
 `recipe_bench_gemm_a4b4ff0_partial.log`).
 
 Usage on the GPU box: python3 research/gemm_pick_probe.py OUT.json
@@ -32,6 +33,15 @@ from pathlib import Path
 
 SHAPES = {"2048^3": (2048, 2048, 2048), "4096x4096x2048": (4096, 4096, 2048), "4096^3": (4096, 4096, 4096)}
 ROUNDS = 3
+
+
+def _us(ms: float | None) -> str:
+    return "host not ahead" if ms is None else f"{1e3 * ms:.1f}"
+
+
+def _median(values: list) -> float | None:
+    done = [v for v in values if v is not None]
+    return statistics.median(done) if done else None
 
 
 def options() -> dict:
@@ -71,16 +81,16 @@ def main(out_path: str) -> None:
         for r in range(ROUNDS):
             for label in (list(ops) if r % 2 == 0 else list(ops)[::-1]):
                 t = time_device_only(ops[label], device=cuda, batches=2, flush_l2=True)
-                times[label]["device_only_ms"].append(t.median_ms if t else float("nan"))
+                times[label]["device_only_ms"].append(t.median_ms if t else None)
                 times[label]["do_bench_ms"].append(do_bench(ops[label], warmup=25, rep=100))
                 times[label]["tuner_ms"].append(steady_do_bench(ops[label]))
         picked = next(label for label, v in options().items() if v == (picked_config, picked_persistent))
         row = {"shape": name, "mnk": [m, n, k], "picked": picked,
-               "options": {label: {key: statistics.median(v) for key, v in t.items()} for label, t in times.items()}}
+               "options": {label: {key: _median(v) for key, v in t.items()} for label, t in times.items()}}
         out["shapes"].append(row)
         for label, t in row["options"].items():
             print(f"{name:>16} {label:>44}{' (picked)' if label == picked else '':>10}: device-only "
-                  f"{1e3 * t['device_only_ms']:7.1f} µs  do_bench {1e3 * t['do_bench_ms']:7.1f} µs  tuner's timer "
+                  f"{_us(t['device_only_ms']):>7} µs  do_bench {1e3 * t['do_bench_ms']:7.1f} µs  tuner's timer "
                   f"{1e3 * t['tuner_ms']:7.1f} µs", flush=True)
         del a16, b16, qa, qb, ops
         torch.cuda.empty_cache()
@@ -90,22 +100,26 @@ def main(out_path: str) -> None:
 def markdown(recorded: dict) -> str:
     rows = recorded["shapes"]
     labels = list(rows[0]["options"])
-    graph = "tuner_ms" in rows[0]["options"][labels[0]]
-    out = ["| option (µs: device-only; do_bench" + ("; CUDA graph, the tuner's timer" if graph else "") + ") | "
+    tuner = "tuner_ms" in rows[0]["options"][labels[0]]
+    out = ["| option (µs: device-only; do_bench" + ("; the tuner's timer, steady_do_bench" if tuner else "") + ") | "
            + " | ".join(f"{r['shape']}" for r in rows) + " |", "|---" * (len(rows) + 1) + "|"]
     for label in labels:
         cells = []
         for r in rows:
             t = r["options"][label]
-            cells.append(f"{1e3 * t['device_only_ms']:.1f}; {1e3 * t['do_bench_ms']:.1f}"
-                         + (f"; {1e3 * t['tuner_ms']:.1f}" if graph else "")
+            cells.append(f"{_us(t['device_only_ms'])}; {1e3 * t['do_bench_ms']:.1f}"
+                         + (f"; {1e3 * t['tuner_ms']:.1f}" if tuner else "")
                          + (" (picked)" if label == r["picked"] else ""))
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     out.append("")
     for r in rows:
-        ours = {label: t["device_only_ms"] for label, t in r["options"].items() if label != "cuBLAS blockwise"}
-        best = min(ours, key=ours.get)
+        ours = {label: t["device_only_ms"] for label, t in r["options"].items()
+                if label != "cuBLAS blockwise" and t["device_only_ms"] is not None}
         cublas = r["options"]["cuBLAS blockwise"]["device_only_ms"]
+        if not ours or cublas is None or r["picked"] not in ours:
+            out.append(f"{r['shape']}: not every option measured device-only (the host could not get ahead).")
+            continue
+        best = min(ours, key=ours.get)
         out.append(f"{r['shape']}: fastest device-only {best} at {cublas / ours[best]:.3f}x of cuBLAS; the picked "
                    f"option at {cublas / ours[r['picked']]:.3f}x.")
     return "\n".join(out)

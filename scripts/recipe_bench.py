@@ -74,25 +74,29 @@ def gemm_rounds(rounds: int) -> list[dict]:
                           "best_tflops": flops / best / 1e9, "median_over_best": med / best}
         row["ratio_to_cublas"] = statistics.median(times["torch"]) / statistics.median(times["triton"])
         for impl, label in (("triton", "ours"), ("torch", "cublas")):
-            med, best = statistics.median(dev[impl]), min(dev[impl])  # nan where the host never got ahead
-            row[label] |= {"device_only_rounds_ms": dev[impl], "device_only_median_tflops": flops / med / 1e9,
-                           "device_only_median_over_best": med / best}
-        row["device_only_ratio_to_cublas"] = statistics.median(dev["torch"]) / statistics.median(dev["triton"])
+            row[label] |= device_only_summary(dev[impl], flops)
+        medians = [statistics.median(r) for r in (_measured(dev["torch"]), _measured(dev["triton"])) if r]
+        row["device_only_ratio_to_cublas"] = medians[0] / medians[1] if len(medians) == 2 else None
         rows.append(row)
         print(f"{name:>24} ours {row['ours']['median_tflops']:6.0f} TFLOPS (best {row['ours']['best_tflops']:5.0f},"
               f" median/best {row['ours']['median_over_best']:.3f})  cuBLAS {row['cublas']['median_tflops']:6.0f}"
               f" (median/best {row['cublas']['median_over_best']:.3f})  ratio {row['ratio_to_cublas']:.3f}; device-only"
-              f" ours {row['ours']['device_only_median_tflops']:6.0f} (median/best "
-              f"{row['ours']['device_only_median_over_best']:.3f}) cuBLAS {row['cublas']['device_only_median_tflops']:6.0f}"
-              f" ratio {row['device_only_ratio_to_cublas']:.3f}", flush=True)
+              + (f" ours {row['ours']['device_only_median_tflops']:6.0f} (median/best "
+                 f"{row['ours']['device_only_median_over_best']:.3f}) cuBLAS "
+                 f"{row['cublas']['device_only_median_tflops']:6.0f} ratio {row['device_only_ratio_to_cublas']:.3f}"
+                 if row["device_only_ratio_to_cublas"] else " not measured (the host could not get ahead)"),
+              flush=True)
         del ops, a, b
         torch.cuda.empty_cache()
     ratios = [r["ratio_to_cublas"] for r in rows]
     print(f"GEMM: median ratio to cuBLAS {statistics.median(ratios):.3f}, lowest {min(ratios):.3f}; widest "
           f"median/best {max(r['ours']['median_over_best'] for r in rows):.3f}", flush=True)
-    ratios = [r["device_only_ratio_to_cublas"] for r in rows]
-    print(f"GEMM device-only: median ratio to cuBLAS {statistics.median(ratios):.3f}, lowest {min(ratios):.3f}; "
-          f"widest median/best {max(r['ours']['device_only_median_over_best'] for r in rows):.3f}", flush=True)
+    measured = [r for r in rows if r["device_only_ratio_to_cublas"]]
+    if measured:
+        ratios = [r["device_only_ratio_to_cublas"] for r in measured]
+        print(f"GEMM device-only: median ratio to cuBLAS {statistics.median(ratios):.3f}, lowest {min(ratios):.3f}; "
+              f"widest median/best {max(r['ours']['device_only_median_over_best'] for r in measured):.3f}; "
+              f"{len(rows) - len(measured)} shapes not measured", flush=True)
     return rows
 
 
@@ -111,19 +115,36 @@ def wgrad_shapes() -> dict[str, tuple[int, int, int]]:
 
 
 ROUND_MS = 100.0
-"""GPU time of one device-only round per op, as do_bench's `rep`."""
+"""GPU time of one device-only round per op, as do_bench's `rep`, at most DEVICE_ONLY_BATCH iterations: a shape
+under 2 ms a call gets less (about 1 ms of iterations at 2048³, 6 ms at 4096³)."""
+
+
+def _measured(rounds_ms: list) -> list[float]:
+    return [t for t in rounds_ms if t is not None]
+
+
+def device_only_summary(rounds_ms: list, flops: float) -> dict:
+    """One side's device-only rounds (None where the host could not get ahead): the median and spread over
+    the measured rounds, None where none was, and how many were not."""
+    done = _measured(rounds_ms)
+    med = statistics.median(done) if done else None
+    return {"device_only_rounds_ms": rounds_ms, "device_only_rounds_not_measured": len(rounds_ms) - len(done),
+            "device_only_median_tflops": flops / med / 1e9 if med else None,
+            "device_only_median_over_best": med / min(done) if med else None}
 
 
 def _rounds(ops: dict, rounds: int, device_only: bool = False) -> tuple[dict[str, list[float]], dict | None]:
     """`rounds` do_bench medians of each op, the order alternating between rounds; with `device_only`, each
-    round also times each op device-only (`time_device_only`, the L2 flushed, about ROUND_MS of iterations
-    queued behind a GPU sleep), its median kept. do_bench enqueues flush, event, call, event per iteration
+    round also times each op device-only (`time_device_only`, the L2 flushed, up to ROUND_MS of iterations
+    queued behind a GPU sleep), its median kept, or None where the host could not get ahead. do_bench enqueues flush, event, call, event per iteration
     with the host's time in between: where a call's host time exceeds the flush's GPU time the GEMM waits
-    for its launch inside the timed span (2048³ at 20 µs a call, its rounds read 0.30x of cuBLAS on two boxes
-    and 0.49x on a third, recipe_bench_gemm_*.json), so there the device-only rounds are the kernels' own
-    figure. At large shapes do_bench's are: a device-only round is a short batch right after the GPU idled
-    through the sleep, and under the H200's power cap it ran 3-10% faster than the sustained rounds
-    (recipe_bench_gemm_300739f.json), the clocks not yet down to their level under load."""
+    for its launch inside the timed span (2048³ at 20 µs a call, its rounds read 0.30x of cuBLAS on two boxes,
+    recipe_bench_88f89ad.json and recipe_bench_e83c31e.json, and 0.49x on a third, recipe_bench_gemm_6ff10d9.json),
+    so there the device-only rounds are the kernels' own figure. At large shapes do_bench's are: a device-only
+    round is a short batch right after the GPU idled through the sleep, and under the H200's power cap it read
+    0-12% more TFLOPS than the sustained rounds (recipe_bench_gemm_300739f.json; within 3% on the shapes of 2 ms
+    and more a call), the clocks not yet down to their level under load. Each device-only batch follows its
+    op's do_bench round, so since 300739f the next do_bench round starts after that batch (and its sleep)."""
     times: dict[str, list[float]] = {impl: [] for impl in ops}
     dev: dict[str, list[float]] | None = {impl: [] for impl in ops} if device_only else None
     for r in range(rounds):
@@ -133,7 +154,7 @@ def _rounds(ops: dict, rounds: int, device_only: bool = False) -> tuple[dict[str
                 batch = max(2, min(DEVICE_ONLY_BATCH, math.ceil(ROUND_MS / times[impl][-1])))
                 t = time_device_only(ops[impl], device=torch.device("cuda"), warmup=2, batches=1, batch=batch,
                                      flush_l2=True)
-                dev[impl].append(t.median_ms if t else math.nan)
+                dev[impl].append(t.median_ms if t else None)
     return times, dev
 
 
@@ -261,7 +282,8 @@ def casts(copy: float) -> list[dict]:
                 same_copy[nbytes] = same_bytes_copy_gbps(nbytes)
                 same_copy_device_only[nbytes] = same_bytes_copy_device_only_gbps(nbytes)
             row = {"kernel": name, "shape": [m, k], "input_mb": x.numel() * 2 / 2**20, "bytes": nbytes,
-                   "eager_ms": eager, "eager_quartiles_ms": statistics.quantiles(eager_timing.samples_ms, n=4),
+                   "eager_ms": eager, "eager_quartiles_ms": statistics.quantiles(eager_timing.samples_ms, n=4,
+                                                                                method="inclusive"),
                    "eager_gbps": nbytes / eager / 1e6, "graph_ms": graph,
                    "graph_gbps": nbytes / graph / 1e6, "same_bytes_copy_gbps": same_copy[nbytes],
                    "loop_host_us": host_us, "loop_gpu_us": gpu_us, "host_paced": host_us >= HOST_PACED * gpu_us}
@@ -281,9 +303,10 @@ def casts(copy: float) -> list[dict]:
                   f"same-bytes copy ({same_copy[nbytes]:.0f}); graph {row['graph_gbps']:6.0f} GB/s "
                   f"{row['graph_pct_of_copy']:5.1f}%; loop per iteration: host {host_us:.1f} µs, GPU {gpu_us:.1f} µs"
                   + (" (host-paced)" if row["host_paced"] else "") + "; device-only "
-                  + (f"{row['device_only_gbps']:6.0f} GB/s {row['device_only_pct_of_same_bytes_copy']:5.1f}% of a "
-                     f"same-bytes copy ({copy_dev:.0f})" if row["device_only_pct_of_same_bytes_copy"] else
-                     "not measured (the host could not get ahead)"), flush=True)
+                  + (f"{row['device_only_gbps']:6.0f} GB/s " if row["device_only_gbps"] else
+                     "not measured (the host could not get ahead) ")
+                  + (f"{row['device_only_pct_of_same_bytes_copy']:5.1f}% of a same-bytes copy ({copy_dev:.0f})"
+                     if row["device_only_pct_of_same_bytes_copy"] else ""), flush=True)
         del x
         torch.cuda.empty_cache()
     lowest = min(rows, key=lambda r: r["eager_pct_of_copy"])
@@ -353,8 +376,10 @@ def device_only_table(rows: list[dict], shapes: list[tuple], kernels: list[str])
     cell = {(r["kernel"], tuple(r["shape"])): r for r in rows}
 
     def text(r: dict) -> str:
-        if r["device_only_pct_of_same_bytes_copy"] is None:
+        if r["device_only_gbps"] is None:
             return "host not ahead"
+        if r["device_only_pct_of_same_bytes_copy"] is None:
+            return f"{r['device_only_gbps']:.0f} GB/s, copy not measured"
         return f"{r['device_only_gbps']:.0f} GB/s, {r['device_only_pct_of_same_bytes_copy']:.0f}%"
 
     out = ["", "| cast, device-only (GB/s, % of a same-bytes copy timed so) | " + " | ".join(
@@ -366,7 +391,8 @@ def device_only_table(rows: list[dict], shapes: list[tuple], kernels: list[str])
             f"{sum(r['device_only_pct_of_same_bytes_copy'] >= 80 for r in measured)} of {len(rows)}"
             + (f"; lowest {lowest['device_only_pct_of_same_bytes_copy']:.1f}% ({lowest['kernel']} at "
                f"{'×'.join(map(str, lowest['shape']))})" if lowest else "")
-            + (f"; {len(rows) - len(measured)} not measured (the host could not get ahead)."
+            + (f"; {len(rows) - len(measured)} without a figure (the host could not get ahead of the cast or "
+               f"of its copy)."
                if len(measured) < len(rows) else ".")]
     return out
 
@@ -387,14 +413,21 @@ def markdown(recorded: dict) -> str:
         if "device_only_ratio_to_cublas" in rows[0]:  # files since the rounds were also timed device-only
             out += ["| shape, device-only rounds | ours: median TFLOPS | median / best | cuBLAS blockwise: median | "
                     "median / best | cuBLAS / ours (medians) |", "|---|---|---|---|---|---|"]
-            out += [f"| {r['shape']} | {r['ours']['device_only_median_tflops']:.0f} | "
-                    f"{r['ours']['device_only_median_over_best']:.3f} | {r['cublas']['device_only_median_tflops']:.0f} | "
-                    f"{r['cublas']['device_only_median_over_best']:.3f} | {r['device_only_ratio_to_cublas']:.3f} |"
+            def side(d: dict) -> str:
+                if d["device_only_median_tflops"] is None:
+                    return "host not ahead | |"
+                return f"{d['device_only_median_tflops']:.0f} | {d['device_only_median_over_best']:.3f} |"
+            out += [f"| {r['shape']} | {side(r['ours'])} {side(r['cublas'])} "
+                    + (f"{r['device_only_ratio_to_cublas']:.3f} |" if r["device_only_ratio_to_cublas"] else "— |")
                     for r in rows]
-            dev = [r["device_only_ratio_to_cublas"] for r in rows]
-            out += ["", f"Device-only: median ratio over the {len(rows)} shapes {statistics.median(dev):.3f}, lowest "
-                    f"{min(dev):.3f}; widest median / best "
-                    f"{max(r['ours']['device_only_median_over_best'] for r in rows):.3f}.", ""]
+            measured = [r for r in rows if r["device_only_ratio_to_cublas"]]
+            dev = [r["device_only_ratio_to_cublas"] for r in measured]
+            if measured:
+                out += ["", f"Device-only: median ratio over the {len(measured)} shapes {statistics.median(dev):.3f}, "
+                        f"lowest {min(dev):.3f}; widest median / best "
+                        f"{max(r['ours']['device_only_median_over_best'] for r in measured):.3f}"
+                        + (f"; {len(rows) - len(measured)} shapes not measured (the host could not get ahead)."
+                           if len(measured) < len(rows) else "."), ""]
     if "casts" in recorded:
         shapes = list(dict.fromkeys(tuple(r["shape"]) for r in recorded["casts"]))
         kernels = list(dict.fromkeys(r["kernel"] for r in recorded["casts"]))

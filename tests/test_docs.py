@@ -185,7 +185,8 @@ def test_the_casts_device_only_table_counts_its_cells_and_names_those_not_measur
     assert lines[head + 2:head + 4] == ["| current+transpose | 2600 GB/s, 81% | 3100 GB/s, 80% |",
                                         "| mx | host not ahead | 3500 GB/s, 90% |"]
     assert lines[head + 5] == ("Device-only cells at 80% or more of a same-bytes copy timed so: 2 of 4; lowest 79.6% "
-                               "(current+transpose at 8192×4096); 1 not measured (the host could not get ahead).")
+                               "(current+transpose at 8192×4096); 1 without a figure (the host could not get ahead "
+                               "of the cast or of its copy).")
 
 
 def test_the_gemm_rounds_timed_device_only_get_a_table_of_their_own(monkeypatch):
@@ -216,6 +217,30 @@ def test_the_gemm_rounds_timed_device_only_get_a_table_of_their_own(monkeypatch)
     assert lines[head + 2] == "| a | 850 | 1.010 | 826 | 1.015 | 1.030 |"
     assert lines[head + 5] == ("Device-only: median ratio over the 2 shapes 1.042, lowest 1.030; widest median / best "
                                "1.010.")
+
+    failed = row("c", [0.020, 0.020, 0.020], [0.021, 0.021, 0.021], [0.020, 0.020, 0.020], [0.021, 0.021, 0.021])
+    failed["ours"] |= {"device_only_median_tflops": None, "device_only_median_over_best": None}
+    failed["device_only_ratio_to_cublas"] = None
+    lines = recipe_bench.markdown({"gemm": [*rows, failed]}).splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| shape, device-only rounds"))
+    assert lines[head + 4] == "| c | host not ahead | | 818 | 1.000 | — |"
+    assert lines[head + 6] == ("Device-only: median ratio over the 2 shapes 1.042, lowest 1.030; widest median / best "
+                               "1.010; 1 shapes not measured (the host could not get ahead).")
+
+
+def test_a_gemm_side_whose_device_only_rounds_partly_failed_is_summarized_over_the_rest(monkeypatch):
+    """Rounds where the host could not get ahead are None: the median and spread come from the others (a NaN
+    in statistics.median gave an order-dependent answer), and a side with none measured has no figure."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import recipe_bench
+
+    flops = 2.0e12  # 2 TFLOP a call: 1 ms is 2000 TFLOPS
+    summary = recipe_bench.device_only_summary([None, 1.0, 2.0, None, 1.6], flops)
+    assert summary["device_only_rounds_not_measured"] == 2
+    assert summary["device_only_median_tflops"] == pytest.approx(1250.0)
+    assert summary["device_only_median_over_best"] == 1.6
+    none = recipe_bench.device_only_summary([None, None], flops)
+    assert none["device_only_median_tflops"] is None and none["device_only_median_over_best"] is None
 
 
 def test_recipe_bench_times_the_weight_gradients_it_recorded(monkeypatch):

@@ -330,7 +330,7 @@ _SLEEP_CYCLES_PER_MS: list[float] = []
 
 def _sleep_cycles_per_ms() -> float:
     """GPU clock cycles per millisecond of torch.cuda._sleep: a first measurement, then the rate of the latest
-    sleep (_device_only_ms): the clock moves with the load, and a sleep sized at an idle GPU's clock ran four
+    sleep (`_queued_behind_sleep`, for _device_only_ms and time_device_only): the clock moves with the load, and a sleep sized at an idle GPU's clock ran four
     times shorter than meant once the clocks had risen (H200, run hopper-a at 1cd5fc6)."""
     if not _SLEEP_CYCLES_PER_MS:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
