@@ -9,10 +9,9 @@ its pick can follow host time, not the kernels'.
 
 Per shape, in `ROUNDS` rounds (the order of the options reversed every other round): every promote config of
 `CONFIGS` with both grid kinds, and cuBLAS (torch._scaled_mm with the same 1x128 / 128x128 scales), each timed
-device-only (`time_device_only`, the L2 flushed), with `do_bench` (the L2 flushed; its mean, as the tuner takes
-it) and with `steady_do_bench`, the tuner's timer at the commit run (`tuner_ms`; fec7093's file has no such
-column, its tuner's timer being its `do_bench`); the option the tuner picked is marked. Medians over the rounds,
-a device-only round where the host could not get ahead left out.
+device-only (`time_device_only`, the L2 flushed) and as the tuner times it (`steady_do_bench`: `do_bench`'s
+mean, the L2 flushed); the option the tuner picked is marked. Medians over the rounds, a device-only round where
+the host could not get ahead left out.
 
 A tuner timing each option from a replayed CUDA graph (a4b4ff0, reverted) ranked the 2048³ options as the
 device-only timings do, but tuning through graph captures took far longer on the H200: this probe ran two of
@@ -56,7 +55,6 @@ def main(out_path: str) -> None:
     from fp8bench_kernels import gemm_blockwise_gluon as gg
     from fp8bench_kernels._tune import steady_do_bench
     from fp8bench_kernels.quantize_blockwise import quantize_blockwise
-    from triton.testing import do_bench
 
     from fp8bench.backends import get_backend
     from fp8bench.core.measure import time_device_only
@@ -77,21 +75,19 @@ def main(out_path: str) -> None:
                for label, (c, p) in options().items()}
         # cuBLAS blockwise as the GEMM line times it: the torch backend's call on its own quantized operands
         ops["cuBLAS blockwise"] = get_backend("torch").gemm(a16, b16, GemmRole.FPROP, recipe("torch", "blockwise")).kernel_only
-        times = {label: {"device_only_ms": [], "do_bench_ms": [], "tuner_ms": []} for label in ops}
+        times = {label: {"device_only_ms": [], "do_bench_ms": []} for label in ops}
         for r in range(ROUNDS):
             for label in (list(ops) if r % 2 == 0 else list(ops)[::-1]):
                 t = time_device_only(ops[label], device=cuda, batches=2, flush_l2=True)
                 times[label]["device_only_ms"].append(t.median_ms if t else None)
-                times[label]["do_bench_ms"].append(do_bench(ops[label], warmup=25, rep=100))
-                times[label]["tuner_ms"].append(steady_do_bench(ops[label]))
+                times[label]["do_bench_ms"].append(steady_do_bench(ops[label]))
         picked = next(label for label, v in options().items() if v == (picked_config, picked_persistent))
         row = {"shape": name, "mnk": [m, n, k], "picked": picked,
                "options": {label: {key: _median(v) for key, v in t.items()} for label, t in times.items()}}
         out["shapes"].append(row)
         for label, t in row["options"].items():
             print(f"{name:>16} {label:>44}{' (picked)' if label == picked else '':>10}: device-only "
-                  f"{_us(t['device_only_ms']):>7} µs  do_bench {1e3 * t['do_bench_ms']:7.1f} µs  tuner's timer "
-                  f"{1e3 * t['tuner_ms']:7.1f} µs", flush=True)
+                  f"{_us(t['device_only_ms']):>7} µs  do_bench {1e3 * t['do_bench_ms']:7.1f} µs", flush=True)
         del a16, b16, qa, qb, ops
         torch.cuda.empty_cache()
     Path(out_path).write_text(json.dumps(out, indent=1))
@@ -100,15 +96,12 @@ def main(out_path: str) -> None:
 def markdown(recorded: dict) -> str:
     rows = recorded["shapes"]
     labels = list(rows[0]["options"])
-    tuner = "tuner_ms" in rows[0]["options"][labels[0]]
-    out = ["| option (µs: device-only; do_bench" + ("; the tuner's timer, steady_do_bench" if tuner else "") + ") | "
-           + " | ".join(f"{r['shape']}" for r in rows) + " |", "|---" * (len(rows) + 1) + "|"]
+    out = ["| option (µs: device-only; do_bench) | " + " | ".join(f"{r['shape']}" for r in rows) + " |", "|---" * (len(rows) + 1) + "|"]
     for label in labels:
         cells = []
         for r in rows:
             t = r["options"][label]
             cells.append(f"{_us(t['device_only_ms'])}; {1e3 * t['do_bench_ms']:.1f}"
-                         + (f"; {1e3 * t['tuner_ms']:.1f}" if tuner else "")
                          + (" (picked)" if label == r["picked"] else ""))
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     out.append("")

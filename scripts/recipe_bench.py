@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
-from fp8bench.analysis.calibrate import copy_gbps
+from fp8bench.analysis.calibrate import copy_gbps, copy_op
 from fp8bench.backends import get_backend
 from fp8bench.core.measure import DEVICE_ONLY_BATCH, L2Flusher, time_device_only, time_fn
 from fp8bench.core.types import GemmRole
@@ -248,19 +248,15 @@ def eager_pace(fn, flush: L2Flusher, iterations: int = PACE_ITERATIONS) -> tuple
     return 1e6 * host / iterations, 1e3 * starts[0].elapsed_time(ends[-1]) / iterations
 
 
-def same_bytes_copy_gbps(nbytes: int) -> float:
-    """A copy moving `nbytes` (half read, half written), called and timed as the casts are: eager, the L2 flushed
-    by the same zeroing before each call. At 32 MB a copy pays that flush's write-back and its ramp as a cast
-    does (~74% of the 2 GB copy's bandwidth: results/h200-checks/l2_flush_probe_6c8d7e1.log)."""
-    return copy_gbps(torch.device("cuda"), nbytes // 2, 0.0, timer=CAST_TIMER)
-
-
-def same_bytes_copy_device_only_gbps(nbytes: int) -> float | None:
-    """`same_bytes_copy_gbps`'s copy timed device-only (`time_device_only`, the L2 flushed before each call)."""
-    src = torch.empty(nbytes // 8, dtype=torch.float32, device="cuda").uniform_()
-    dst = torch.empty_like(src)
-    t = time_device_only(lambda: dst.copy_(src), device=torch.device("cuda"), flush_l2=True)
-    return None if t is None else nbytes / t.median_ms / 1e6
+def same_bytes_copy_gbps(nbytes: int) -> tuple[float, float | None]:
+    """GB/s of a copy moving `nbytes` (half read, half written), called and timed as the casts are: eager, the L2
+    flushed by the same zeroing before each call, and device-only (None where the host could not get ahead). At
+    32 MB a copy pays that flush's write-back and its ramp as a cast does (~74% of the 2 GB copy's bandwidth:
+    results/h200-checks/l2_flush_probe_6c8d7e1.log)."""
+    copy = copy_op(torch.device("cuda"), nbytes // 2)
+    eager = time_fn(copy, **CAST_TIMER)
+    device_only = time_device_only(copy, device=torch.device("cuda"), flush_l2=True)
+    return nbytes / eager.median_ms / 1e6, (nbytes / device_only.median_ms / 1e6 if device_only else None)
 
 
 def casts(copy: float) -> list[dict]:
@@ -279,8 +275,7 @@ def casts(copy: float) -> list[dict]:
             graph = time_fn(fn, cuda_graph=True, **CAST_TIMER).median_ms
             device_only = time_device_only(fn, device=torch.device("cuda"), flush_l2=True)
             if nbytes not in same_copy:
-                same_copy[nbytes] = same_bytes_copy_gbps(nbytes)
-                same_copy_device_only[nbytes] = same_bytes_copy_device_only_gbps(nbytes)
+                same_copy[nbytes], same_copy_device_only[nbytes] = same_bytes_copy_gbps(nbytes)
             row = {"kernel": name, "shape": [m, k], "input_mb": x.numel() * 2 / 2**20, "bytes": nbytes,
                    "eager_ms": eager, "eager_quartiles_ms": statistics.quantiles(eager_timing.samples_ms, n=4,
                                                                                 method="inclusive"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -81,14 +82,19 @@ def gemm_tflops(m: int, n: int, k: int, fp8: bool, device: torch.device, budget_
     return 2.0 * m * n * k / t.median_ms / 1e9
 
 
+def copy_op(device: torch.device, nbytes: int) -> Callable[[], object]:
+    """A call copying an `nbytes` buffer of random floats into another (2 x nbytes moved: read and written)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
 def copy_gbps(device: torch.device, nbytes: int, budget_s: float, timer: dict | None = None) -> float:
     """GB/s of copying an `nbytes` buffer (2 x nbytes moved: read and written), timed as the ceilings are, or
     with `time_fn`'s keyword arguments `timer` (a benchmark comparing its kernels with a copy timed as they are)."""
     from fp8bench.core.measure import time_fn
 
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
-    dst = torch.empty_like(src)
-    t = time_fn(lambda: dst.copy_(src), **(timer or _timer(device, budget_s)))
+    t = time_fn(copy_op(device, nbytes), **(timer or _timer(device, budget_s)))
     return 2.0 * nbytes / t.median_ms / 1e6
 
 
