@@ -889,6 +889,49 @@ def test_the_triton_recipe_runs_a_block_and_is_planned_where_its_kernels_run(k):
         assert any("hybrid/blockwise" in r for r in reasons) and any("fast_accum" in r for r in reasons), reasons
 
 
+@pytest.mark.slow
+def test_the_compiled_triton_block_runs_our_linears_outside_its_graphs(k):
+    """`backend=triton-compiled`: the block compiled by torch.compile (inductor), each linear left out of its
+    graphs (a graph break at every RecipeLinear, dynamo never tracing the kernels' launcher), forward and
+    backward agreeing with the uncompiled recipe's block to BF16 rounding, and FP8 against the BF16 block. A
+    lone linear or kernel has nothing around it to compile: skipped, naming the knob."""
+    from torch._dynamo.utils import counters
+
+    from fp8bench.backends import get_backend
+    from fp8bench.config.compose import expand
+    from fp8bench.core.hardware import DeviceInfo
+    from fp8bench.run.plan import plan
+
+    h200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), "13.0")
+    x = data(64, 128, 1, spread=False).reshape(1, 64, 128)
+    dy = data(64, 128, 2, spread=False).reshape(1, 64, 128) * 1e-2
+    outputs, ops = {}, {}
+    for backend in ("triton", "triton-compiled"):
+        [point], _ = expand(["model=tiny", "workload=layer", f"backend={backend}", "format=e4m3", "scaling=blockwise"])
+        [case] = plan([point], h200)
+        assert case.runnable, case.reason
+        counters.clear()
+        torch.manual_seed(0)
+        ops[backend] = get_backend("triton").layer(point.model, x, dy, case.recipe)
+        outputs[backend] = ops[backend].outputs()
+        breaks = sum(n for reason, n in counters["graph_break"].items() if "LinearOutsideCompile.gemms" in reason)
+        assert (breaks > 0) == (backend == "triton-compiled"), (backend, dict(counters["graph_break"]))
+    assert case.case_id.endswith(".triton+compile")
+    compiled = ops["triton-compiled"]
+    assert sum(p.dim() == 2 for p in compiled.params) == 4  # qkv, o, gate_up, down, each given a gradient below
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in compiled.params)
+    for eager, comp in zip(outputs["triton"][:2], outputs["triton-compiled"][:2], strict=True):
+        assert sqnr_db(eager.double(), comp.double()) > 40.0  # the same recipe, the neighbours fused
+    y_ref, dx_ref, _ = compiled.reference_outputs()
+    y, dx, _ = outputs["triton-compiled"]
+    assert 20.0 < sqnr_db(y_ref.double(), y.double()) < 60.0 and not torch.equal(y, y_ref)
+    for workload in ("linear", "gemm", "quantize"):
+        points, _ = expand([f"workload={workload}", "model=llama2-7b", "backend=triton-compiled", "format=e4m3",
+                            "scaling=blockwise"])
+        cases = plan(points, h200)
+        assert cases and all(not c.runnable and "backend.compile" in c.reason for c in cases), workload
+
+
 def test_shapes_the_blockwise_gemms_cannot_load_are_skipped_with_the_dimension_named():
     """TMA needs 16-byte aligned rows: a ragged dimension of a case is a skip that names it, not a crash mid-run."""
     from fp8bench.backends import Recipe, get_backend

@@ -178,6 +178,19 @@ class RecipeLinear(torch.nn.Module):
         return self.fn.apply(x2d, self.weight, self.recipe)
 
 
+class LinearOutsideCompile(RecipeLinear):
+    """A RecipeLinear that torch.compile leaves to run eagerly: dynamo ends its graph at the linear, calls the
+    backend's autograd.Function as it is, and compiles what lies between the linears (norms, RoPE, the
+    attention's reshapes, SwiGLU, residuals) into graphs of their own, forward and backward. For a linear whose
+    kernels dynamo cannot trace (fp8bench_kernels launch through their own launcher), and whose casts and GEMMs
+    are fused by hand already: compiling around it gives its block the fused neighbours its BF16 twin gets
+    from compiling the whole block."""
+
+    @torch.compiler.disable
+    def gemms(self, x2d: torch.Tensor) -> torch.Tensor:
+        return self.fn.apply(x2d, self.weight, self.recipe)
+
+
 class DelayedScalingLinear(RecipeLinear):
     """A block linear trained under delayed scaling: its input, weight and output-gradient casts keep amax
     histories across steps (`numerics.DelayedScale`: history length, algorithm and margin from `scaling.*`),

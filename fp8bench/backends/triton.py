@@ -13,6 +13,9 @@
 - linear, mlp, layer, train: e4m3/blockwise, DeepSeek-V3's recipe on these kernels alone (`BlockwiseLinearFn`):
   each activation and gradient read once by `quantize_blockwise_both` into the two layouts its GEMMs need, the
   weight once into its 128x128 blocks and their transpose, the three GEMMs in FP8.
+`backend.compile` (conf/backend/triton-compiled.yaml) compiles the mlp, layer and train modules of both twins
+with torch.compile, our linears left out of the graphs (`LinearOutsideCompile`): the recipe in a block whose
+norms, RoPE, SwiGLU and residuals are fused, as Transformer Engine's TransformerLayer fuses its own.
 Which GEMM kernels ran is recorded with the case: `gemm_kernel` and `wgrad_kernel` with every FP8 linear, mlp,
 layer and train case (`kernels`), the one role's `gemm_kernel` with a gemm case. A case without a kernel is
 recorded `skipped` with that reason, never run under another name.
@@ -20,14 +23,19 @@ recorded `skipped` with that reason, never run under another name.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from fp8bench.backends.base import (
     Backend,
     GemmOp,
+    LinearOutsideCompile,
     QuantizeOp,
     RecipeLinear,
     TrainSetup,
+    compile_blocks,
+    compile_module,
     import_probe,
     module_op,
     swap_block_linears,
@@ -37,6 +45,8 @@ from fp8bench.core.types import Format, GemmRole, Scaling
 
 RECIPE_WORKLOADS = ("linear", "mlp", "layer", "train")
 """Workloads that run the whole blockwise recipe (BlockwiseLinearFn) rather than one kernel."""
+COMPILED_WORKLOADS = frozenset({"mlp", "layer", "train"})
+"""What `backend.compile` changes: the code around the linears, which a lone linear or kernel does not have."""
 KERNELS = {
     ("quantize", Format.E4M3, Scaling.CURRENT), ("quantize", Format.E4M3, Scaling.BLOCKWISE),
     ("quantize", Format.MXFP8, Scaling.MX), ("gemm", Format.E4M3, Scaling.BLOCKWISE),
@@ -100,6 +110,10 @@ class TritonBackend(Backend):
 
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)
+        if ok and recipe.backend_cfg.compile and workload not in COMPILED_WORKLOADS:  # BF16 twins too
+            return False, (f"backend.compile compiles what lies between a block's linears (norms, RoPE, SwiGLU, "
+                           f"residuals), around the recipe's own kernels: it applies to {sorted(COMPILED_WORKLOADS)}, "
+                           f"and a {workload} case would be the uncompiled one under another name")
         if ok and workload in RECIPE_WORKLOADS and recipe.backend_cfg.fast_accum:  # BF16 twins too: nothing to pair
             return False, ("the blockwise recipe's wgrad GEMM always promotes to FP32 (DeepSeek-V3): a linear "
                            "under backend.fast_accum would mix the two numerics; run the fast-accumulation "
@@ -190,9 +204,29 @@ class TritonBackend(Backend):
         return module_op([w], lambda inp: BlockwiseLinearFn.apply(inp, w, recipe), x.bfloat16(), dy.bfloat16(),
                          weight=w)
 
+    def module(self, reference, x, dy, recipe):
+        """As every RecipeLinear backend's (`Backend.module`); with `backend.compile` both twins are compiled
+        whole (torch.compile, inductor): the BF16 one with its linears inside the graph, ours with each linear
+        left out of it (`LinearOutsideCompile`: dynamo cannot trace the kernels' launcher, and the casts are
+        fused into them already), so both get the same fused norms, RoPE, SwiGLU and residuals."""
+        if not recipe.backend_cfg.compile:
+            return super().module(reference, x, dy, recipe)
+        from fp8bench.models.block import swap_linears
+
+        x, dy = x.to(self.module_dtype), dy.to(self.module_dtype)
+        if recipe.format is Format.BF16:
+            return module_op(list(reference.parameters()), compile_module(reference), x, dy)
+        module = swap_linears(copy.deepcopy(reference), lambda lin: LinearOutsideCompile(lin, BlockwiseLinearFn, recipe))
+        return module_op(list(module.parameters()), compile_module(module), x, dy, reference_forward=reference)
+
     def prepare_training(self, model, recipe):
+        """The blocks' linears on BlockwiseLinearFn; with `backend.compile` each block compiled around them
+        (regional compilation, as `module`), the BF16 twin's blocks compiled whole."""
         if recipe.format is not Format.BF16:
-            swap_block_linears(model, lambda lin: RecipeLinear(lin, BlockwiseLinearFn, recipe))
+            linear = LinearOutsideCompile if recipe.backend_cfg.compile else RecipeLinear
+            swap_block_linears(model, lambda lin: linear(lin, BlockwiseLinearFn, recipe))
+        if recipe.backend_cfg.compile:
+            compile_blocks(model)
         return TrainSetup(model)
 
     def kernels(self, workload, recipe, device):

@@ -220,7 +220,8 @@ class BackendConfig:
     cpu_onednn: bool = False
     """torch, torchao (CPU): let oneDNN run FP8 _scaled_mm. Without FP8 hardware its path is a slow reference."""
     compile: bool = False
-    """torchao: wrap the module in torch.compile (how torchao float8 is meant to run on GPU)."""
+    """torchao: wrap the module in torch.compile (how torchao float8 is meant to run on GPU). triton: compile
+    the mlp, layer and train modules of both twins around the recipe's linears (`LinearOutsideCompile`)."""
     gw_hp: bool = False
     """torchao rowwise: keep the weight-gradient GEMM in high precision (recipe rowwise_with_gw_hp)."""
     fp8_backend: str = "te"
@@ -235,7 +236,7 @@ class BackendConfig:
     def variant(self) -> str:
         """Short suffix naming the non-default knobs this backend reads, so case ids of variants differ
         (and a knob another backend ignores does not split one case into two)."""
-        reads = {"torch": ("fast_accum", "cpu_onednn"), "triton": ("fast_accum", "triton_gemms"),
+        reads = {"torch": ("fast_accum", "cpu_onednn"), "triton": ("fast_accum", "triton_gemms", "compile"),
                  "torchao": ("compile", "gw_hp", "cpu_onednn"), "accelerate": ("fp8_backend", "compile", "cpu_onednn")}
         parts = []
         for k in reads.get(self.name, ()):
