@@ -249,6 +249,16 @@ def test_our_blockwise_recipe_runs_linears_a_layer_and_training_beside_te_block(
     assert train.metric("loss_final") < 0.8 * train.metric("loss_initial")
 
 
+def test_our_blockwise_recipe_trains_compiled_around_its_linears(tmp_path):
+    """`backend=triton-compiled`: the tiny model's blocks compiled by inductor around the recipe's linears, the
+    linears still on the Gluon GEMMs (recorded), the model learning."""
+    [train] = execute(plan(expand([*TRAIN, "backend=triton-compiled", "format=e4m3", "scaling=blockwise",
+                                   f"results_dir={tmp_path}"])[0]), tmp_path / "r", "r", detect_device(), progress=False)
+    assert train.status == "ok", train.reason
+    assert train.case_id.endswith(".triton+compile") and train.params["wgrad_kernel"] == "gluon-wgrad", train.params
+    assert train.metric("loss_final") < 0.8 * train.metric("loss_initial")
+
+
 def test_blockwise_scaled_mm_reports_tflops_on_llama_shapes(tmp_path):
     points, _ = expand(["workload=gemm", "model=llama2-7b", "backend=torch", "format=e4m3", "scaling=blockwise",
                         "workload.linears=[qkv,down]", "measure.iters=10"])
