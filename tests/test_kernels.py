@@ -914,7 +914,7 @@ def test_the_compiled_triton_block_runs_our_linears_outside_its_graphs(k):
         torch.manual_seed(0)
         ops[backend] = get_backend("triton").layer(point.model, x, dy, case.recipe)
         outputs[backend] = ops[backend].outputs()
-        breaks = sum(n for reason, n in counters["graph_break"].items() if "LinearOutsideCompile.gemms" in reason)
+        breaks = sum(n for reason, n in counters["graph_break"].items() if "LinearOutsideCompile" in reason)
         assert (breaks > 0) == (backend == "triton-compiled"), (backend, dict(counters["graph_break"]))
     assert case.case_id.endswith(".triton+compile")
     compiled = ops["triton-compiled"]

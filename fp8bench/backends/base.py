@@ -179,16 +179,20 @@ class RecipeLinear(torch.nn.Module):
 
 
 class LinearOutsideCompile(RecipeLinear):
-    """A RecipeLinear that torch.compile leaves to run eagerly: dynamo ends its graph at the linear, calls the
-    backend's autograd.Function as it is, and compiles what lies between the linears (norms, RoPE, the
-    attention's reshapes, SwiGLU, residuals) into graphs of their own, forward and backward. For a linear whose
-    kernels dynamo cannot trace (fp8bench_kernels launch through their own launcher), and whose casts and GEMMs
-    are fused by hand already: compiling around it gives its block the fused neighbours its BF16 twin gets
-    from compiling the whole block."""
+    """A RecipeLinear that torch.compile leaves to run eagerly: dynamo ends its graph at the linear's call,
+    runs the linear (reshapes, autocast, the backend's autograd.Function) as it is, and resumes in the calling
+    block's frame, compiling what lies between the linears (norms, RoPE, the attention's reshapes, SwiGLU,
+    residuals) into graphs of their own, forward and backward. For a linear whose kernels dynamo cannot trace
+    (fp8bench_kernels launch through their own launcher), and whose casts and GEMMs are fused by hand already:
+    compiling around it gives its block the fused neighbours its BF16 twin gets from compiling the whole block.
+
+    The whole forward stays outside, not only the GEMMs: a break inside it would have dynamo compile this one
+    frame, which every linear of the block calls with its own widths, once per width, and from the second on
+    for symbolic widths (dynamic shapes) unless told otherwise; compile with `dynamic=False` all the same."""
 
     @torch.compiler.disable
-    def gemms(self, x2d: torch.Tensor) -> torch.Tensor:
-        return self.fn.apply(x2d, self.weight, self.recipe)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)
 
 
 class DelayedScalingLinear(RecipeLinear):
@@ -344,18 +348,19 @@ def fresh_dynamo() -> None:
         config.fail_on_recompile_limit_hit = True
 
 
-def compile_module(module: torch.nn.Module) -> torch.nn.Module:
-    """torch.compile of one case's whole module (a linear, an MLP, a block), after `fresh_dynamo`."""
+def compile_module(module: torch.nn.Module, dynamic: bool | None = None) -> torch.nn.Module:
+    """torch.compile of one case's whole module (a linear, an MLP, a block), after `fresh_dynamo`. `dynamic`
+    as torch.compile takes it: False where one code object meets several shapes (`LinearOutsideCompile`)."""
     fresh_dynamo()
-    return torch.compile(module)
+    return torch.compile(module, dynamic=dynamic)
 
 
-def compile_blocks(model: torch.nn.Module) -> None:
+def compile_blocks(model: torch.nn.Module, dynamic: bool | None = None) -> None:
     """Regional compilation, after `fresh_dynamo`: each block compiled in place (identical blocks share one
-    compiled graph)."""
+    compiled graph); `dynamic` as in `compile_module`."""
     fresh_dynamo()
     for block in model.blocks:
-        block.compile()
+        block.compile(dynamic=dynamic)
 
 
 def cpu_scaled_mm_path(recipe: Recipe, device: torch.device):

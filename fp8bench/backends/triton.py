@@ -215,9 +215,10 @@ class TritonBackend(Backend):
 
         x, dy = x.to(self.module_dtype), dy.to(self.module_dtype)
         if recipe.format is Format.BF16:
-            return module_op(list(reference.parameters()), compile_module(reference), x, dy)
+            return module_op(list(reference.parameters()), compile_module(reference, dynamic=False), x, dy)
         module = swap_linears(copy.deepcopy(reference), lambda lin: LinearOutsideCompile(lin, BlockwiseLinearFn, recipe))
-        return module_op(list(module.parameters()), compile_module(module), x, dy, reference_forward=reference)
+        return module_op(list(module.parameters()), compile_module(module, dynamic=False), x, dy,
+                         reference_forward=reference)
 
     def prepare_training(self, model, recipe):
         """The blocks' linears on BlockwiseLinearFn; with `backend.compile` each block compiled around them
@@ -226,7 +227,7 @@ class TritonBackend(Backend):
             linear = LinearOutsideCompile if recipe.backend_cfg.compile else RecipeLinear
             swap_block_linears(model, lambda lin: linear(lin, BlockwiseLinearFn, recipe))
         if recipe.backend_cfg.compile:
-            compile_blocks(model)
+            compile_blocks(model, dynamic=False)
         return TrainSetup(model)
 
     def kernels(self, workload, recipe, device):
