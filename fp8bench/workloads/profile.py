@@ -10,6 +10,8 @@ Kernel names are matched, in this order, against the libraries' naming: NCCL's k
 fp8bench's `_quantize_*` and `_cast_transpose` casts; TE's multi-tensor scale updates match here), then torch's multi-tensor and fused-Adam
 kernels (AdamW, gradient clipping; torchao's FP8 all-gather scale precompute, a multi-tensor norm, lands here
 too: names cannot tell it from clipping's). Unmatched kernels count as `other`, so the categories always sum to the kernels' total.
+Kernels that torch.compile generates are casts only when their name carries an FP8 cast's clamp or amax
+(`INDUCTOR_KERNEL`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,22 @@ CATEGORIES: list[tuple[str, re.Pattern]] = [
 ]
 
 
+INDUCTOR_KERNEL = re.compile(r"^triton_(poi|red|per|tem)_")
+"""Kernels torch.compile's inductor generates, named after the aten ops fused into them
+(`triton_poi_fused_clone_transpose_view_0`): a view op's name says nothing of FP8, so for these the cast
+category takes only an FP8 cast's own steps (H200, e8025a8: the RoPE and attention-reshape kernels of a compiled
+BF16 block, `..._transpose_view_N`, had landed under quantize)."""
+INDUCTOR_CAST = re.compile(r"clamp|amax|abs_max|fp8|float8|e4m3|e5m2", re.I)
+"""An inductor kernel that casts to FP8: the saturating clamp, the amax reduction (torchao's tensorwise linear
+under torch.compile fuses its casts into `..._to_copy_abs_clamp_clone_max_mul_reciprocal_t_0` and
+`..._to_copy_clamp_clone_mul_reciprocal_t_1`, torch 2.13's inductor naming on CPU)."""
+
+
 def category(kernel_name: str) -> str:
+    inductor = INDUCTOR_KERNEL.search(kernel_name) is not None
     for name, pattern in CATEGORIES:
+        if name == "quantize" and inductor:
+            pattern = INDUCTOR_CAST
         if pattern.search(kernel_name):
             return name
     return "other"
