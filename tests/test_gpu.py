@@ -250,12 +250,17 @@ def test_our_blockwise_recipe_runs_linears_a_layer_and_training_beside_te_block(
 
 
 def test_our_blockwise_recipe_trains_compiled_around_its_linears(tmp_path):
-    """`backend=triton-compiled`: the tiny model's blocks compiled by inductor around the recipe's linears, the
-    linears still on the Gluon GEMMs (recorded), the model learning."""
+    """`backend=triton-compiled`: the tiny model's blocks compiled by inductor around the recipe's linears (the
+    graph broken at LinearOutsideCompile: the blocks did compile), the linears still on the Gluon GEMMs
+    (recorded), the model learning."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     [train] = execute(plan(expand([*TRAIN, "backend=triton-compiled", "format=e4m3", "scaling=blockwise",
                                    f"results_dir={tmp_path}"])[0]), tmp_path / "r", "r", detect_device(), progress=False)
     assert train.status == "ok", train.reason
     assert train.case_id.endswith(".triton+compile") and train.params["wgrad_kernel"] == "gluon-wgrad", train.params
+    assert sum(n for reason, n in counters["graph_break"].items() if "LinearOutsideCompile" in reason) > 0
     assert train.metric("loss_final") < 0.8 * train.metric("loss_initial")
 
 

@@ -75,9 +75,14 @@ def test_the_last_stage_is_the_measured_speedup_whatever_the_components():
     ("triton_poi_fused_clone_transpose_3", "other"),
     ("triton_poi_fused_cat_mul_silu_silu_backward_split_0", "other"),
     ("triton_per_fused__fused_rms_norm__fused_rms_norm_backward_0", "other"),
-    ("triton_red_fused_abs_amax_0", "quantize"),
-    ("triton_poi_fused__scaled_mm__to_copy_abs_clamp_clone_max_mul_reciprocal_t_0", "quantize"),
+    # torchao's compiled casts, as inductor named them on CPU (cpp_fused_...) with the GPU's prefix
+    ("triton_poi_fused__to_copy_abs_clamp_clone_max_mul_reciprocal_t_0", "quantize"),
     ("triton_poi_fused__to_copy_clamp_clone_mul_reciprocal_t_1", "quantize"),
+    ("triton_red_fused_abs_amax_0", "quantize"),
+    # inductor's GEMM templates (max-autotune); a flex-attention template stays attention
+    ("triton_tem_fused_mm_0", "gemm"),
+    ("triton_tem_fused_addmm_relu_1", "gemm"),
+    ("triton_tem_fused_flex_attention_0", "attention"),
 ])
 def test_kernel_names_fall_in_their_category(name, expected):
     assert category(name) == expected

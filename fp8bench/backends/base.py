@@ -350,7 +350,8 @@ def fresh_dynamo() -> None:
 
 def compile_module(module: torch.nn.Module, dynamic: bool | None = None) -> torch.nn.Module:
     """torch.compile of one case's whole module (a linear, an MLP, a block), after `fresh_dynamo`. `dynamic`
-    as torch.compile takes it: False where one code object meets several shapes (`LinearOutsideCompile`)."""
+    as torch.compile takes it: the triton backend passes False, so that a frame met with several shapes is
+    compiled once per shape, never for symbolic ones (see `LinearOutsideCompile`)."""
     fresh_dynamo()
     return torch.compile(module, dynamic=dynamic)
 

@@ -216,7 +216,7 @@ class TritonBackend(Backend):
         x, dy = x.to(self.module_dtype), dy.to(self.module_dtype)
         if recipe.format is Format.BF16:
             return module_op(list(reference.parameters()), compile_module(reference, dynamic=False), x, dy)
-        module = swap_linears(copy.deepcopy(reference), lambda lin: LinearOutsideCompile(lin, BlockwiseLinearFn, recipe))
+        module = swap_linears(copy.deepcopy(reference), lambda lin: LinearOutsideCompile(lin, self.linear_fn, recipe))
         return module_op(list(module.parameters()), compile_module(module, dynamic=False), x, dy,
                          reference_forward=reference)
 
@@ -225,7 +225,7 @@ class TritonBackend(Backend):
         (regional compilation, as `module`), the BF16 twin's blocks compiled whole."""
         if recipe.format is not Format.BF16:
             linear = LinearOutsideCompile if recipe.backend_cfg.compile else RecipeLinear
-            swap_block_linears(model, lambda lin: linear(lin, BlockwiseLinearFn, recipe))
+            swap_block_linears(model, lambda lin: linear(lin, self.linear_fn, recipe))
         if recipe.backend_cfg.compile:
             compile_blocks(model, dynamic=False)
         return TrainSetup(model)

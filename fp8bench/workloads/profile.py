@@ -10,8 +10,8 @@ Kernel names are matched, in this order, against the libraries' naming: NCCL's k
 fp8bench's `_quantize_*` and `_cast_transpose` casts; TE's multi-tensor scale updates match here), then torch's multi-tensor and fused-Adam
 kernels (AdamW, gradient clipping; torchao's FP8 all-gather scale precompute, a multi-tensor norm, lands here
 too: names cannot tell it from clipping's). Unmatched kernels count as `other`, so the categories always sum to the kernels' total.
-Kernels that torch.compile generates are casts only when their name carries an FP8 cast's clamp or amax
-(`INDUCTOR_KERNEL`).
+Kernels that torch.compile generates (`INDUCTOR_KERNEL`) are casts only when their name carries an FP8 cast's
+clamp, amax or dtype (`INDUCTOR_CAST`), and its GEMM templates (`triton_tem_fused_mm_0`) are GEMMs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from fp8bench.core.records import Metric
 CATEGORIES: list[tuple[str, re.Pattern]] = [
     ("communication", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter", re.I)),  # ncclDevKernel_Broadcast
     ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|cudnn", re.I)),
-    ("gemm", re.compile(r"gemm|xmma|nvjet|cutlass|wgmma|matmul|_gemm_kernel|splitk", re.I)),
+    ("gemm", re.compile(r"gemm|xmma|nvjet|cutlass|wgmma|matmul|_gemm_kernel|splitk|^triton_tem_fused_\w*mm", re.I)),
     # (?<!no)cast: torch's generic elementwise kernels are `gpu_kernel_impl_nocast<...>` (adds, copies, SiLU),
     # which are not casts to FP8
     ("quantize", re.compile(r"(?<!no)cast|transpose|quantiz|amax|scale|fp8|float8|e4m3|e5m2|_to_copy.*float8", re.I)),
@@ -40,9 +40,11 @@ INDUCTOR_KERNEL = re.compile(r"^triton_(poi|red|per|tem)_")
 category takes only an FP8 cast's own steps (H200, e8025a8: the RoPE and attention-reshape kernels of a compiled
 BF16 block, `..._transpose_view_N`, had landed under quantize)."""
 INDUCTOR_CAST = re.compile(r"clamp|amax|abs_max|fp8|float8|e4m3|e5m2", re.I)
-"""An inductor kernel that casts to FP8: the saturating clamp, the amax reduction (torchao's tensorwise linear
-under torch.compile fuses its casts into `..._to_copy_abs_clamp_clone_max_mul_reciprocal_t_0` and
-`..._to_copy_clamp_clone_mul_reciprocal_t_1`, torch 2.13's inductor naming on CPU)."""
+"""An inductor kernel that casts to FP8: the saturating clamp, the amax reduction, an FP8 dtype. torchao's
+tensorwise linear under torch.compile fused its casts into `cpp_fused__to_copy_abs_clamp_clone_max_mul_reciprocal_t_0`
+and `cpp_fused__to_copy_clamp_clone_mul_reciprocal_t_1` on CPU (torch 2.13; the names follow the fused aten ops,
+and on a GPU the same fusions are `triton_poi_fused_...`: the GPU names in tests/test_waterfall.py are these
+with the GPU's prefix, not names read off a GPU)."""
 
 
 def category(kernel_name: str) -> str:
