@@ -286,19 +286,22 @@ class Backend:
     """The autograd.Function `fn.apply(x_2d, weight, recipe)` that runs one linear under a recipe, for adapters
     whose blocks swap each nn.Linear for a RecipeLinear (`module`)."""
 
-    def module(self, reference: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe: Recipe) -> LinearOp:
+    def module(self, reference: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe: Recipe, *,
+               linear: type[RecipeLinear] = RecipeLinear,
+               wrap: Callable[[torch.nn.Module], Callable] = lambda m: m) -> LinearOp:
         """fwd+bwd of `reference` (a plain-torch module drawn from the case's seed, in `module_dtype`) with its
         linears run by this backend under `recipe`: BF16 runs `reference` itself; FP8 a copy whose linears are
-        RecipeLinear(`linear_fn`), scored against `reference`."""
+        `linear`(`linear_fn`), scored against `reference`. `wrap` is what runs each twin's module (torch.compile
+        for an adapter that compiles both alike); the reference is scored unwrapped."""
         if self.linear_fn is None:
             raise NotImplementedError(f"backend {self.name!r} runs no transformer block or MLP")
         from fp8bench.models.block import swap_linears
 
         x, dy = x.to(self.module_dtype), dy.to(self.module_dtype)
         if recipe.format is Format.BF16:
-            return module_op(list(reference.parameters()), reference, x, dy)
-        module = swap_linears(copy.deepcopy(reference), lambda lin: RecipeLinear(lin, self.linear_fn, recipe))
-        return module_op(list(module.parameters()), module, x, dy, reference_forward=reference)
+            return module_op(list(reference.parameters()), wrap(reference), x, dy)
+        module = swap_linears(copy.deepcopy(reference), lambda lin: linear(lin, self.linear_fn, recipe))
+        return module_op(list(module.parameters()), wrap(module), x, dy, reference_forward=reference)
 
     def kernels(self, workload: str, recipe: Recipe, device: torch.device) -> dict:
         """Which kernels this backend picks for `workload` under `recipe` on `device`, where it chooses among

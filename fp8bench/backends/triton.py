@@ -23,8 +23,6 @@ recorded `skipped` with that reason, never run under another name.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from fp8bench.backends.base import (
@@ -211,14 +209,8 @@ class TritonBackend(Backend):
         fused into them already), so both get the same fused norms, RoPE, SwiGLU and residuals."""
         if not recipe.backend_cfg.compile:
             return super().module(reference, x, dy, recipe)
-        from fp8bench.models.block import swap_linears
-
-        x, dy = x.to(self.module_dtype), dy.to(self.module_dtype)
-        if recipe.format is Format.BF16:
-            return module_op(list(reference.parameters()), compile_module(reference, dynamic=False), x, dy)
-        module = swap_linears(copy.deepcopy(reference), lambda lin: LinearOutsideCompile(lin, self.linear_fn, recipe))
-        return module_op(list(module.parameters()), compile_module(module, dynamic=False), x, dy,
-                         reference_forward=reference)
+        return super().module(reference, x, dy, recipe, linear=LinearOutsideCompile,
+                              wrap=lambda m: compile_module(m, dynamic=False))
 
     def prepare_training(self, model, recipe):
         """The blocks' linears on BlockwiseLinearFn; with `backend.compile` each block compiled around them
