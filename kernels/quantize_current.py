@@ -1,21 +1,29 @@
 """Current (tensorwise) scaling of a 2-D BF16 tensor to E4M3, plus the transposed E4M3 copy that Hopper's
-TN-only FP8 GEMMs need for the backward pass.
+TN-only FP8 GEMMs need for the backward pass, in one launch.
 
-Two passes over the data, the fewest the math allows (every element's cast needs the whole tensor's amax), and
-two launches, nothing else on the GPU between them:
-1. `_amax_kernel`: a grid-stride loop reduces tiles to max|x| in registers; each program writes its own
-   partial max (no atomic, so nothing to zero first: a `torch.zeros` was a third launch);
-2. `_cast_transpose_kernel`: each program reduces the partials to the amax (a few KB, from L2), computes
-   scale = 448 / max(amax, 1e-12) in float32 the way torch evaluates it (reciprocal, then multiply; fp8bench's
-   emulator and torchao do the same), loads one tile once, scales it, rounds to E4M3 (ties to even, saturating)
-   and stores it twice, row-major (Y) and column-major (Yᵀ). Program 0 also writes the inverse scale. Bytes
-   moved: read X twice (2 x 2 bytes/element), write Y and Yᵀ (2 x 1 byte).
+Two passes over the data, the fewest the math allows (every element's cast needs the whole tensor's amax), in
+one persistent kernel (`_current_cast_kernel`) whose programs all run at once:
+1. each program reduces its share of the tiles to max|x| in registers and folds it into the grid's amax with one
+   atomic max (non-negative floats order as their int32 bits do);
+2. a grid-wide barrier: each program counts itself in and waits until every program has;
+3. each program computes scale = 448 / max(amax, 1e-12) in float32 the way torch evaluates it (reciprocal, then
+   multiply; fp8bench's emulator and torchao do the same), loads each of its tiles again, scales it, rounds to
+   E4M3 (ties to even, saturating) and stores it twice, row-major (Y) and column-major (Yᵀ). Program 0 writes
+   the inverse scale; the last program to finish zeroes the barrier's scratch for the next launch.
+Bytes moved: read X twice (2 x 2 bytes/element), write Y and Yᵀ (2 x 1 byte).
 
-Both launch through `Launcher.launch` with a cast key (`_launch.cast_key`). Before, the generic per-argument key,
-the zeroing and four allocations cost 53 µs of host time a call on the f5e8879 H200 box
-(`results/h200-recipe-blockwise/recipe_bench_host_f5e8879.json`), more than the kernels take at 32 MB, and at
-7a1f962 (the same code) the eager 32 MB call ran at half the speed of its CUDA-graph replay
-(`results/h200-recipe-blockwise/recipe_bench_casts_7a1f962.json`: 1654 against 3054 GB/s).
+Why one launch: the issue's eager call was two kernels (an amax pass writing per-program partial maxes, then the
+cast) plus four allocations, 49-68 µs of host time a call on the H200 boxes, more than both kernels take at
+32 MB, so an eager 32 MB call ran at the host's pace (`results/h200-recipe-blockwise/recipe_bench_casts_*.json`
+up to 6ff10d9: 35-72% of copy bandwidth eager against 74% replayed from a CUDA graph). Now a call is one launch
+and three allocations (Y, Yᵀ, the inverse scale); the barrier's three counters live in a scratch buffer kept per
+device and stream, zeroed once when made.
+
+The barrier needs every program resident at once. The grid is therefore at most what the compiled kernel's
+registers and shared memory let the SMs hold (computed from the binary on a key's first call), and the kernel
+is launched cooperatively (`launch_cooperative_grid`), so CUDA refuses a grid that could not all be resident
+rather than letting it hang. Under Triton's interpreter programs run one after another, so there the grid is one
+program (its loops still cover every tile).
 
 `quantize_current_reference` is the same contract in plain torch.
 """
@@ -28,78 +36,135 @@ import triton.language as tl
 
 from ._fp8 import AMAX_EPS, E4M3_MAX, e4m3_scale, exact_rcp, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv, sm_count
-from ._tune import steady_do_bench, tuning_configs
+from ._tune import INTERPRETING
 
-AMAX_TILE = (64, 128)
-"""The amax pass's tile (4 warps): on the H200 any tile from 32x128 to 128x128 reads at the same speed."""
+CONFIGS = [
+    {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "per_sm": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "per_sm": 8},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "per_sm": 2},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "per_sm": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 8, "per_sm": 2},
+    {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "per_sm": 8},
+]
+"""The tile, warps and programs per SM (at most: fewer where the binary's registers or shared memory do not let
+that many share an SM). CONFIGS[0] is the default; research/current_cast_probe.py times the others."""
+
+SYNC_WORDS = 4
+"""The barrier's scratch (int32): the amax's bits, programs arrived, programs done, padding."""
 
 
 @triton.jit
-def _amax_kernel(x_ptr, partial_ptr, M, N, stride_m, stride_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # a grid-stride loop over tiles: each program keeps its running max in registers and writes it once
+def _current_cast_kernel(x_ptr, y_ptr, yt_ptr, inv_scale_ptr, sync_ptr, M, N, stride_m, stride_n,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSE: tl.constexpr):
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     n_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
+
+    # pass 1: this program's tiles (a grid-stride loop) to one max, folded into the grid's
     best = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+    for t in range(pid, n_tiles, programs):
         rows = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (rows[:, None] < M) & (cols[None, :] < N)
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
         best = tl.maximum(best, tl.abs(x.to(tl.float32)))
-    tl.store(partial_ptr + tl.program_id(0), tl.max(tl.max(best, axis=1), axis=0))
+    mine = tl.max(tl.max(best, axis=1), axis=0)
+    tl.atomic_max(sync_ptr, mine.to(tl.int32, bitcast=True))
 
+    # the barrier: count in (release: the max above is visible first), wait for the rest (acquire)
+    tl.atomic_add(sync_ptr + 1, 1, sem="release")
+    arrived = tl.atomic_add(sync_ptr + 1, 0, sem="acquire")
+    while arrived < programs:
+        arrived = tl.atomic_add(sync_ptr + 1, 0, sem="acquire")
+    amax = tl.atomic_add(sync_ptr, 0, sem="acquire").to(tl.float32, bitcast=True)
 
-CAST_CONFIGS = tuning_configs(
-    [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w)
-     for bm, bn, w in [(64, 128, 4), (128, 64, 4), (32, 256, 4), (64, 256, 8), (128, 128, 8), (64, 64, 4),
-                       (128, 128, 4)]],
-    interpreter=triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4))
-
-
-@triton.autotune(configs=CAST_CONFIGS, key=["M", "N", "n_partials", "TRANSPOSE"], do_bench=steady_do_bench)
-@triton.jit
-def _cast_transpose_kernel(x_ptr, y_ptr, yt_ptr, partial_ptr, inv_scale_ptr, M, N, stride_m, stride_n, n_partials,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS: tl.constexpr,
-                           TRANSPOSE: tl.constexpr):
-    # every program derives the scale from the amax pass's partials itself: no scalar kernels between the passes
-    p = tl.arange(0, PARTIALS)
-    amax = tl.max(tl.load(partial_ptr + p, mask=p < n_partials, other=0.0), axis=0)
+    # pass 2: the same tiles again, scaled and stored in both layouts
     scale = e4m3_scale(amax)
-    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+    if pid == 0:
         tl.store(inv_scale_ptr, exact_rcp(scale))
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
-    q = scale_to_e4m3(x.to(tl.float32), scale)
-    tl.store(y_ptr + rows[:, None] * N + cols[None, :], q, mask=mask)
-    if TRANSPOSE:
-        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+    for t in range(pid, n_tiles, programs):
+        rows = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (rows[:, None] < M) & (cols[None, :] < N)
+        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
+        q = scale_to_e4m3(x.to(tl.float32), scale)
+        tl.store(y_ptr + rows[:, None] * N + cols[None, :], q, mask=mask)
+        if TRANSPOSE:
+            tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+
+    # every program has read the amax before it counts itself done: the last one zeroes the scratch
+    done = tl.atomic_add(sync_ptr + 2, 1, sem="acq_rel")
+    if done == programs - 1:
+        tl.store(sync_ptr, 0)
+        tl.store(sync_ptr + 1, 0)
+        tl.store(sync_ptr + 2, 0)
 
 
-_launch_amax, _launch_cast = Launcher(_amax_kernel), Launcher(_cast_transpose_kernel)
+_launch_cast = Launcher(_current_cast_kernel)
+_scratch: dict[tuple[int, int], torch.Tensor] = {}
+_resident: dict[tuple, int] = {}
 
 
-def quantize_current(x: torch.Tensor, transpose: bool = True,
-                     amax_programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(Y [M, N] E4M3, Yᵀ [N, M] E4M3 contiguous or None, inverse scale: float32 scalar tensor).
-    `amax_programs`: the amax pass's grid (default: 4 per SM); the cast's tile is autotuned per shape."""
+def _sync_scratch(device: torch.device) -> torch.Tensor:
+    """The barrier's counters for the current stream of `device`: two streams casting at once must not share
+    them (each launch leaves them zeroed, so one stream's launches may)."""
+    index = device.index or 0
+    key = (index, torch._C._cuda_getCurrentRawStream(index) if device.type == "cuda" else 0)
+    scratch = _scratch.get(key)
+    if scratch is None:
+        scratch = _scratch[key] = torch.zeros(SYNC_WORDS, device=device, dtype=torch.int32)
+    return scratch
+
+
+def programs_resident(compiled, num_warps: int, device: torch.device) -> int:
+    """How many programs of `compiled` (a loaded CompiledKernel) one SM holds at once: the fewest that its
+    registers (allocated per warp in units of 256), shared memory (plus the 1 KB the runtime reserves per block
+    from sm_80 on) or threads allow."""
+    props = torch.cuda.get_device_properties(device)
+    registers = triton.runtime.driver.active.utils.get_device_properties(device.index)["max_num_regs"]
+    regs_per_warp = cdiv(max(compiled.n_regs, 1) * 32, 256) * 256
+    by_regs = registers // (regs_per_warp * num_warps)
+    by_smem = props.shared_memory_per_multiprocessor // (compiled.metadata.shared + 1024)
+    by_threads = props.max_threads_per_multi_processor // (32 * num_warps)
+    return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
+def quantize_current(x: torch.Tensor, transpose: bool = True, programs: int | None = None,
+                     config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(Y [M, N] E4M3, Yᵀ [N, M] E4M3 contiguous or None, inverse scale: float32 scalar tensor), one launch.
+    `programs`: the persistent grid (default: as many as can be resident, at most the config's per SM, at most
+    one per tile; under the interpreter one); `config`: one of CONFIGS (default CONFIGS[0])."""
     if x.dim() != 2:
         raise ValueError(f"quantize_current takes a 2-D tensor, got shape {tuple(x.shape)}")
+    if INTERPRETING and programs not in (None, 1):
+        raise ValueError("under Triton's interpreter programs run one after another: the grid-wide barrier "
+                         f"needs programs=1, got {programs}")
+    config = config or CONFIGS[0]
     m, n = x.shape
-    tiles = cdiv(m, AMAX_TILE[0]) * cdiv(n, AMAX_TILE[1])
-    programs = max(1, min(tiles, amax_programs or 4 * sm_count(x.device)))
-    partials = torch.empty(programs, device=x.device, dtype=torch.float32)
-    args = (x, partials, m, n, x.stride(0), x.stride(1))
-    _launch_amax.launch(cast_key(x, args[2:]), (programs,), args,
-                        {"BLOCK_M": AMAX_TILE[0], "BLOCK_N": AMAX_TILE[1], "num_warps": 4})
+    block_m, block_n, warps = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
+    tiles = cdiv(m, block_m) * cdiv(n, block_n)
     inv_scale = torch.empty((), device=x.device, dtype=torch.float32)
     y = torch.empty((m, n), device=x.device, dtype=torch.float8_e4m3fn)
     yt = torch.empty((n, m), device=x.device, dtype=torch.float8_e4m3fn) if transpose else y
-    args = (x, y, yt, partials, inv_scale, m, n, x.stride(0), x.stride(1), programs)
-    _launch_cast.launch(cast_key(x, args[5:], transpose),
-                        lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n, meta["BLOCK_N"])), args,
-                        {"PARTIALS": triton.next_power_of_2(programs), "TRANSPOSE": transpose})
+    args = (x, y, yt, inv_scale, _sync_scratch(x.device), m, n, x.stride(0), x.stride(1))
+    constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "TRANSPOSE": transpose, "num_warps": warps}
+    if not INTERPRETING:  # an option the interpreter does not take
+        constants["launch_cooperative_grid"] = True
+    key = cast_key(x, args[5:], transpose, block_m, block_n, warps)
+    if programs is None:
+        if INTERPRETING:
+            programs = 1
+        else:
+            resident = _resident.get((key, config["per_sm"]))
+            if resident is None:  # the key's first call: compile, and read what an SM holds of the binary
+                compiled = _current_cast_kernel.warmup(*args, grid=(1,), **constants)
+                compiled._init_handles()  # loads the binary: its register count is known from here
+                resident = _resident[(key, config["per_sm"])] = min(
+                    config["per_sm"], programs_resident(compiled, warps, x.device)) * sm_count(x.device)
+            programs = resident
+        programs = max(1, min(programs, tiles))
+    _launch_cast.launch(key, (programs,), args, constants)
     return y, (yt if transpose else None), inv_scale
 
 
@@ -112,3 +177,14 @@ def quantize_current_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def bytes_moved(x: torch.Tensor) -> int:
     """What the algorithm must move: read X for the amax and again for the cast, write Y and Yᵀ."""
     return 2 * x.numel() * x.element_size() + 2 * x.numel()
+
+
+def compile_sm90(config: dict):
+    """The kernel at `config` compiled for sm_90 without a GPU, specialized as a launch specializes it (X with
+    unit stride along N), for tests/test_kernels.py's ptxas check."""
+    from .quantize_blockwise import compile_cast_sm90
+
+    signature = {"x_ptr": "*bf16", "y_ptr": "*fp8e4nv", "yt_ptr": "*fp8e4nv", "inv_scale_ptr": "*fp32",
+                 "sync_ptr": "*i32", **dict.fromkeys(("M", "N", "stride_m", "stride_n"), "i32")}
+    constants = {"BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "TRANSPOSE": True, "stride_n": 1}
+    return compile_cast_sm90(_current_cast_kernel, signature, constants, config["num_warps"])

@@ -54,10 +54,9 @@ def quantize_table(copy: float) -> list[dict]:
                      "pct_of_copy": 100 * nbytes / t / 1e6 / copy})
 
     cur = qc.bytes_moved(x)
-    for progs in (None, 1056, 528):
-        add("current+transpose", f"triton amax_programs={progs or '4/SM'}", cur,
-            lambda p=progs: qc.quantize_current(x, amax_programs=p))
-    rows[-1]["variant"] += f" cast {qc._cast_transpose_kernel.best_config}"
+    for config in qc.CONFIGS:
+        add("current+transpose", "triton one launch {BLOCK_M}x{BLOCK_N} {num_warps} warps, {per_sm}/SM".format(
+            **config), cur, lambda c=config: qc.quantize_current(x, config=c))
     for name, be in [("te", "te"), ("torch eager", "torch")]:
         op = get_backend(be).quantize(x, recipe(be, "current"), False)
         add("current+transpose" if be == "te" else "current (no transpose)", name, op.bytes_moved, op.run)

@@ -42,18 +42,68 @@ LARGE = [(8192, 8192), (8192, 4096)]
 SHAPES = [pytest.param(*s, marks=pytest.mark.gpu) for s in LARGE] if CUDA else SMALL
 
 
-@pytest.mark.parametrize("amax_programs", [None, 1, 3], ids=["per-sm", "one", "three"])
+PROGRAMS = [None, 1, 3, 7] if CUDA else [None]
+
+
+@pytest.mark.parametrize("programs", PROGRAMS)
 @pytest.mark.parametrize("m,n", SHAPES)
-def test_current_scaling_cast_and_transpose_are_bit_exact(k, m, n, amax_programs):
-    """Any number of amax programs: each writes a partial max and the cast reduces them through a mask (one, and
-    three of a 4-wide load, leave lanes off), the largest |x| in the last tile."""
-    x = data(m, n, spread=False)
-    x[-1, -1] = 1000.0
-    y, yt, inv = k.quantize_current.quantize_current(x, amax_programs=amax_programs)
-    ry, ryt, rinv = k.quantize_current.quantize_current_reference(x)
+def test_current_scaling_cast_and_transpose_are_bit_exact(k, m, n, programs):
+    """One launch, any grid: each program folds its tiles' max into the grid's, waits at the barrier for the rest
+    and casts its tiles; the largest |x| lies in the last tile. Each launch leaves the barrier's scratch zeroed for
+    the next, so calls in a row keep agreeing (the second on data with another amax)."""
+    qc = k.quantize_current
+    for scale in (1.0, 1e-3):
+        x = data(m, n, spread=False) * scale
+        x[-1, -1] = 1000.0 * scale
+        y, yt, inv = qc.quantize_current(x, programs=programs)
+        ry, ryt, rinv = qc.quantize_current_reference(x)
+        assert torch.equal(bits(y), bits(ry)) and torch.equal(bits(yt), bits(ryt)) and torch.equal(inv, rinv)
+        emu = fake_quant(x, "e4m3", "current")  # the emulator: the same numbers, from its own code
+        assert torch.equal(y.float() * inv, emu)
+        assert not qc._sync_scratch(x.device).any()
+    y, none, inv = qc.quantize_current(x, transpose=False, programs=programs)
+    assert none is None and torch.equal(bits(y), bits(ry)) and torch.equal(inv, rinv)
+
+
+def test_current_scaling_cast_refuses_a_grid_the_interpreter_would_hang_on(k):
+    if CUDA:
+        pytest.skip("on a GPU the programs run at once")
+    with pytest.raises(ValueError, match="programs=1"):
+        k.quantize_current.quantize_current(data(64, 128), programs=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_current_scaling_cast_runs_resident_on_its_own_streams_and_in_a_cuda_graph(k):
+    """The default grid is what the SMs hold of the binary at once (the barrier needs every program resident);
+    each stream gets its own barrier scratch; a captured launch replays with the data of the moment."""
+    qc = k.quantize_current
+    x = data(8192, 4096, spread=False)
+    qc.quantize_current(x)
+    [programs] = [p for (key, _), p in qc._resident.items() if key[3:5] == (8192, 4096)
+                  and key[7:] == (True, 64, 128, 4)]
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert programs % sms == 0 and sms <= programs <= qc.CONFIGS[0]["per_sm"] * sms, programs
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        y, yt, inv = qc.quantize_current(x)
+        side_scratch = qc._sync_scratch(x.device)
+    torch.cuda.synchronize()
+    assert side_scratch.data_ptr() != qc._sync_scratch(x.device).data_ptr()
+    ry, ryt, rinv = qc.quantize_current_reference(x)
     assert torch.equal(bits(y), bits(ry)) and torch.equal(bits(yt), bits(ryt)) and torch.equal(inv, rinv)
-    emu = fake_quant(x, "e4m3", "current")  # the emulator: the same numbers, from its own code
-    assert torch.equal(y.float() * inv, emu)
+
+    static = x.clone()
+    qc.quantize_current(static)  # compiled and sized outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, yt, inv = qc.quantize_current(static)
+    for seed, scale in ((1, 1.0), (2, 1e-2)):
+        static.copy_(data(8192, 4096, seed=seed, spread=False) * scale)
+        graph.replay()
+        torch.cuda.synchronize()
+        ry, ryt, rinv = qc.quantize_current_reference(static)
+        assert torch.equal(bits(y), bits(ry)) and torch.equal(bits(yt), bits(ryt)) and torch.equal(inv, rinv)
 
 
 @pytest.mark.parametrize("block", [(1, 128), (128, 128)])
@@ -203,8 +253,8 @@ def test_gluon_gemm_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypat
 def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
     """The blockwise and current-scaling casts key their direct launches themselves (`cast_key`: X, the integer
     arguments and the flags, not the fresh outputs): per launcher, over shapes, input dtypes, a misaligned input,
-    power-of-two scales, both scale layouts, with or without Yᵀ and two amax-partials counts, two calls get the
-    same key exactly when `launch_key` gives them the same one. Different binaries never share a key, and no key
+    power-of-two scales, both scale layouts, with or without Yᵀ and two tiles of the current-scaling cast, two
+    calls get the same key exactly when `launch_key` gives them the same one. Different binaries never share a key, and no key
     is finer than Triton's (a key that took in an output would miss on every call and keep every compiled
     kernel)."""
     from itertools import combinations, product
@@ -220,7 +270,7 @@ def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
         def launch(self, key, grid, args, kwargs):
             self.keys.append((key, launch_key(args, kwargs)))
     launchers = {"_launch_1x128": qb, "_launch_128x128": qb, "_launch_128x128_both": qb, "_launch_along_m": qb,
-                 "_launch_amax": qc, "_launch_cast": qc}
+                 "_launch_cast": qc}
     recordings = {name: Recording() for name in launchers}
     for name, recording in recordings.items():
         monkeypatch.setattr(launchers[name], name, recording)
@@ -240,7 +290,7 @@ def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
             if dtype == torch.bfloat16:  # from FP32 the weight path casts Y alone (then transposes it)
                 qb.quantize_blockwise_both(x, weight=True, pow2_scales=pow2)
             qc.quantize_current(x, transpose=pow2)  # pow2 stands in for the other flag; both values per input
-            qc.quantize_current(x, transpose=pow2, amax_programs=3)  # fewer partials: another PARTIALS
+            qc.quantize_current(x, transpose=pow2, config=qc.CONFIGS[2])  # another tile and warps
     for name, recording in recordings.items():
         distinct = {theirs for _, theirs in recording.keys}
         assert 16 <= len(distinct) < len(recording.keys), name  # the calls differ, and some are the same binary
@@ -276,7 +326,7 @@ def test_direct_launches_write_what_launches_through_triton_write(k):
         return direct, through_triton
 
     x, other = data(4096, 2048), data(4096, 2048, seed=3)
-    casts = {"current": (qc.quantize_current, [qc._launch_amax, qc._launch_cast]),
+    casts = {"current": (qc.quantize_current, [qc._launch_cast]),
              "1x128 both": (qb.quantize_blockwise_both, [qg._launch_both]),
              "128x128 both": (lambda t: qb.quantize_blockwise_both(t, weight=True), [qg._launch_both]),
              "mx": (qm.quantize_mx, [qm._launch_mx])}
@@ -783,24 +833,27 @@ def test_kernels_read_only_constexpr_globals(k, name):
 
 
 _COMPILE_RECIPE_SM90 = """
-from fp8bench_kernels import gemm_blockwise_wgrad as wgrad, quantize_blockwise as qb
+from fp8bench_kernels import gemm_blockwise_wgrad as wgrad, quantize_blockwise as qb, quantize_current as qc
 builds = {"wgrad " + str(c.all_kwargs()): wgrad.compile_sm90(c) for c in wgrad.CONFIGS}
 builds.update({"along-m " + str(c.all_kwargs()): qb.compile_along_m_sm90(c.kwargs["BLOCK_K"], c.num_warps)
                for c in qb.ALONG_M_CONFIGS})
 builds.update({"blocks-transposed " + str(c.all_kwargs()): qb.compile_blocks_both_sm90(c)
                for c in qb.BOTH_LAYOUTS_CONFIGS})
+builds.update({"current " + str(c): qc.compile_sm90(c) for c in qc.CONFIGS})
 """
 
 
 @pytest.mark.slow
 def test_the_recipe_kernels_compile_for_hopper_without_spills_or_serialized_wgmma():
-    """The wgrad GEMM and the transposed-layout casts of BlockwiseLinearFn, every config compiled for sm_90 (in a
-    process without the interpreter) and assembled by ptxas: the GEMM issues FP8 wgmmas that ptxas does not
-    serialize (C7514/C7517 would name them), the cast rounds with the hardware's saturating E4M3 conversion,
-    and nothing spills."""
+    """The wgrad GEMM and the transposed-layout casts of BlockwiseLinearFn, and the one-launch current-scaling
+    cast, every config compiled for sm_90 (in a process without the interpreter) and assembled by ptxas: the
+    GEMM issues FP8 wgmmas that ptxas does not serialize (C7514/C7517 would name them), the casts round with the
+    hardware's saturating E4M3 conversion, the current-scaling cast's barrier is global atomics, and nothing
+    spills."""
     builds = _compiled_for_sm90(_COMPILE_RECIPE_SM90)
     assert sum(n.startswith("wgrad") for n in builds) >= 3 and sum(n.startswith("along-m") for n in builds) >= 2
     assert sum(n.startswith("blocks-transposed") for n in builds) == 2
+    assert sum(n.startswith("current") for n in builds) >= 4
     for name, b in builds.items():
         assert b["rc"] == 0, (name, b["ptxas"])
         assert "0 bytes spill stores" in b["ptxas"] and "0 bytes spill loads" in b["ptxas"], (name, b["ptxas"])
@@ -809,6 +862,9 @@ def test_the_recipe_kernels_compile_for_hopper_without_spills_or_serialized_wgmm
             assert "wgmma" not in b["ptxas"], (name, b["ptxas"])
         else:
             assert "cvt.rn.satfinite.e4m3x2" in b["ptx"], name
+        if name.startswith("current"):
+            # the max and the counts are global atomics; the count in releases, the waits acquire
+            assert "atom.global" in b["ptx"] and "release" in b["ptx"] and "acquire" in b["ptx"], name
 
 
 _COMPILE_GLUON_CASTS_SM90 = """

@@ -7,7 +7,7 @@ elementwise, copies, the loss).
 Kernel names are matched, in this order, against the libraries' naming: NCCL's kernels, attention
 (flash/fmha/cuDNN SDPA), cuBLAS/cuBLASLt (`sm90_xmma_gemm`, `nvjet`, `cutlass`) and Triton GEMMs
 (`_gemm_kernel`, `_gemm_wgrad_kernel`), casts (TE's `cast_transpose`, `quantize`, `amax`, `scale` kernels, torch's FP8 conversions,
-fp8bench's `_quantize_*` and `_cast_transpose` casts; TE's multi-tensor scale updates match here), then torch's multi-tensor and fused-Adam
+fp8bench's `_quantize_*`, `_current_cast` and `_cast_transpose` casts; TE's multi-tensor scale updates match here), then torch's multi-tensor and fused-Adam
 kernels (AdamW, gradient clipping; torchao's FP8 all-gather scale precompute, a multi-tensor norm, lands here
 too: names cannot tell it from clipping's). Unmatched kernels count as `other`, so the categories always sum to the kernels' total.
 Kernels that torch.compile generates (`INDUCTOR_KERNEL`) are casts only when their name carries an FP8 cast's
