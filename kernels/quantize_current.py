@@ -39,15 +39,19 @@ from ._launch import Launcher, cast_key, cdiv, sm_count
 from ._tune import INTERPRETING
 
 CONFIGS = [
-    {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "per_sm": 4},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "per_sm": 8},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "per_sm": 2},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "per_sm": 4},
-    {"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 8, "per_sm": 2},
-    {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "per_sm": 8},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "per_sm": 2, "reverse": False},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "per_sm": 2, "reverse": True},
+    {"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 8, "per_sm": 2, "reverse": True},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "per_sm": 4, "reverse": False},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "per_sm": 4, "reverse": False},
+    {"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 8, "per_sm": 2, "reverse": False},
 ]
-"""The tile, warps and programs per SM (at most: fewer where the binary's registers or shared memory do not let
-that many share an SM). CONFIGS[0] is the default; research/current_cast_probe.py times the others."""
+"""The tile, warps, programs per SM (at most: fewer where the binary's registers or shared memory do not let
+that many share an SM) and the order of the second pass (`reverse`: each program's tiles last to first).
+CONFIGS[0] is the default. On the H200 at 9fd8ac3 (research/current_cast_probe.py:
+results/h200-recipe-blockwise/current_cast_probe_9fd8ac3.json) it was the fastest of the one-launch configs
+device-only at each of the cast line's five shapes, 33.5-190.4 µs from 32 to 224 MB; the two-launch form's
+kernels took 0.5-2.5% less there (33.1-186.9 µs)."""
 
 SYNC_WORDS = 4
 """The barrier's scratch (int32): the amax's bits, programs arrived, programs done, padding."""
@@ -55,7 +59,8 @@ SYNC_WORDS = 4
 
 @triton.jit
 def _current_cast_kernel(x_ptr, y_ptr, yt_ptr, inv_scale_ptr, sync_ptr, M, N, stride_m, stride_n,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSE: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSE: tl.constexpr,
+                         REVERSE: tl.constexpr):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -69,8 +74,8 @@ def _current_cast_kernel(x_ptr, y_ptr, yt_ptr, inv_scale_ptr, sync_ptr, M, N, st
         mask = (rows[:, None] < M) & (cols[None, :] < N)
         x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
         best = tl.maximum(best, tl.abs(x.to(tl.float32)))
-    mine = tl.max(tl.max(best, axis=1), axis=0)
-    tl.atomic_max(sync_ptr, mine.to(tl.int32, bitcast=True))
+    own_max = tl.max(tl.max(best, axis=1), axis=0)
+    tl.atomic_max(sync_ptr, own_max.to(tl.int32, bitcast=True))
 
     # the barrier: count in (release: the max above is visible first), wait for the rest (acquire)
     tl.atomic_add(sync_ptr + 1, 1, sem="release")
@@ -83,7 +88,10 @@ def _current_cast_kernel(x_ptr, y_ptr, yt_ptr, inv_scale_ptr, sync_ptr, M, N, st
     scale = e4m3_scale(amax)
     if pid == 0:
         tl.store(inv_scale_ptr, exact_rcp(scale))
-    for t in range(pid, n_tiles, programs):
+    mine = tl.cdiv(n_tiles - pid, programs)  # this program's tiles (none where pid >= n_tiles)
+    for i in range(0, mine):
+        # REVERSE: the tiles last read in pass 1 first, while the L2 may still hold them
+        t = pid + ((mine - 1 - i) if REVERSE else i) * programs
         rows = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -130,6 +138,21 @@ def programs_resident(compiled, num_warps: int, device: torch.device) -> int:
     return max(1, min(by_regs, by_smem, by_threads, 32))
 
 
+def _default_grid(key: tuple, config: dict, args: tuple, constants: dict) -> int:
+    """A key's default grid, found on its first call: as many programs as the SMs hold of the compiled binary at
+    once, at most the config's per SM, at most one per tile; one under the interpreter."""
+    m, n = args[5:7]
+    tiles = cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"])
+    if INTERPRETING:
+        return 1
+    compiled = _current_cast_kernel.warmup(*args, grid=(1,), **constants)
+    compiled._init_handles()  # loads the binary: its register count is known from here
+    device = args[0].device
+    per_sm = min(config["per_sm"], programs_resident(compiled, config["num_warps"], device))
+    grid = _resident[(key, config["per_sm"])] = max(1, min(tiles, per_sm * sm_count(device)))
+    return grid
+
+
 def quantize_current(x: torch.Tensor, transpose: bool = True, programs: int | None = None,
                      config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(Y [M, N] E4M3, Yᵀ [N, M] E4M3 contiguous or None, inverse scale: float32 scalar tensor), one launch.
@@ -141,29 +164,20 @@ def quantize_current(x: torch.Tensor, transpose: bool = True, programs: int | No
         raise ValueError("under Triton's interpreter programs run one after another: the grid-wide barrier "
                          f"needs programs=1, got {programs}")
     config = config or CONFIGS[0]
-    m, n = x.shape
+    device, (m, n) = x.device, x.shape
     block_m, block_n, warps = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
-    tiles = cdiv(m, block_m) * cdiv(n, block_n)
-    inv_scale = torch.empty((), device=x.device, dtype=torch.float32)
-    y = torch.empty((m, n), device=x.device, dtype=torch.float8_e4m3fn)
-    yt = torch.empty((n, m), device=x.device, dtype=torch.float8_e4m3fn) if transpose else y
-    args = (x, y, yt, inv_scale, _sync_scratch(x.device), m, n, x.stride(0), x.stride(1))
-    constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "TRANSPOSE": transpose, "num_warps": warps}
+    inv_scale = torch.empty((), device=device, dtype=torch.float32)
+    y = torch.empty((m, n), device=device, dtype=torch.float8_e4m3fn)
+    yt = torch.empty((n, m), device=device, dtype=torch.float8_e4m3fn) if transpose else y
+    args = (x, y, yt, inv_scale, _sync_scratch(device), m, n, x.stride(0), x.stride(1))
+    reverse = config.get("reverse", False)
+    constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "TRANSPOSE": transpose, "REVERSE": reverse,
+                 "num_warps": warps}
     if not INTERPRETING:  # an option the interpreter does not take
         constants["launch_cooperative_grid"] = True
-    key = cast_key(x, args[5:], transpose, block_m, block_n, warps)
+    key = cast_key(x, args[5:], transpose, block_m, block_n, warps, reverse)
     if programs is None:
-        if INTERPRETING:
-            programs = 1
-        else:
-            resident = _resident.get((key, config["per_sm"]))
-            if resident is None:  # the key's first call: compile, and read what an SM holds of the binary
-                compiled = _current_cast_kernel.warmup(*args, grid=(1,), **constants)
-                compiled._init_handles()  # loads the binary: its register count is known from here
-                resident = _resident[(key, config["per_sm"])] = min(
-                    config["per_sm"], programs_resident(compiled, warps, x.device)) * sm_count(x.device)
-            programs = resident
-        programs = max(1, min(programs, tiles))
+        programs = _resident.get((key, config["per_sm"])) or _default_grid(key, config, args, constants)
     _launch_cast.launch(key, (programs,), args, constants)
     return y, (yt if transpose else None), inv_scale
 
@@ -186,5 +200,6 @@ def compile_sm90(config: dict):
 
     signature = {"x_ptr": "*bf16", "y_ptr": "*fp8e4nv", "yt_ptr": "*fp8e4nv", "inv_scale_ptr": "*fp32",
                  "sync_ptr": "*i32", **dict.fromkeys(("M", "N", "stride_m", "stride_n"), "i32")}
-    constants = {"BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "TRANSPOSE": True, "stride_n": 1}
+    constants = {"BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "TRANSPOSE": True,
+                 "REVERSE": config.get("reverse", False), "stride_n": 1}
     return compile_cast_sm90(_current_cast_kernel, signature, constants, config["num_warps"])

@@ -92,6 +92,7 @@ def forms() -> dict:
     from fp8bench_kernels import quantize_current as qc
 
     out = {f"one launch {c['BLOCK_M']}x{c['BLOCK_N']} {c['num_warps']}w {c['per_sm']}/SM"
+           + (" reversed" if c["reverse"] else "")
            + (" (kernels/)" if i == 0 else ""): (lambda x, c=c: qc.quantize_current(x, config=c))
            for i, c in enumerate(qc.CONFIGS)}
     out["two launches (12387a7)"] = two_launch_form()
@@ -149,7 +150,10 @@ def main(out: Path) -> None:
                   f"{row['device_only_pct'] or float('nan'):.1f}%", flush=True)
         del x
         torch.cuda.empty_cache()
-    resident = {f"{k[0][3]}x{k[0][4]}": v for k, v in qc._resident.items()}
+    # the default grid per shape and config: key (device, dtype, aligned, M, N, strides, transpose, tile, warps,
+    # order)
+    resident = {f"{k[3]}x{k[4]} {k[8]}x{k[9]} {k[10]}w {per_sm}/SM{' reversed' if k[11] else ''}": v
+                for (k, per_sm), v in qc._resident.items()}
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "host": host, "rows": rows,
                                "programs": resident}, indent=1))
 

@@ -489,7 +489,7 @@ def main() -> int:
     out["copy_gbps"] = copy
     print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
     if "host" in parts:
-        out["host"] = host_cost(profile=("gemm blockwise triton", "blockwise 1x128 both"))
+        out["host"] = host_cost(profile=("gemm blockwise triton", "blockwise 1x128 both", "current+transpose"))
     if "cast" in parts:
         out["casts"] = casts(copy)
     if "gemm" in parts:

@@ -45,23 +45,27 @@ SHAPES = [pytest.param(*s, marks=pytest.mark.gpu) for s in LARGE] if CUDA else S
 PROGRAMS = [None, 1, 3, 7] if CUDA else [None]
 
 
+@pytest.mark.parametrize("config", [0, 1, 2], ids=["default", "reversed", "64x256-reversed"])
 @pytest.mark.parametrize("programs", PROGRAMS)
 @pytest.mark.parametrize("m,n", SHAPES)
-def test_current_scaling_cast_and_transpose_are_bit_exact(k, m, n, programs):
+def test_current_scaling_cast_and_transpose_are_bit_exact(k, m, n, programs, config):
     """One launch, any grid: each program folds its tiles' max into the grid's, waits at the barrier for the rest
     and casts its tiles; the largest |x| lies in the last tile. Each launch leaves the barrier's scratch zeroed for
     the next, so calls in a row keep agreeing (the second on data with another amax)."""
     qc = k.quantize_current
+    config = qc.CONFIGS[config]
+    assert (config["reverse"], config["BLOCK_N"]) == {0: (False, 128), 1: (True, 128), 2: (True, 256)}[
+        qc.CONFIGS.index(config)]
     for scale in (1.0, 1e-3):
         x = data(m, n, spread=False) * scale
         x[-1, -1] = 1000.0 * scale
-        y, yt, inv = qc.quantize_current(x, programs=programs)
+        y, yt, inv = qc.quantize_current(x, programs=programs, config=config)
         ry, ryt, rinv = qc.quantize_current_reference(x)
         assert torch.equal(bits(y), bits(ry)) and torch.equal(bits(yt), bits(ryt)) and torch.equal(inv, rinv)
         emu = fake_quant(x, "e4m3", "current")  # the emulator: the same numbers, from its own code
         assert torch.equal(y.float() * inv, emu)
         assert not qc._sync_scratch(x.device).any()
-    y, none, inv = qc.quantize_current(x, transpose=False, programs=programs)
+    y, none, inv = qc.quantize_current(x, transpose=False, programs=programs, config=config)
     assert none is None and torch.equal(bits(y), bits(ry)) and torch.equal(inv, rinv)
 
 
@@ -80,10 +84,11 @@ def test_current_scaling_cast_runs_resident_on_its_own_streams_and_in_a_cuda_gra
     qc = k.quantize_current
     x = data(8192, 4096, spread=False)
     qc.quantize_current(x)
+    default = qc.CONFIGS[0]
     [programs] = [p for (key, _), p in qc._resident.items() if key[3:5] == (8192, 4096)
-                  and key[7:] == (True, 64, 128, 4)]
+                  and key[7:] == (True, default["BLOCK_M"], default["BLOCK_N"], default["num_warps"], False)]
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    assert programs % sms == 0 and sms <= programs <= qc.CONFIGS[0]["per_sm"] * sms, programs
+    assert programs % sms == 0 and sms <= programs <= default["per_sm"] * sms, programs
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         y, yt, inv = qc.quantize_current(x)
@@ -290,7 +295,7 @@ def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
             if dtype == torch.bfloat16:  # from FP32 the weight path casts Y alone (then transposes it)
                 qb.quantize_blockwise_both(x, weight=True, pow2_scales=pow2)
             qc.quantize_current(x, transpose=pow2)  # pow2 stands in for the other flag; both values per input
-            qc.quantize_current(x, transpose=pow2, config=qc.CONFIGS[2])  # another tile and warps
+            qc.quantize_current(x, transpose=pow2, config=qc.CONFIGS[2])  # another tile, warps and order
     for name, recording in recordings.items():
         distinct = {theirs for _, theirs in recording.keys}
         assert 16 <= len(distinct) < len(recording.keys), name  # the calls differ, and some are the same binary
