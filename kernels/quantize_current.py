@@ -39,19 +39,20 @@ from ._launch import Launcher, cast_key, cdiv, sm_count
 from ._tune import INTERPRETING
 
 CONFIGS = [
-    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "per_sm": 2, "reverse": False},
     {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "per_sm": 2, "reverse": True},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "per_sm": 2, "reverse": False},
     {"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 8, "per_sm": 2, "reverse": True},
     {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "per_sm": 4, "reverse": False},
     {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "per_sm": 4, "reverse": False},
     {"BLOCK_M": 64, "BLOCK_N": 256, "num_warps": 8, "per_sm": 2, "reverse": False},
 ]
 """The tile, warps, programs per SM (at most: fewer where the binary's registers or shared memory do not let
-that many share an SM) and the order of the second pass (`reverse`: each program's tiles last to first).
-CONFIGS[0] is the default. On the H200 at 9fd8ac3 (research/current_cast_probe.py:
-results/h200-recipe-blockwise/current_cast_probe_9fd8ac3.json) it was the fastest of the one-launch configs
-device-only at each of the cast line's five shapes, 33.5-190.4 µs from 32 to 224 MB; the two-launch form's
-kernels took 0.5-2.5% less there (33.1-186.9 µs)."""
+that many share an SM) and the order of the second pass (`reverse`: each program's tiles last to first, so the
+tiles it read last in the first pass, the likeliest still in the L2, come first). CONFIGS[0] is the default.
+On the H200 at 507f609 (research/current_cast_probe.py: results/h200-recipe-blockwise/
+current_cast_probe_507f609.json) it was the fastest device-only at each of the cast line's five shapes from 32 to
+172 MB, 31.2-145.4 µs, 2.0-7.7% less than the same config in forward order and less than the two-launch form
+(32.8-146.9 µs); at 224 MB 187.6 µs against the two-launch form's 186.5."""
 
 SYNC_WORDS = 4
 """The barrier's scratch (int32): the amax's bits, programs arrived, programs done, padding."""
