@@ -96,12 +96,17 @@ class Launcher:
         self.tuned = isinstance(kernel, Autotuner)
         python_fn = (kernel.fn if self.tuned else kernel).fn
         self.name = python_fn.__name__
-        signature = inspect.signature(python_fn).parameters
+        signature = self.signature = inspect.signature(python_fn).parameters
         self.arg_names: list[str] = list(signature)
         # a parameter with a default may be left out by both the call and the config: Triton binds the default
         self.defaults = {name: p.default for name, p in signature.items() if p.default is not inspect.Parameter.empty}
         self._compiled: dict[tuple, tuple[CompiledKernel, dict, Any, int, tuple]] = {}
         self.fast_launches = 0
+
+    def _constexprs(self) -> set[str]:
+        """The kernel's constexpr parameters, by name: those annotated `tl.constexpr` or `gl.constexpr` (a string
+        under `from __future__ import annotations`), as Triton reads them."""
+        return {name for name, p in self.signature.items() if "constexpr" in str(p.annotation)}
 
     def arguments(self, args: tuple, kwargs: dict, tuned_kwargs: dict) -> dict:
         """Every parameter's value, by name, as Triton binds them: defaults, then the call's positional and
@@ -121,10 +126,10 @@ class Launcher:
     def launch(self, key: tuple, grid, args: tuple, kwargs: dict) -> None:
         """The call with a key of the caller's own, cheaper to build than `launch_key` where the caller knows
         what varies: it must tell apart any two calls that Triton could compile to different binaries (the
-        device, dtypes, alignments, integers and descriptors' blocks and layouts of `launch_key`). Every
-        parameter the call does not pass positionally (its keywords, the tuned config's, defaults) is then bound
-        once per key, so the key must fix those too (they are constexprs in fp8bench's kernels). A launcher
-        called this way should be called this way only, so that its keys come from one rule."""
+        device, dtypes, alignments, integers and descriptors' blocks and layouts of `launch_key`). Where every
+        parameter the call does not pass positionally (its keywords, the tuned config's, defaults) is a
+        constexpr, which the key then fixes, a tuple grid's calls after the first bind them once per key. A
+        launcher called this way should be called this way only, so that its keys come from one rule."""
         if not Launcher.direct:
             self.kernel[grid](*args, **kwargs)
             return
@@ -140,10 +145,13 @@ class Launcher:
             if missing:
                 raise TypeError(f"{self.name}: no value for {sorted(missing)} to launch directly with")
             if isinstance(compiled, CompiledKernel):  # None under the interpreter
-                # the parameters after the call's positional ones are constexprs (the tuned config's, the
-                # call's keywords, defaults), the same for every call with this key: bound once, here
-                tail = tuple(named[name] for name in self.arg_names[len(args):])
-                self._compiled[key] = (compiled, tuned_kwargs, config.pre_hook if config else None, len(args), tail)
+                # where every parameter after the call's positional ones is a constexpr (the tuned config's,
+                # the call's keywords, defaults), the key fixes them: bound once, here, for the fast path; a
+                # runtime parameter passed by keyword keeps the key on the path that binds each call's own
+                rest = self.arg_names[len(args):]
+                positional = len(args) if set(rest) <= self._constexprs() else -1
+                tail = tuple(named[name] for name in rest)
+                self._compiled[key] = (compiled, tuned_kwargs, config.pre_hook if config else None, positional, tail)
             return
         compiled, tuned_kwargs, pre_hook, positional, tail = hit
         if pre_hook is None and not callable(grid) and len(args) == positional:

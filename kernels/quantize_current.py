@@ -12,12 +12,14 @@ one persistent kernel (`_current_cast_kernel`) whose programs all run at once:
    the inverse scale; the last program to finish zeroes the barrier's scratch for the next launch.
 Bytes moved: read X twice (2 x 2 bytes/element), write Y and Yᵀ (2 x 1 byte).
 
-Why one launch: the issue's eager call was two kernels (an amax pass writing per-program partial maxes, then the
-cast) plus four allocations, 49-68 µs of host time a call on the H200 boxes, more than both kernels take at
-32 MB, so an eager 32 MB call ran at the host's pace (`results/h200-recipe-blockwise/recipe_bench_casts_*.json`
-up to 6ff10d9: 35-72% of copy bandwidth eager against 74% replayed from a CUDA graph). Now a call is one launch
-and three allocations (Y, Yᵀ, the inverse scale); the barrier's three counters live in a scratch buffer kept per
-device and stream, zeroed once when made.
+Why one launch: until 12387a7 the call was two kernels (an amax pass writing per-program partial maxes, then the
+cast) plus four allocations, 49-83 µs of host time a call on the H200 boxes (the cast line's host tables from
+722218f on, research/current_cast_probe.py), more than both kernels take at 32 MB. So an eager 32 MB call ran at
+the host's pace: 33-72% of copy bandwidth in the committed cast lines up to 6ff10d9
+(`results/h200-recipe-blockwise/recipe_bench_casts_*.json`), where its kernels replayed from a CUDA graph read
+70-75%. Now a call is one launch and three allocations (Y, Yᵀ, the inverse scale); the barrier's three counters
+live in a scratch buffer kept per device and stream, zeroed once when made (under CUDA-graph capture, one per
+captured call, zeroed in the graph).
 
 The barrier needs every program resident at once. The grid is therefore at most what the compiled kernel's
 registers and shared memory let the SMs hold (computed from the binary on a key's first call), and the kernel
@@ -50,9 +52,10 @@ CONFIGS = [
 that many share an SM) and the order of the second pass (`reverse`: each program's tiles last to first, so the
 tiles it read last in the first pass, the likeliest still in the L2, come first). CONFIGS[0] is the default.
 On the H200 at 507f609 (research/current_cast_probe.py: results/h200-recipe-blockwise/
-current_cast_probe_507f609.json) it was the fastest device-only at each of the cast line's five shapes from 32 to
-172 MB, 31.2-145.4 µs, 2.0-7.7% less than the same config in forward order and less than the two-launch form
-(32.8-146.9 µs); at 224 MB 187.6 µs against the two-launch form's 186.5."""
+current_cast_probe_507f609.json) it took 31.2-145.4 µs device-only at the cast line's four shapes from 32 to
+172 MB: the least of every config and form at three of them, 0.3% more than the reversed 64x256 config at
+8192x4096, 2.0-7.7% less than the same config in forward order, and less than the two-launch form (32.8-146.9
+µs). At 224 MB it took 187.6 µs against the two-launch form's 186.5."""
 
 SYNC_WORDS = 4
 """The barrier's scratch (int32): the amax's bits, programs arrived, programs done, padding."""
@@ -111,15 +114,24 @@ def _current_cast_kernel(x_ptr, y_ptr, yt_ptr, inv_scale_ptr, sync_ptr, M, N, st
 
 
 _launch_cast = Launcher(_current_cast_kernel)
-_scratch: dict[tuple[int, int], torch.Tensor] = {}
+_scratch: dict[tuple[str, int, int], torch.Tensor] = {}
 _resident: dict[tuple, int] = {}
+
+
+def scratch_key(device: torch.device) -> tuple[str, int, int]:
+    """Whose counters a call outside graph capture uses: the device and its current stream (0 off CUDA)."""
+    index = device.index or 0
+    return device.type, index, torch._C._cuda_getCurrentRawStream(index) if device.type == "cuda" else 0
 
 
 def _sync_scratch(device: torch.device) -> torch.Tensor:
     """The barrier's counters for the current stream of `device`: two streams casting at once must not share
-    them (each launch leaves them zeroed, so one stream's launches may)."""
-    index = device.index or 0
-    key = (index, torch._C._cuda_getCurrentRawStream(index) if device.type == "cuda" else 0)
+    them (each launch leaves them zeroed, so one stream's launches may). Under CUDA-graph capture each captured
+    call gets counters of its own, zeroed in the graph before its launch, since graphs may be replayed on any
+    stream, together."""
+    if device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing():  # torch.cuda.is_current_stream_capturing
+        return torch.zeros(SYNC_WORDS, device=device, dtype=torch.int32)
+    key = scratch_key(device)
     scratch = _scratch.get(key)
     if scratch is None:
         scratch = _scratch[key] = torch.zeros(SYNC_WORDS, device=device, dtype=torch.int32)
@@ -158,12 +170,17 @@ def quantize_current(x: torch.Tensor, transpose: bool = True, programs: int | No
                      config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(Y [M, N] E4M3, Yᵀ [N, M] E4M3 contiguous or None, inverse scale: float32 scalar tensor), one launch.
     `programs`: the persistent grid (default: as many as can be resident, at most the config's per SM, at most
-    one per tile; under the interpreter one); `config`: one of CONFIGS (default CONFIGS[0])."""
+    one per tile; under the interpreter one; a grid that cannot all be resident is refused by CUDA's
+    cooperative launch); `config`: one of CONFIGS (default CONFIGS[0])."""
     if x.dim() != 2:
         raise ValueError(f"quantize_current takes a 2-D tensor, got shape {tuple(x.shape)}")
+    if programs is not None and programs < 1:
+        raise ValueError(f"quantize_current needs programs >= 1, got {programs}")
     if INTERPRETING and programs not in (None, 1):
         raise ValueError("under Triton's interpreter programs run one after another: the grid-wide barrier "
                          f"needs programs=1, got {programs}")
+    if x.numel() >= 2**31:  # the kernel's offsets are int32
+        raise ValueError(f"quantize_current takes fewer than 2^31 elements, got shape {tuple(x.shape)}")
     config = config or CONFIGS[0]
     device, (m, n) = x.device, x.shape
     block_m, block_n, warps = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]

@@ -55,8 +55,9 @@ def quantize_table(copy: float) -> list[dict]:
 
     cur = qc.bytes_moved(x)
     for config in qc.CONFIGS:
-        add("current+transpose", "triton one launch {BLOCK_M}x{BLOCK_N} {num_warps} warps, {per_sm}/SM".format(
-            **config), cur, lambda c=config: qc.quantize_current(x, config=c))
+        label = "triton one launch {BLOCK_M}x{BLOCK_N} {num_warps} warps, {per_sm}/SM".format(**config)
+        add("current+transpose", label + (", reversed" if config["reverse"] else ""), cur,
+            lambda c=config: qc.quantize_current(x, config=c))
     for name, be in [("te", "te"), ("torch eager", "torch")]:
         op = get_backend(be).quantize(x, recipe(be, "current"), False)
         add("current+transpose" if be == "te" else "current (no transpose)", name, op.bytes_moved, op.run)

@@ -42,12 +42,14 @@ LARGE = [(8192, 8192), (8192, 4096)]
 SHAPES = [pytest.param(*s, marks=pytest.mark.gpu) for s in LARGE] if CUDA else SMALL
 
 
-PROGRAMS = [None, 1, 3, 7] if CUDA else [None]
+# on a GPU also grids of more programs than tiles (264: 2 per SM on the H200, what the configs tried here hold)
+PROGRAMS = [None, 1, 3, 7, 264] if CUDA else [None]
+CURRENT_SHAPES = [*SHAPES, pytest.param(200, 300, marks=pytest.mark.gpu)] if CUDA else SMALL
 
 
 @pytest.mark.parametrize("config", [0, 1, 2], ids=["default-reversed", "forward", "64x256-reversed"])
 @pytest.mark.parametrize("programs", PROGRAMS)
-@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("m,n", CURRENT_SHAPES)
 def test_current_scaling_cast_and_transpose_are_bit_exact(k, m, n, programs, config):
     """One launch, any grid: each program folds its tiles' max into the grid's, waits at the barrier for the rest
     and casts its tiles; the largest |x| lies in the last tile. Each launch leaves the barrier's scratch zeroed for
@@ -64,16 +66,24 @@ def test_current_scaling_cast_and_transpose_are_bit_exact(k, m, n, programs, con
         assert torch.equal(bits(y), bits(ry)) and torch.equal(bits(yt), bits(ryt)) and torch.equal(inv, rinv)
         emu = fake_quant(x, "e4m3", "current")  # the emulator: the same numbers, from its own code
         assert torch.equal(y.float() * inv, emu)
-        assert not qc._sync_scratch(x.device).any()
+        assert not qc._scratch[qc.scratch_key(x.device)].any()  # the counters this call used
     y, none, inv = qc.quantize_current(x, transpose=False, programs=programs, config=config)
     assert none is None and torch.equal(bits(y), bits(ry)) and torch.equal(inv, rinv)
 
 
-def test_current_scaling_cast_refuses_a_grid_the_interpreter_would_hang_on(k):
-    if CUDA:
-        pytest.skip("on a GPU the programs run at once")
-    with pytest.raises(ValueError, match="programs=1"):
-        k.quantize_current.quantize_current(data(64, 128), programs=2)
+def test_current_scaling_cast_refuses_what_it_cannot_cast(k):
+    """An empty grid (it would return the outputs unwritten), more elements than its int32 offsets reach (an
+    expanded view: no memory behind it) and, under the interpreter, whose programs run one after another, a grid
+    the barrier would wait on forever."""
+    qc = k.quantize_current
+    with pytest.raises(ValueError, match="programs >= 1"):
+        qc.quantize_current(data(64, 128), programs=0)
+    huge = torch.zeros(1, 1, dtype=torch.bfloat16, device=DEV).expand(2**16, 2**15)
+    with pytest.raises(ValueError, match="2\\^31"):
+        qc.quantize_current(huge)
+    if not CUDA:
+        with pytest.raises(ValueError, match="programs=1"):
+            qc.quantize_current(data(64, 128), programs=2)
 
 
 @pytest.mark.gpu
@@ -90,6 +100,7 @@ def test_current_scaling_cast_runs_resident_on_its_own_streams_and_in_a_cuda_gra
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     assert programs % sms == 0 and sms <= programs <= default["per_sm"] * sms, programs
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # x, written on the default stream
     with torch.cuda.stream(side):
         y, yt, inv = qc.quantize_current(x)
         side_scratch = qc._sync_scratch(x.device)
@@ -99,7 +110,8 @@ def test_current_scaling_cast_runs_resident_on_its_own_streams_and_in_a_cuda_gra
     assert torch.equal(bits(y), bits(ry)) and torch.equal(bits(yt), bits(ryt)) and torch.equal(inv, rinv)
 
     static = x.clone()
-    qc.quantize_current(static)  # compiled and sized outside the capture
+    qc.quantize_current(static)  # compiled and its grid sized outside the capture (the capture makes its own
+    # counters, zeroed in the graph)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y, yt, inv = qc.quantize_current(static)
@@ -253,6 +265,39 @@ def test_gluon_gemm_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypat
     for (ours1, theirs1), (ours2, theirs2) in combinations(recording.keys, 2):
         assert theirs1 == theirs2 or ours1 != ours2, (ours1, ours2)
     assert len({theirs for _, theirs in recording.keys}) == len(variants)  # each variant its own binary
+
+
+def test_what_a_launch_passes_by_keyword_is_a_constexpr_the_key_fixes(k, monkeypatch):
+    """A direct launch binds the parameters a call does not pass positionally once per key (`Launcher.launch`):
+    right only where they are constexprs. Every launcher a cast or GEMM calls here passes nothing else by
+    keyword, and a kernel's constexprs are found as Triton finds them (on the H200 the direct-launch test checks
+    the Gluon kernels' calls bit for bit against Triton's)."""
+    from fp8bench_kernels._launch import Launcher
+
+    seen: dict[str, set[str]] = {}
+    launch = Launcher.launch
+
+    def recording(self, key, grid, args, kwargs):
+        seen.setdefault(self.name, set()).update(self.arg_names[len(args):])
+        return launch(self, key, grid, args, kwargs)
+    monkeypatch.setattr(Launcher, "launch", recording)
+    x = data(256, 384)
+    k.quantize_current.quantize_current(x)
+    k.quantize_blockwise.quantize_blockwise(x, (1, 128))
+    k.quantize_blockwise.quantize_blockwise(x, (128, 128))
+    k.quantize_blockwise.quantize_blockwise_both(x)
+    k.quantize_blockwise.quantize_blockwise_both(x, weight=True)
+    k.quantize_mx.quantize_mx(x)
+    a, sa, b, sb = gemm_operands(k, *GEMMS[0][:3] if not CUDA else (256, 256, 256))
+    k.gemm_blockwise.gemm_blockwise(a, sa, b, sb)
+    assert {"_current_cast_kernel", "_quantize_1x128_kernel", "_quantize_128x128_kernel"} <= set(seen)
+    launchers = {lau.name: lau for mod in (k.quantize_current, k.quantize_blockwise, k.quantize_mx)
+                 for lau in vars(mod).values() if isinstance(lau, Launcher)}
+    launchers.update({lau.name: lau for lau in k.gemm_blockwise._LAUNCH_AUTOTUNED.values()})
+    assert set(seen) == set(launchers), set(seen) ^ set(launchers)
+    for name, rest in seen.items():
+        assert rest <= launchers[name]._constexprs(), (name, rest - launchers[name]._constexprs())
+    assert launchers["_current_cast_kernel"]._constexprs() == {"BLOCK_M", "BLOCK_N", "TRANSPOSE", "REVERSE"}
 
 
 def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
