@@ -75,8 +75,8 @@ def gemm_rounds(rounds: int) -> list[dict]:
         row["ratio_to_cublas"] = statistics.median(times["torch"]) / statistics.median(times["triton"])
         for impl, label in (("triton", "ours"), ("torch", "cublas")):
             row[label] |= device_only_summary(dev[impl], flops)
-        medians = [statistics.median(r) for r in (_measured(dev["torch"]), _measured(dev["triton"])) if r]
-        row["device_only_ratio_to_cublas"] = medians[0] / medians[1] if len(medians) == 2 else None
+        ours, cublas = (row[label]["device_only_median_tflops"] for label in ("ours", "cublas"))
+        row["device_only_ratio_to_cublas"] = ours / cublas if ours and cublas else None  # cuBLAS's time / ours
         rows.append(row)
         print(f"{name:>24} ours {row['ours']['median_tflops']:6.0f} TFLOPS (best {row['ours']['best_tflops']:5.0f},"
               f" median/best {row['ours']['median_over_best']:.3f})  cuBLAS {row['cublas']['median_tflops']:6.0f}"

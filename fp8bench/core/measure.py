@@ -354,16 +354,16 @@ def _device_only_ms(fn: Callable[[], object], flush: L2Flusher | None, wall_ms: 
     can be queued ahead of it, or more launches than the queue holds): the share is then unknown."""
     n = max(1, min(20, math.ceil(DEVICE_ONLY_MS / wall_ms)))
     paced = _batch_ms(fn, flush, n)
-    pairs = _queued_behind_sleep(fn, flush, n, 1.5 * n * min(host_ms, wall_ms) + 0.2)
+    pairs = _queued_behind_sleep(fn, flush, n, min(host_ms, wall_ms))
     return None if pairs is None else (paced, statistics.median(s.elapsed_time(e) for s, e in pairs))
 
 
-def _queued_behind_sleep(fn: Callable[[], object], flush: L2Flusher | None, n: int, want_ms: float) -> list | None:
-    """n iterations of fn as `_enqueue` queues them, behind a GPU sleep of about `want_ms`, read after a sync:
-    the (start, end) event pairs when the host enqueued them all before the sleep ended, so that no kernel
-    waited for its launch. The sleep is lengthened and the batch run again when the host fell behind; None
-    after three tries."""
-    cycles = want_ms * _sleep_cycles_per_ms()
+def _queued_behind_sleep(fn: Callable[[], object], flush: L2Flusher | None, n: int, host_ms: float) -> list | None:
+    """n iterations of fn as `_enqueue` queues them, behind a GPU sleep, read after a sync: the (start, end)
+    event pairs when the host enqueued them all before the sleep ended, so that no kernel waited for its launch.
+    The sleep is first sized from `host_ms`, the host's time to enqueue one iteration: 1.5 times the batch's,
+    plus 0.2 ms. It is lengthened and the batch run again when the host fell behind; None after three tries."""
+    cycles = (1.5 * n * host_ms + 0.2) * _sleep_cycles_per_ms()
     for _ in range(3):
         torch.cuda.synchronize()
         s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -413,7 +413,7 @@ def time_device_only(fn: Callable[[], object], *, device: torch.device, warmup: 
     torch.cuda.synchronize()
     samples: list[float] = []
     for _ in range(batches):
-        pairs = _queued_behind_sleep(fn, flush, batch, 1.5 * batch * host_ms + 0.2)
+        pairs = _queued_behind_sleep(fn, flush, batch, host_ms)
         if pairs is None:
             return None
         samples += [s.elapsed_time(e) for s, e in pairs]
