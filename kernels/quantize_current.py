@@ -62,6 +62,24 @@ SYNC_WORDS = 4
 
 
 @triton.jit
+def load_tile(x_ptr, tile_m, tile_n, M, N, stride_m, stride_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """X's tile (tile_m, tile_n), zero past the edges: (its rows, its columns, the in-bounds mask, the values)."""
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
+    return rows, cols, mask, x
+
+
+@triton.jit
+def store_both(y_ptr, yt_ptr, rows, cols, mask, q, M, N, TRANSPOSE: tl.constexpr):
+    """A quantized tile into Y [M, N] row-major and, with TRANSPOSE, into Yᵀ [N, M]."""
+    tl.store(y_ptr + rows[:, None] * N + cols[None, :], q, mask=mask)
+    if TRANSPOSE:
+        tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+
+
+@triton.jit
 def _current_cast_kernel(x_ptr, y_ptr, yt_ptr, inv_scale_ptr, sync_ptr, M, N, stride_m, stride_n,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSE: tl.constexpr,
                          REVERSE: tl.constexpr):
@@ -73,10 +91,7 @@ def _current_cast_kernel(x_ptr, y_ptr, yt_ptr, inv_scale_ptr, sync_ptr, M, N, st
     # pass 1: this program's tiles (a grid-stride loop) to one max, folded into the grid's
     best = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(pid, n_tiles, programs):
-        rows = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (rows[:, None] < M) & (cols[None, :] < N)
-        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
+        _, _, _, x = load_tile(x_ptr, t // tiles_n, t % tiles_n, M, N, stride_m, stride_n, BLOCK_M, BLOCK_N)
         best = tl.maximum(best, tl.abs(x.to(tl.float32)))
     own_max = tl.max(tl.max(best, axis=1), axis=0)
     tl.atomic_max(sync_ptr, own_max.to(tl.int32, bitcast=True))
@@ -96,14 +111,9 @@ def _current_cast_kernel(x_ptr, y_ptr, yt_ptr, inv_scale_ptr, sync_ptr, M, N, st
     for i in range(0, mine):
         # REVERSE: the tiles last read in pass 1 first, while the L2 may still hold them
         t = pid + ((mine - 1 - i) if REVERSE else i) * programs
-        rows = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (rows[:, None] < M) & (cols[None, :] < N)
-        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
-        q = scale_to_e4m3(x.to(tl.float32), scale)
-        tl.store(y_ptr + rows[:, None] * N + cols[None, :], q, mask=mask)
-        if TRANSPOSE:
-            tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+        rows, cols, mask, x = load_tile(x_ptr, t // tiles_n, t % tiles_n, M, N, stride_m, stride_n, BLOCK_M,
+                                        BLOCK_N)
+        store_both(y_ptr, yt_ptr, rows, cols, mask, scale_to_e4m3(x.to(tl.float32), scale), M, N, TRANSPOSE)
 
     # every program has read the amax before it counts itself done: the last one zeroes the scratch
     done = tl.atomic_add(sync_ptr + 2, 1, sem="acq_rel")

@@ -31,6 +31,10 @@ def two_launch_form():
     from fp8bench_kernels._fp8 import e4m3_scale, exact_rcp, scale_to_e4m3
     from fp8bench_kernels._launch import Launcher, cast_key, cdiv, sm_count
     from fp8bench_kernels._tune import steady_do_bench
+    from fp8bench_kernels.quantize_current import (  # the tile's load and two stores, shared
+        load_tile,
+        store_both,
+    )
 
     @triton.jit
     def _amax_kernel(x_ptr, partial_ptr, M, N, stride_m, stride_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -38,10 +42,7 @@ def two_launch_form():
         n_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
         best = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-            rows = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-            cols = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask = (rows[:, None] < M) & (cols[None, :] < N)
-            x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
+            _, _, _, x = load_tile(x_ptr, t // tiles_n, t % tiles_n, M, N, stride_m, stride_n, BLOCK_M, BLOCK_N)
             best = tl.maximum(best, tl.abs(x.to(tl.float32)))
         tl.store(partial_ptr + tl.program_id(0), tl.max(tl.max(best, axis=1), axis=0))
 
@@ -59,14 +60,9 @@ def two_launch_form():
         scale = e4m3_scale(amax)
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
             tl.store(inv_scale_ptr, exact_rcp(scale))
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (rows[:, None] < M) & (cols[None, :] < N)
-        x = tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0)
-        q = scale_to_e4m3(x.to(tl.float32), scale)
-        tl.store(y_ptr + rows[:, None] * N + cols[None, :], q, mask=mask)
-        if TRANSPOSE:
-            tl.store(yt_ptr + cols[:, None] * M + rows[None, :], tl.trans(q), mask=tl.trans(mask))
+        rows, cols, mask, x = load_tile(x_ptr, tl.program_id(0), tl.program_id(1), M, N, stride_m, stride_n,
+                                        BLOCK_M, BLOCK_N)
+        store_both(y_ptr, yt_ptr, rows, cols, mask, scale_to_e4m3(x.to(tl.float32), scale), M, N, TRANSPOSE)
 
     launch_amax, launch_cast = Launcher(_amax_kernel), Launcher(_cast_transpose_kernel)
 
