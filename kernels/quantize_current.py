@@ -24,7 +24,8 @@ captured call, zeroed in the graph).
 The barrier needs every program resident at once. The grid is therefore at most what the compiled kernel's
 registers and shared memory let the SMs hold (computed from the binary on a key's first call), and the kernel
 is launched cooperatively (`launch_cooperative_grid`), so CUDA refuses a grid that could not all be resident
-rather than letting it hang. Under Triton's interpreter programs run one after another, so there the grid is one
+rather than letting it hang; a `programs` larger than that is refused before the launch, with the most the binary
+allows (how many fit depends on the specialization: see `_capacity`). Under Triton's interpreter programs run one after another, so there the grid is one
 program (its loops still cover every tile).
 
 `quantize_current_reference` is the same contract in plain torch.
@@ -126,6 +127,7 @@ def _current_cast_kernel(x_ptr, y_ptr, yt_ptr, inv_scale_ptr, sync_ptr, M, N, st
 _launch_cast = Launcher(_current_cast_kernel)
 _scratch: dict[tuple[str, int, int], torch.Tensor] = {}
 _resident: dict[tuple, int] = {}
+_capacities: dict[tuple, int] = {}
 
 
 def scratch_key(device: torch.device) -> tuple[str, int, int]:
@@ -161,6 +163,20 @@ def programs_resident(compiled, num_warps: int, device: torch.device) -> int:
     return max(1, min(by_regs, by_smem, by_threads, 32))
 
 
+def _capacity(key: tuple, config: dict, args: tuple, constants: dict) -> int:
+    """How many programs of a key's binary the GPU holds at once (found on the key's first call, from the
+    compiled registers and shared memory): the largest grid the barrier can wait on. The binary depends on the
+    call's specialization: at shapes whose M or N is not a multiple of 16 ptxas used 255 registers for
+    CONFIGS[0] against 122 where both are (sm_90), one 8-warp program per SM instead of two."""
+    capacity = _capacities.get(key)
+    if capacity is None:
+        compiled = _current_cast_kernel.warmup(*args, grid=(1,), **constants)
+        compiled._init_handles()  # loads the binary: its register count is known from here
+        device = args[0].device
+        capacity = _capacities[key] = programs_resident(compiled, config["num_warps"], device) * sm_count(device)
+    return capacity
+
+
 def _default_grid(key: tuple, config: dict, args: tuple, constants: dict) -> int:
     """A key's default grid, found on its first call: as many programs as the SMs hold of the compiled binary at
     once, at most the config's per SM, at most one per tile; one under the interpreter."""
@@ -168,11 +184,8 @@ def _default_grid(key: tuple, config: dict, args: tuple, constants: dict) -> int
     tiles = cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"])
     if INTERPRETING:
         return 1
-    compiled = _current_cast_kernel.warmup(*args, grid=(1,), **constants)
-    compiled._init_handles()  # loads the binary: its register count is known from here
-    device = args[0].device
-    per_sm = min(config["per_sm"], programs_resident(compiled, config["num_warps"], device))
-    grid = _resident[(key, config["per_sm"])] = max(1, min(tiles, per_sm * sm_count(device)))
+    per_sm_cap = config["per_sm"] * sm_count(args[0].device)
+    grid = _resident[(key, config["per_sm"])] = max(1, min(tiles, per_sm_cap, _capacity(key, config, args, constants)))
     return grid
 
 
@@ -180,8 +193,7 @@ def quantize_current(x: torch.Tensor, transpose: bool = True, programs: int | No
                      config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(Y [M, N] E4M3, Yᵀ [N, M] E4M3 contiguous or None, inverse scale: float32 scalar tensor), one launch.
     `programs`: the persistent grid (default: as many as can be resident, at most the config's per SM, at most
-    one per tile; under the interpreter one; a grid that cannot all be resident is refused by CUDA's
-    cooperative launch); `config`: one of CONFIGS (default CONFIGS[0])."""
+    one per tile; under the interpreter one; a grid that cannot all be resident is refused with a ValueError); `config`: one of CONFIGS (default CONFIGS[0])."""
     if x.dim() != 2:
         raise ValueError(f"quantize_current takes a 2-D tensor, got shape {tuple(x.shape)}")
     if programs is not None and programs < 1:
@@ -206,6 +218,10 @@ def quantize_current(x: torch.Tensor, transpose: bool = True, programs: int | No
     key = cast_key(x, args[5:], transpose, block_m, block_n, warps, reverse)
     if programs is None:
         programs = _resident.get((key, config["per_sm"])) or _default_grid(key, config, args, constants)
+    elif not INTERPRETING and programs > (capacity := _capacity(key, config, args, constants)):
+        # the cooperative launch would refuse it with a CUDA error; say why instead
+        raise ValueError(f"quantize_current: programs={programs} cannot all be resident at once (the grid-wide "
+                         f"barrier waits on every one): at most {capacity} of this binary at shape {m}x{n}")
     _launch_cast.launch(key, (programs,), args, constants)
     return y, (yt if transpose else None), inv_scale
 

@@ -42,8 +42,9 @@ LARGE = [(8192, 8192), (8192, 4096)]
 SHAPES = [pytest.param(*s, marks=pytest.mark.gpu) for s in LARGE] if CUDA else SMALL
 
 
-# on a GPU also grids of more programs than tiles (264: 2 per SM on the H200, what the configs tried here hold)
-PROGRAMS = [None, 1, 3, 7, 264] if CUDA else [None]
+# on a GPU also a grid of more programs than 200x300 has tiles (6 or 8), fewer than the H200's 132 SMs: at that
+# shape (M, N not multiples of 16) one program of each config takes all of an SM's registers
+PROGRAMS = [None, 1, 3, 7, 100] if CUDA else [None]
 CURRENT_SHAPES = [*SHAPES, pytest.param(200, 300, marks=pytest.mark.gpu)] if CUDA else SMALL
 
 
@@ -84,6 +85,11 @@ def test_current_scaling_cast_refuses_what_it_cannot_cast(k):
     if not CUDA:
         with pytest.raises(ValueError, match="programs=1"):
             qc.quantize_current(data(64, 128), programs=2)
+    else:  # more programs than the binary lets the SMs hold: the cooperative launch would fail with a CUDA error
+        sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+        with pytest.raises(ValueError, match=f"programs={2 * sms} cannot all be resident.*at most {sms} "):
+            qc.quantize_current(data(200, 300), programs=2 * sms)  # one program per SM at this specialization
+        assert not qc._scratch[qc.scratch_key(torch.device(DEV))].any()
 
 
 @pytest.mark.gpu
@@ -285,14 +291,21 @@ def test_what_a_launch_passes_by_keyword_is_a_constexpr_the_key_fixes(k, monkeyp
     k.quantize_current.quantize_current(x)
     k.quantize_blockwise.quantize_blockwise(x, (1, 128))
     k.quantize_blockwise.quantize_blockwise(x, (128, 128))
-    k.quantize_blockwise.quantize_blockwise_both(x)
-    k.quantize_blockwise.quantize_blockwise_both(x, weight=True)
+    # on a GPU, X with unit stride along K goes to the Gluon cast; X laid out along M to the Triton kernels
+    for both in (x, data(384, 256).t()) if CUDA else (x,):
+        k.quantize_blockwise.quantize_blockwise_both(both)
+        k.quantize_blockwise.quantize_blockwise_both(both, weight=True)
     k.quantize_mx.quantize_mx(x)
     a, sa, b, sb = gemm_operands(k, *GEMMS[0][:3] if not CUDA else (256, 256, 256))
     k.gemm_blockwise.gemm_blockwise(a, sa, b, sb)
+    b_along_k, sb_along_k = k.quantize_blockwise.quantize_blockwise(data(*b.shape, 2), (1, 128))
+    k.gemm_blockwise_wgrad.gemm_blockwise_wgrad(a, sa, b_along_k, sb_along_k)
+    modules = [k.quantize_current, k.quantize_blockwise, k.quantize_mx, k.gemm_blockwise_wgrad]
+    if CUDA:  # the Hopper kernels, which the interpreter does not run
+        k.gemm_blockwise_gluon.gemm_blockwise_gluon(a, sa, b, sb, config=k.gemm_blockwise_gluon.CONFIGS[2])
+        modules += [k.gemm_blockwise_gluon, k.quantize_blockwise_gluon]
     assert {"_current_cast_kernel", "_quantize_1x128_kernel", "_quantize_128x128_kernel"} <= set(seen)
-    launchers = {lau.name: lau for mod in (k.quantize_current, k.quantize_blockwise, k.quantize_mx)
-                 for lau in vars(mod).values() if isinstance(lau, Launcher)}
+    launchers = {lau.name: lau for mod in modules for lau in vars(mod).values() if isinstance(lau, Launcher)}
     launchers.update({lau.name: lau for lau in k.gemm_blockwise._LAUNCH_AUTOTUNED.values()})
     assert set(seen) == set(launchers), set(seen) ^ set(launchers)
     for name, rest in seen.items():
