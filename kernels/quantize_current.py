@@ -218,7 +218,9 @@ def quantize_current(x: torch.Tensor, transpose: bool = True, programs: int | No
     key = cast_key(x, args[5:], transpose, block_m, block_n, warps, reverse)
     if programs is None:
         programs = _resident.get((key, config["per_sm"])) or _default_grid(key, config, args, constants)
-    elif not INTERPRETING and programs > (capacity := _capacity(key, config, args, constants)):
+    elif not INTERPRETING and programs > sm_count(device) and programs > (capacity := _capacity(key, config, args,
+                                                                                                 constants)):
+        # (one program per SM fits any binary that launches at all: a smaller grid needs no compile to check)
         # the cooperative launch would refuse it with a CUDA error; say why instead
         raise ValueError(f"quantize_current: programs={programs} cannot all be resident at once (the grid-wide "
                          f"barrier waits on every one): at most {capacity} of this binary at shape {m}x{n}")

@@ -280,11 +280,11 @@ def test_what_a_launch_passes_by_keyword_is_a_constexpr_the_key_fixes(k, monkeyp
     the Gluon kernels' calls bit for bit against Triton's)."""
     from fp8bench_kernels._launch import Launcher
 
-    seen: dict[str, set[str]] = {}
+    seen: dict[Launcher, set[str]] = {}  # by launcher: the Triton and Gluon GEMMs' kernels share a name
     launch = Launcher.launch
 
     def recording(self, key, grid, args, kwargs):
-        seen.setdefault(self.name, set()).update(self.arg_names[len(args):])
+        seen.setdefault(self, set()).update(self.arg_names[len(args):])
         return launch(self, key, grid, args, kwargs)
     monkeypatch.setattr(Launcher, "launch", recording)
     x = data(256, 384)
@@ -297,20 +297,22 @@ def test_what_a_launch_passes_by_keyword_is_a_constexpr_the_key_fixes(k, monkeyp
         k.quantize_blockwise.quantize_blockwise_both(both, weight=True)
     k.quantize_mx.quantize_mx(x)
     a, sa, b, sb = gemm_operands(k, *GEMMS[0][:3] if not CUDA else (256, 256, 256))
-    k.gemm_blockwise.gemm_blockwise(a, sa, b, sb)
+    for fast_accum in (False, True):  # one launcher each
+        k.gemm_blockwise.gemm_blockwise(a, sa, b, sb, fast_accum=fast_accum)
     b_along_k, sb_along_k = k.quantize_blockwise.quantize_blockwise(data(*b.shape, 2), (1, 128))
     k.gemm_blockwise_wgrad.gemm_blockwise_wgrad(a, sa, b_along_k, sb_along_k)
     modules = [k.quantize_current, k.quantize_blockwise, k.quantize_mx, k.gemm_blockwise_wgrad]
     if CUDA:  # the Hopper kernels, which the interpreter does not run
         k.gemm_blockwise_gluon.gemm_blockwise_gluon(a, sa, b, sb, config=k.gemm_blockwise_gluon.CONFIGS[2])
         modules += [k.gemm_blockwise_gluon, k.quantize_blockwise_gluon]
-    assert {"_current_cast_kernel", "_quantize_1x128_kernel", "_quantize_128x128_kernel"} <= set(seen)
-    launchers = {lau.name: lau for mod in modules for lau in vars(mod).values() if isinstance(lau, Launcher)}
-    launchers.update({lau.name: lau for lau in k.gemm_blockwise._LAUNCH_AUTOTUNED.values()})
-    assert set(seen) == set(launchers), set(seen) ^ set(launchers)
-    for name, rest in seen.items():
-        assert rest <= launchers[name]._constexprs(), (name, rest - launchers[name]._constexprs())
-    assert launchers["_current_cast_kernel"]._constexprs() == {"BLOCK_M", "BLOCK_N", "TRANSPOSE", "REVERSE"}
+    assert {"_current_cast_kernel", "_quantize_1x128_kernel", "_quantize_128x128_kernel"} <= {
+        lau.name for lau in seen}
+    launchers = {lau for mod in modules for lau in vars(mod).values() if isinstance(lau, Launcher)}
+    launchers.update(k.gemm_blockwise._LAUNCH_AUTOTUNED.values())
+    assert set(seen) == launchers, sorted(lau.name for lau in set(seen) ^ launchers)
+    for launcher, rest in seen.items():
+        assert rest <= launcher._constexprs(), (launcher.name, rest - launcher._constexprs())
+    assert k.quantize_current._launch_cast._constexprs() == {"BLOCK_M", "BLOCK_N", "TRANSPOSE", "REVERSE"}
 
 
 def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
@@ -352,7 +354,9 @@ def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
             qb.quantize_blockwise_both(x, pow2_scales=pow2)
             if dtype == torch.bfloat16:  # from FP32 the weight path casts Y alone (then transposes it)
                 qb.quantize_blockwise_both(x, weight=True, pow2_scales=pow2)
-            qc.quantize_current(x, transpose=pow2)  # pow2 stands in for the other flag; both values per input
+            # pow2 stands in for the other flag; both values per input. An explicit grid: the default one is
+            # found by compiling for X's device, a CPU here
+            qc.quantize_current(x, transpose=pow2, programs=1)
             qc.quantize_current(x, transpose=pow2, config=qc.CONFIGS[2])  # another tile, warps and order
     for name, recording in recordings.items():
         distinct = {theirs for _, theirs in recording.keys}
