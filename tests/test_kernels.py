@@ -357,7 +357,7 @@ def test_cast_launch_keys_tell_apart_what_launch_key_tells_apart(monkeypatch):
             # pow2 stands in for the other flag; both values per input. An explicit grid: the default one is
             # found by compiling for X's device, a CPU here
             qc.quantize_current(x, transpose=pow2, programs=1)
-            qc.quantize_current(x, transpose=pow2, config=qc.CONFIGS[2])  # another tile, warps and order
+            qc.quantize_current(x, transpose=pow2, programs=1, config=qc.CONFIGS[2])  # another tile, warps, order
     for name, recording in recordings.items():
         distinct = {theirs for _, theirs in recording.keys}
         assert 16 <= len(distinct) < len(recording.keys), name  # the calls differ, and some are the same binary
