@@ -90,6 +90,8 @@ class Launcher:
 
     direct = True
     """False: every call goes through Triton (scripts/recipe_bench.py times the host's cost both ways)."""
+    host_launches = 0
+    """Calls of every Launcher in this process, either path: a step replayed from a CUDA graph adds none."""
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel
@@ -118,7 +120,8 @@ class Launcher:
         return named
 
     def __call__(self, grid, *args, **kwargs) -> None:
-        if not Launcher.direct:  # Triton's own call and nothing else (the A/B's other arm)
+        if not Launcher.direct:
+            Launcher.host_launches += 1  # Triton's own call and nothing else (the A/B's other arm)
             self.kernel[grid](*args, **kwargs)
             return
         self.launch(launch_key(args, kwargs), grid, args, kwargs)
@@ -130,6 +133,7 @@ class Launcher:
         parameter the call does not pass positionally (its keywords, the tuned config's, defaults) is a
         constexpr, which the key then fixes, a tuple grid's calls after the first bind them once per key. A
         launcher called this way should be called this way only, so that its keys come from one rule."""
+        Launcher.host_launches += 1
         if not Launcher.direct:
             self.kernel[grid](*args, **kwargs)
             return

@@ -264,6 +264,35 @@ def test_our_blockwise_recipe_trains_compiled_around_its_linears(tmp_path):
     assert train.metric("loss_final") < 0.8 * train.metric("loss_initial")
 
 
+def test_our_blockwise_recipe_trains_replayed_from_cuda_graphs(tmp_path):
+    """`backend=triton-graphed`: the tiny model's steps replayed from CUDA graphs, both twins. What the graphed
+    recipe computes is the eager recipe's (the same kernels: its first training losses and its initial
+    validation loss those of `backend=triton`'s run), it learns, and its kernels are not launched from the host
+    per step: twice the steps make no more launches through the kernels' launchers (capture and warm-up only)."""
+    from fp8bench_kernels._launch import Launcher
+
+    def train(backend, fmt, sc, steps):
+        before = Launcher.host_launches
+        [rec] = execute(plan(expand([*TRAIN, f"backend={backend}", f"format={fmt}", f"scaling={sc}",
+                                     f"workload.train.steps={steps}", f"results_dir={tmp_path}"])[0]),
+                        tmp_path / f"{backend}{fmt}{steps}", "r", detect_device(), progress=False)
+        assert rec.status == "ok", rec.reason
+        return rec, Launcher.host_launches - before
+
+    eager, _ = train("triton", "e4m3", "blockwise", 40)
+    graphed, launches = train("triton-graphed", "e4m3", "blockwise", 40)
+    assert graphed.case_id.endswith(".e4m3.blockwise.triton+cuda_graph"), graphed.case_id
+    assert graphed.params["gemm_kernel"] == "gluon" and graphed.params["wgrad_kernel"] == "gluon-wgrad"
+    assert graphed.samples["val_loss"][0] == pytest.approx(eager.samples["val_loss"][0], rel=1e-3)
+    assert graphed.samples["loss"][:10] == pytest.approx(eager.samples["loss"][:10], rel=2e-2)
+    assert graphed.metric("loss_final") < 0.8 * graphed.metric("loss_initial")
+    longer, more_launches = train("triton-graphed", "e4m3", "blockwise", 80)
+    assert 0 < more_launches <= launches, (launches, more_launches)  # the profiled steps after the run replay too
+    twin, _ = train("triton-graphed", "bf16", "none", 40)
+    assert twin.case_id.endswith(".bf16.none.triton+cuda_graph") and twin.metric("loss_final") < 0.8 * twin.metric(
+        "loss_initial")
+
+
 def test_blockwise_scaled_mm_reports_tflops_on_llama_shapes(tmp_path):
     points, _ = expand(["workload=gemm", "model=llama2-7b", "backend=torch", "format=e4m3", "scaling=blockwise",
                         "workload.linears=[qkv,down]", "measure.iters=10"])

@@ -1075,6 +1075,40 @@ def test_the_compiled_triton_block_runs_our_linears_outside_its_graphs(k, monkey
         assert all(not c.runnable and "backend.compile" in c.reason for c in cases), workload
 
 
+def test_graphed_training_is_planned_for_one_process_train_cases_and_refused_elsewhere_with_the_knob_named(k):
+    """`backend=triton-graphed` (backend.cuda_graph): both twins of a one-process train case are planned under
+    their own variant; every other workload, a multi-process run, backend.compile beside it, and a device
+    without CUDA are skipped with a reason naming what to change. (The capture itself runs on the GPU:
+    tests/test_gpu.py.)"""
+    from fp8bench.config.compose import expand
+    from fp8bench.core.hardware import DeviceInfo, detect_device
+    from fp8bench.run.plan import plan
+
+    h200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), "13.0")
+    train = ["workload=train", "model=tiny", "backend=triton-graphed", "format=bf16,e4m3", "scaling=none,blockwise"]
+    cases = plan(expand(train, multirun=True)[0], h200)
+    assert len(cases) >= 2 and all(c.runnable for c in cases), [(c.case_id, c.reason) for c in cases]
+    assert all(c.case_id.endswith(".triton+cuda_graph") for c in cases), [c.case_id for c in cases]
+    assert {c.recipe.format.value for c in cases} == {"bf16", "e4m3"}
+    refused = {
+        "workload.train.nproc=1": (),  # control: the base point is runnable
+        "workload.train.nproc=2": ("nproc=1",),
+        "backend.compile=true": ("backend.compile", "choose one"),
+    }
+    for override, named in refused.items():
+        cases = plan(expand([*train, override], multirun=True)[0], h200)
+        assert all(c.runnable != bool(named) for c in cases), (override, [(c.case_id, c.reason) for c in cases])
+        assert all(all(n in c.reason for n in named) for c in cases), (override, [c.reason for c in cases])
+    for workload in ("linear", "mlp", "layer", "gemm"):
+        cases = plan(expand([f"workload={workload}", "model=llama2-7b", "backend=triton-graphed", "format=bf16,e4m3",
+                             "scaling=none,blockwise"], multirun=True)[0], h200)
+        assert cases and all(not c.runnable and "backend.cuda_graph" in c.reason for c in cases), workload
+    here = detect_device()
+    if not here.is_cuda:  # CI: the interpreter runs the kernels, and no graph can be captured
+        cases = plan(expand([*train, "device=cpu"], multirun=True)[0], here)
+        assert all(not c.runnable and "CUDA device" in c.reason for c in cases), [c.reason for c in cases]
+
+
 def test_shapes_the_blockwise_gemms_cannot_load_are_skipped_with_the_dimension_named():
     """TMA needs 16-byte aligned rows: a ragged dimension of a case is a skip that names it, not a crash mid-run."""
     from fp8bench.backends import Recipe, get_backend

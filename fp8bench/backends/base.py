@@ -151,6 +151,9 @@ class TrainSetup:
     make_optimizer: Callable[..., torch.optim.Optimizer] | None = None
     """make_optimizer(param_groups, lr=, betas=, eps=): the recipe's own AdamW (COAT's FP8-state one);
     None for torch's."""
+    cuda_graph: bool = False
+    """fp8bench's one-process loop captures the model's forward and backward as CUDA graphs before its first
+    step and replays them (`fp8bench.workloads.train.loop.capture_model`)."""
 
 
 class RecipeLinear(torch.nn.Module):

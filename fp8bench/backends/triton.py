@@ -16,6 +16,10 @@
 `backend.compile` (conf/backend/triton-compiled.yaml) compiles the mlp, layer and train modules of both twins
 with torch.compile, our linears left out of the graphs (`LinearOutsideCompile`): the recipe in a block whose
 norms, RoPE, SwiGLU and residuals are fused, as Transformer Engine's TransformerLayer fuses its own.
+`backend.cuda_graph` (conf/backend/triton-graphed.yaml) trains both twins with each step's forward and backward
+replayed from CUDA graphs captured once (`TrainSetup.cuda_graph`): at a small model's shapes each of the
+recipe's kernels runs for microseconds behind tens of microseconds of Python launch path, so the eager step
+waits on the host; replayed, the step is its kernels' GPU time, as a launch-bound user would run it.
 Which GEMM kernels ran is recorded with the case: `gemm_kernel` and `wgrad_kernel` with every FP8 linear, mlp,
 layer and train case (`kernels`), the one role's `gemm_kernel` with a gemm case. A case without a kernel is
 recorded `skipped` with that reason, never run under another name.
@@ -112,6 +116,15 @@ class TritonBackend(Backend):
             return False, (f"backend.compile compiles what lies between a block's linears (norms, RoPE, SwiGLU, "
                            f"residuals), around the recipe's own kernels: it applies to {sorted(COMPILED_WORKLOADS)}, "
                            f"and a {workload} case would be the uncompiled one under another name")
+        if ok and recipe.backend_cfg.cuda_graph:  # BF16 twins too
+            if workload != "train":
+                return False, ("backend.cuda_graph captures the train workload's steps; the other workloads time "
+                               "CUDA-graph replays with measure.cuda_graph=true (gemm)")
+            if recipe.backend_cfg.compile:
+                return False, ("backend.cuda_graph and backend.compile are two ways to run a step (replayed "
+                               "graphs, or inductor's code with the linears left eager): choose one")
+            if device.type != "cuda":
+                return False, "backend.cuda_graph replays CUDA graphs: it needs a CUDA device"
         if ok and workload in RECIPE_WORKLOADS and recipe.backend_cfg.fast_accum:  # BF16 twins too: nothing to pair
             return False, ("the blockwise recipe's wgrad GEMM always promotes to FP32 (DeepSeek-V3): a linear "
                            "under backend.fast_accum would mix the two numerics; run the fast-accumulation "
@@ -214,13 +227,14 @@ class TritonBackend(Backend):
 
     def prepare_training(self, model, recipe):
         """The blocks' linears on BlockwiseLinearFn; with `backend.compile` each block compiled around them
-        (regional compilation, as `module`), the BF16 twin's blocks compiled whole."""
+        (regional compilation, as `module`), the BF16 twin's blocks compiled whole; with `backend.cuda_graph`
+        the loop captures the model's steps as CUDA graphs, both twins alike."""
         if recipe.format is not Format.BF16:
             linear = LinearOutsideCompile if recipe.backend_cfg.compile else RecipeLinear
             swap_block_linears(model, lambda lin: linear(lin, self.linear_fn, recipe))
         if recipe.backend_cfg.compile:
             compile_blocks(model, dynamic=False)
-        return TrainSetup(model)
+        return TrainSetup(model, cuda_graph=recipe.backend_cfg.cuda_graph)
 
     def kernels(self, workload, recipe, device):
         if workload not in RECIPE_WORKLOADS or recipe.format is Format.BF16:

@@ -72,6 +72,9 @@ def verdict(config: Config, device: DeviceInfo) -> tuple[bool, str]:
     if not ok:
         return False, why
     t = config.workload.train
+    if config.workload.name == "train" and "cuda_graph" in config.backend.variant() and t.nproc > 1:  # (read by a backend)
+        return False, ("backend.cuda_graph captures a step of fp8bench's own loop in one process; set "
+                       "workload.train.nproc=1")
     if config.workload.name == "train" and (t.nproc > 1 or t.fp8_all_gather):
         from fp8bench.workloads.train.distributed import distributed_verdict
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fp8bench.core.measure import reset_peak_memory
 from fp8bench.workloads.common import CaseInput, CaseOutput
-from fp8bench.workloads.train.loop import Engine, fit, load_data, new_decoder, optimizer
+from fp8bench.workloads.train.loop import Engine, capture_model, fit, load_data, new_decoder, optimizer
 
 
 def run(case: CaseInput) -> CaseOutput:
@@ -12,7 +12,12 @@ def run(case: CaseInput) -> CaseOutput:
     data = load_data(cfg, case.shape, dev)
     reset_peak_memory(dev)
     setup = case.backend.prepare_training(new_decoder(case), case.recipe)
-    opt = optimizer(setup.model, cfg, setup.make_optimizer, fused=dev.type == "cuda")
-    engine = Engine(setup.model, opt, autocast=cfg.master_weights == "fp32", forward_context=setup.forward_context,
-                    step_context=setup.step_context)
+    autocast = cfg.master_weights == "fp32"
+    model = setup.model
+    if setup.cuda_graph:  # the first batch's shape is every batch's (validation's too)
+        model = capture_model(model, data.batch_at(0)[:, :-1].contiguous(), autocast, setup.forward_context)
+    opt = optimizer(model, cfg, setup.make_optimizer, fused=dev.type == "cuda")
+    # a replayed graph's saved tensors are its own, out of reach of the census's saved-tensor hooks
+    engine = Engine(model, opt, autocast=autocast, forward_context=setup.forward_context,
+                    step_context=setup.step_context, census=not setup.cuda_graph)
     return fit(case, engine, data)
