@@ -293,6 +293,27 @@ def test_our_blockwise_recipe_trains_replayed_from_cuda_graphs(tmp_path):
         "loss_initial")
 
 
+@pytest.mark.parametrize("fmt,sc", [("bf16", "none"), ("e4m3", "blockwise"), ("hybrid", "delayed")])
+def test_te_trains_replayed_from_its_cuda_graphs(tmp_path, fmt, sc):
+    """`backend=te-graphed`: TE's make_graphed_callables captures the tiny model (its recipes' quantization state
+    with it, delayed scaling's amax history included); the run starts where the eager TE run starts, its first
+    losses are the eager run's, and it learns."""
+    def train(backend):
+        [rec] = execute(plan(expand([*TRAIN, f"backend={backend}", f"format={fmt}", f"scaling={sc}",
+                                     f"results_dir={tmp_path}"])[0]), tmp_path / backend, "r", detect_device(),
+                        progress=False)
+        assert rec.status == "ok", rec.reason
+        return rec
+
+    eager, graphed = train("te"), train("te-graphed")
+    assert graphed.case_id.endswith(f".{fmt}.{sc}.te+cuda_graph"), graphed.case_id
+    pairs = [(graphed.samples["val_loss"][0], eager.samples["val_loss"][0]),
+             *zip(graphed.samples["loss"][:10], eager.samples["loss"][:10], strict=True)]
+    # delayed scaling starts from the amax history of TE's warm-up and capture calls, eager from none
+    assert all(g == pytest.approx(e, rel=1e-2) for g, e in pairs), pairs
+    assert graphed.metric("loss_final") < 0.8 * graphed.metric("loss_initial")
+
+
 def test_blockwise_scaled_mm_reports_tflops_on_llama_shapes(tmp_path):
     points, _ = expand(["workload=gemm", "model=llama2-7b", "backend=torch", "format=e4m3", "scaling=blockwise",
                         "workload.linears=[qkv,down]", "measure.iters=10"])

@@ -54,6 +54,8 @@ def test_integration_variants_name_their_library():
     assert BackendConfig(name="triton", fast_accum=True).variant() == "fast_accum"  # rescale vs promote GEMM
     assert BackendConfig(name="triton", triton_gemms=True).variant() == "triton_gemms"  # Triton vs Gluon GEMMs
     assert BackendConfig(name="triton", cuda_graph=True).variant() == "cuda_graph"  # replayed vs eager steps
+    assert BackendConfig(name="te", cuda_graph=True).variant() == "cuda_graph"  # TE's own graphed steps
+    assert BackendConfig(name="te-layer", cuda_graph=True).variant() == ""  # a knob te-layer does not read
     assert BackendConfig(name="torch", triton_gemms=True).variant() == ""  # a knob torch does not read
     assert BackendConfig(name="te", fp8_backend="te").variant() == ""  # a knob te does not read splits nothing
 

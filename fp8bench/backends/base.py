@@ -151,9 +151,22 @@ class TrainSetup:
     make_optimizer: Callable[..., torch.optim.Optimizer] | None = None
     """make_optimizer(param_groups, lr=, betas=, eps=): the recipe's own AdamW (COAT's FP8-state one);
     None for torch's."""
-    cuda_graph: bool = False
-    """fp8bench's one-process loop captures the model's forward and backward as CUDA graphs before its first
-    step and replays them (`fp8bench.workloads.train.loop.capture_model`)."""
+    capture: Callable[[torch.nn.Module, torch.Tensor, bool], torch.nn.Module] | None = None
+    """capture(model, sample_tokens, mixed): the model with its forward and backward captured as CUDA graphs
+    and replayed on each call (`backend.cuda_graph`; `capture_module`, or TE's own), which fp8bench's
+    one-process loop calls once before its first step, `mixed` when the forward runs under torch.autocast;
+    None: every step runs eagerly."""
+
+
+def capture_module(model: torch.nn.Module, sample: torch.Tensor, mixed: bool) -> torch.nn.Module:
+    """`model` with its forward and backward captured as CUDA graphs (torch.cuda.make_graphed_callables, on
+    `sample`, a batch of input tokens shaped as every later one) and replayed on each later call: one autograd
+    node whose forward replays the forward graph and whose backward replays the backward one, the parameters'
+    gradients its outputs. The warm-up calls before the capture run eagerly (kernels compile and tune there).
+    Under `mixed` autocast runs without its cast cache, as capture requires, so the BF16 copies of FP32 master
+    weights are made inside the graph from the weights the optimizer updates in place."""
+    with torch.autocast(sample.device.type, dtype=torch.bfloat16, enabled=mixed, cache_enabled=False):
+        return torch.cuda.make_graphed_callables(model, (sample,))
 
 
 class RecipeLinear(torch.nn.Module):
@@ -244,6 +257,12 @@ class Backend:
         """Workload- and recipe-level limits beyond the device capability matrix."""
         if workload not in self.workloads:
             return False, f"backend {self.name!r} does not implement workload {workload!r} (it runs {sorted(self.workloads)})"
+        if "cuda_graph" in recipe.backend_cfg.variant():  # a backend that reads the knob (BF16 twins too)
+            if workload != "train":
+                return False, ("backend.cuda_graph captures the train workload's steps; the other workloads time "
+                               "CUDA-graph replays with measure.cuda_graph=true (gemm)")
+            if device.type != "cuda":
+                return False, "backend.cuda_graph replays CUDA graphs: it needs a CUDA device"
         return True, ""
 
     def capability(self, fmt: str, scaling: str, device: DeviceInfo) -> tuple[bool, str]:

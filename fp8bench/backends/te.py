@@ -166,7 +166,9 @@ class TEBackend(Backend):
 
     def prepare_training(self, model, recipe):
         """Each block linear becomes a te.Linear with the same weights (also for BF16: the baseline then
-        pays TE's module overheads too). TE's DelayedScaling cannot run under torch.compile, so no compile."""
+        pays TE's module overheads too). TE's DelayedScaling cannot run under torch.compile, so no compile.
+        With `backend.cuda_graph` (conf/backend/te-graphed.yaml) the steps replay CUDA graphs that TE's
+        `make_graphed_callables` captures, as Transformer Engine's users graph a launch-bound model."""
         import transformer_engine.pytorch as te
 
         def to_te(lin: torch.nn.Linear) -> torch.nn.Module:
@@ -177,7 +179,15 @@ class TEBackend(Backend):
             return out
 
         swap_block_linears(model, to_te)
-        return TrainSetup(model, forward_context=lambda: autocast(recipe))
+        capture = None
+        if recipe.backend_cfg.cuda_graph:
+            def capture(module, sample, mixed):
+                """TE's make_graphed_callables, which captures its modules' quantization state with them (called
+                outside te.autocast, as TE's examples do; its replays run inside it, `forward_context`)."""
+                r = te_recipe(recipe)
+                with torch.autocast(sample.device.type, dtype=torch.bfloat16, enabled=mixed, cache_enabled=False):
+                    return te.make_graphed_callables(module, (sample,), enabled=r is not None, recipe=r)
+        return TrainSetup(model, forward_context=lambda: autocast(recipe), capture=capture)
 
     def layer(self, model, x, dy, recipe):
         import transformer_engine.pytorch as te

@@ -36,6 +36,7 @@ from fp8bench.backends.base import (
     QuantizeOp,
     RecipeLinear,
     TrainSetup,
+    capture_module,
     compile_blocks,
     compile_module,
     import_probe,
@@ -116,15 +117,9 @@ class TritonBackend(Backend):
             return False, (f"backend.compile compiles what lies between a block's linears (norms, RoPE, SwiGLU, "
                            f"residuals), around the recipe's own kernels: it applies to {sorted(COMPILED_WORKLOADS)}, "
                            f"and a {workload} case would be the uncompiled one under another name")
-        if ok and recipe.backend_cfg.cuda_graph:  # BF16 twins too
-            if workload != "train":
-                return False, ("backend.cuda_graph captures the train workload's steps; the other workloads time "
-                               "CUDA-graph replays with measure.cuda_graph=true (gemm)")
-            if recipe.backend_cfg.compile:
-                return False, ("backend.cuda_graph and backend.compile are two ways to run a step (replayed "
-                               "graphs, or inductor's code with the linears left eager): choose one")
-            if device.type != "cuda":
-                return False, "backend.cuda_graph replays CUDA graphs: it needs a CUDA device"
+        if ok and recipe.backend_cfg.cuda_graph and recipe.backend_cfg.compile:  # BF16 twins too
+            return False, ("backend.cuda_graph and backend.compile are two ways to run a step (replayed graphs, or "
+                           "inductor's code with the linears left eager): choose one")
         if ok and workload in RECIPE_WORKLOADS and recipe.backend_cfg.fast_accum:  # BF16 twins too: nothing to pair
             return False, ("the blockwise recipe's wgrad GEMM always promotes to FP32 (DeepSeek-V3): a linear "
                            "under backend.fast_accum would mix the two numerics; run the fast-accumulation "
@@ -234,7 +229,7 @@ class TritonBackend(Backend):
             swap_block_linears(model, lambda lin: linear(lin, self.linear_fn, recipe))
         if recipe.backend_cfg.compile:
             compile_blocks(model, dynamic=False)
-        return TrainSetup(model, cuda_graph=recipe.backend_cfg.cuda_graph)
+        return TrainSetup(model, capture=capture_module if recipe.backend_cfg.cuda_graph else None)
 
     def kernels(self, workload, recipe, device):
         if workload not in RECIPE_WORKLOADS or recipe.format is Format.BF16:

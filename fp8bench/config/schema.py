@@ -223,8 +223,8 @@ class BackendConfig:
     """torchao: wrap the module in torch.compile (how torchao float8 is meant to run on GPU). triton: compile
     the mlp, layer and train modules of both twins around the recipe's linears (`LinearOutsideCompile`)."""
     cuda_graph: bool = False
-    """triton: the train workload's forward and backward captured once as CUDA graphs
-    (torch.cuda.make_graphed_callables) and replayed each step, both twins alike, so a step costs the host a
+    """triton, te: the train workload's forward and backward captured once as CUDA graphs and replayed each
+    step (torch.cuda.make_graphed_callables; TE's own for te), both twins alike, so a step costs the host a
     graph launch instead of a launch per kernel: the recipe's GPU time where its eager step waits on Python."""
     gw_hp: bool = False
     """torchao rowwise: keep the weight-gradient GEMM in high precision (recipe rowwise_with_gw_hp)."""
@@ -240,7 +240,7 @@ class BackendConfig:
     def variant(self) -> str:
         """Short suffix naming the non-default knobs this backend reads, so case ids of variants differ
         (and a knob another backend ignores does not split one case into two)."""
-        reads = {"torch": ("fast_accum", "cpu_onednn"), "triton": ("fast_accum", "triton_gemms", "compile", "cuda_graph"),
+        reads = {"te": ("cuda_graph",), "torch": ("fast_accum", "cpu_onednn"), "triton": ("fast_accum", "triton_gemms", "compile", "cuda_graph"),
                  "torchao": ("compile", "gw_hp", "cpu_onednn"), "accelerate": ("fp8_backend", "compile", "cpu_onednn")}
         parts = []
         for k in reads.get(self.name, ()):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fp8bench.core.measure import reset_peak_memory
 from fp8bench.workloads.common import CaseInput, CaseOutput
-from fp8bench.workloads.train.loop import Engine, capture_model, fit, load_data, new_decoder, optimizer
+from fp8bench.workloads.train.loop import Engine, fit, load_data, new_decoder, optimizer
 
 
 def run(case: CaseInput) -> CaseOutput:
@@ -14,10 +14,10 @@ def run(case: CaseInput) -> CaseOutput:
     setup = case.backend.prepare_training(new_decoder(case), case.recipe)
     autocast = cfg.master_weights == "fp32"
     model = setup.model
-    if setup.cuda_graph:  # the first batch's shape is every batch's (validation's too)
-        model = capture_model(model, data.batch_at(0)[:, :-1].contiguous(), autocast, setup.forward_context)
+    if setup.capture:  # the first batch's shape is every batch's (validation's too)
+        model = setup.capture(model, data.batch_at(0)[:, :-1].contiguous(), autocast)
     opt = optimizer(model, cfg, setup.make_optimizer, fused=dev.type == "cuda")
     # a replayed graph's saved tensors are its own, out of reach of the census's saved-tensor hooks
     engine = Engine(model, opt, autocast=autocast, forward_context=setup.forward_context,
-                    step_context=setup.step_context, census=not setup.cuda_graph)
+                    step_context=setup.step_context, census=setup.capture is None)
     return fit(case, engine, data)

@@ -362,20 +362,6 @@ class Stepper:
         return loss.detach()
 
 
-def capture_model(model: torch.nn.Module, sample: torch.Tensor, autocast: bool,
-                  forward_context: Callable[[], object] = contextlib.nullcontext) -> torch.nn.Module:
-    """`model` with its forward and backward captured as CUDA graphs (torch.cuda.make_graphed_callables, on
-    `sample`, a batch of input tokens shaped as every later one) and replayed on each later call: one autograd
-    node whose forward replays the forward graph and whose backward replays the backward one, the parameters'
-    gradients its outputs. The warm-up calls before the capture run eagerly (kernels compile and tune there);
-    autocast runs without its cast cache, as capture requires, so the BF16 copies of FP32 master weights are
-    made inside the graph from the weights the optimizer updates in place. Validation replays the same graph
-    (its batches have the training batches' shape), under no_grad."""
-    with torch.autocast(sample.device.type, dtype=torch.bfloat16, enabled=autocast, cache_enabled=False), \
-            forward_context():
-        return torch.cuda.make_graphed_callables(model, (sample,))
-
-
 def fit(case: CaseInput, engine: Engine, data: TrainData) -> CaseOutput:
     """Train `case.shape["steps"]` steps from the checkpoint if one is there, validating on the schedule."""
     cfg, dev, steps = case.config.workload.train, case.device, case.shape["steps"]
