@@ -83,3 +83,22 @@ def test_the_parity_table_keeps_a_judged_verdict_and_lists_a_diverged_recipe(tmp
     assert fp8["m2"][7] == "diverged: loss became nan at step 1 (lr 4e-05)" and fp8["m2"][8] == "`nan`"
     assert fp8["m2"][6] == "" and fp8["m2"][3] == "900"  # no final loss; the speed until it diverged
     assert not any("`again`" in r for r in rows)
+
+
+def test_the_parity_table_names_the_seed_of_an_fp8_recipe_trained_on_several(tmp_path):
+    """An FP8 recipe trained on several seeds beside one band is one row per seed, each naming its seed (a
+    verdict is per run); trained on one seed its row names none, as before."""
+    from dataclasses import replace
+
+    from fp8bench.report.markdown import parity_block
+
+    band = [_step_record("seeds", "m", "bf16", s) for s in range(3)]
+    fp8 = [replace(r, case_id=r.case_id.replace("b8s128n200", f"b8s128n200.seed{s}"),
+                   shape_name=f"b8s128n200.seed{s}", shape={**r.shape, "seed": s})
+           for s in (0, 1) for r in [_step_record("seeds", "m", "e4m3", s)]]
+    one = [*(_step_record("one", "m2", "bf16", s) for s in range(3)), _step_record("one", "m2", "e4m3", 0)]
+    con = _ingest(tmp_path, {"seeds": (1.8e9, [*band, *fp8]), "one": (1.8e9, one)})
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in parity_block(con).splitlines()[2:]]
+    labels = sorted(r[2] for r in rows if r[2].startswith("e4m3"))
+    assert labels == ["e4m3/blockwise · triton", "e4m3/blockwise · triton seed 0",
+                      "e4m3/blockwise · triton seed 1"], labels

@@ -169,8 +169,11 @@ def parity_block(con) -> str:
     def number(value, spec: str) -> str:
         return "" if pd.isna(value) else format(value, spec)
 
-    rows = [[f"{r['device']} · {r['model']}", r["setting"],
-             r["recipe"] + ("" if r["format"] != "bf16" else f" seed {r['seed']}"),
+    # a BF16 row is one seed of the band; an FP8 row says its seed where its run trained that recipe on several
+    seeds_of = t.groupby(["run_id", "model", "setting", "recipe"])["seed"].transform("nunique")
+    t = t.assign(seed_label=[f" seed {r['seed']}" if r["format"] == "bf16" or n > 1 else ""
+                             for (_, r), n in zip(t.iterrows(), seeds_of, strict=True)])
+    rows = [[f"{r['device']} · {r['model']}", r["setting"], r["recipe"] + r["seed_label"],
              number(r["tokens_per_s"], ",.0f"), "" if pd.isna(r["speedup"]) else f"{r['speedup']:.2f}x",
              number(r["peak_mem_bytes"] / 2**30, ".2f"),
              "" if r["status"] == "diverged" else number(r["loss_final"], ".4f"), verdict(r),
