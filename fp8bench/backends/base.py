@@ -164,7 +164,11 @@ def capture_module(model: torch.nn.Module, sample: torch.Tensor, mixed: bool) ->
     node whose forward replays the forward graph and whose backward replays the backward one, the parameters'
     gradients its outputs. The warm-up calls before the capture run eagerly (kernels compile and tune there).
     Under `mixed` autocast runs without its cast cache, as capture requires, so the BF16 copies of FP32 master
-    weights are made inside the graph from the weights the optimizer updates in place."""
+    weights are made inside the graph from the weights the optimizer updates in place.
+
+    The parameters' gradients a replay returns are the backward graph's own buffers, not copies (TE's capture
+    clones them by default): right for fp8bench's loop, which sets every gradient to None after its optimizer
+    step and runs one backward per step; accumulating gradients over several backwards would need copies."""
     with torch.autocast(sample.device.type, dtype=torch.bfloat16, enabled=mixed, cache_enabled=False):
         return torch.cuda.make_graphed_callables(model, (sample,))
 

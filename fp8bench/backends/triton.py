@@ -17,7 +17,7 @@
 with torch.compile, our linears left out of the graphs (`LinearOutsideCompile`): the recipe in a block whose
 norms, RoPE, SwiGLU and residuals are fused, as Transformer Engine's TransformerLayer fuses its own.
 `backend.cuda_graph` (conf/backend/triton-graphed.yaml) trains both twins with each step's forward and backward
-replayed from CUDA graphs captured once (`TrainSetup.cuda_graph`): at a small model's shapes each of the
+replayed from CUDA graphs captured once (`TrainSetup.capture`): at a small model's shapes each of the
 recipe's kernels runs for microseconds behind tens of microseconds of Python launch path, so the eager step
 waits on the host; replayed, the step is its kernels' GPU time, as a launch-bound user would run it.
 Which GEMM kernels ran is recorded with the case: `gemm_kernel` and `wgrad_kernel` with every FP8 linear, mlp,

@@ -14,6 +14,10 @@ from fp8bench.report.html import Page, esc
 
 PLOT_H = 420
 CURVE_H = 320
+CURVE_POINTS = 200
+"""Points drawn per training-loss curve at most (every k-th step of its 20-step running mean)."""
+OPEN_RUNS_PER_MODEL = 4
+"""The training page opens each device · model's newest loss runs; the earlier ones are one click away."""
 """Loss curves are drawn lower: a training page holds two per run."""
 
 
@@ -712,10 +716,33 @@ def _loss_figure(c: pd.DataFrame) -> go.Figure:
         val, tr = lc[lc["kind"] == "validation"], lc[lc["kind"] == "train"]
         fig.add_trace(go.Scatter(x=val["step"], y=val["loss"], mode="lines+markers", name=label, legendgroup=label,
                                  line={"color": color}), row=1, col=1)
-        fig.add_trace(go.Scatter(x=tr["step"], y=tr["loss"].rolling(20, min_periods=1).mean(), mode="lines",
-                                 name=label, legendgroup=label, showlegend=False, line={"color": color}), row=1, col=2)
+        mean = tr.assign(loss=tr["loss"].rolling(20, min_periods=1).mean())
+        mean = mean.iloc[::max(1, len(mean) // CURVE_POINTS)]  # a running mean loses nothing drawn this thinned
+        fig.add_trace(go.Scatter(x=mean["step"], y=mean["loss"], mode="lines", name=label, legendgroup=label,
+                                 showlegend=False, line={"color": color}), row=1, col=2)
     fig.update_layout(height=CURVE_H + 40)
     return fig
+
+
+def _loss_run_section(p: Page, device: str, model: str, run_id: str, d: pd.DataFrame, curves: pd.DataFrame,
+                      cols: list[str], digits: dict) -> None:
+    """One training run of the loss study: its cases' table, their loss curves and the memory breakdown."""
+    p.h2(f"{device}: {model} (run {run_id})")
+    p.table(d.sort_values(["format", "label"])[cols], digits)
+    c = curves[curves["case_id"].isin(d["case_id"]) & (curves["run_id"] == run_id)]
+    if not c.empty:
+        c = c.merge(d[["case_id", "label"]], on="case_id")
+        p.figure(_loss_figure(c), f"{model}: validation loss per recipe (left) and training loss, 20-step mean "
+                 f"(right), run {run_id}", "step", "loss (nats/byte)")
+    m = d[d["mem_step_peak_bytes"].notna()]
+    if not m.empty:  # the table has each peak and its change: the breakdown is one click away
+        p.raw(f"<details><summary>{esc(model)}: where a training step's peak memory goes (run "
+              f"{esc(run_id)})</summary>")
+        p.note("Memory at the peak of one training step, measured: resident before its forward, saved by the "
+               "forward for backward (FP8 part from the saved tensors' dtypes), then the backward's transient.")
+        p.figure(_memory_bars(m), f"{model}: where a training step's peak memory goes (run {run_id})",
+                 "memory (GiB)", "")
+        p.raw("</details>")
 
 
 def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
@@ -738,30 +765,24 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | 
                  mem_change_pct=(t["peak_mem_bytes"] / t["bf16_peak_mem_bytes"] - 1) * 100,
                  peak_gib=t["peak_mem_bytes"] / 2**30, label=t["recipe"] + " · " + t["shape_name"].str.split(".").str[-1])
     study_runs: list = []
+    loss_runs: dict[tuple, list] = {}
+    cols = ["label", "verdict", "tokens_per_s", "speedup", "quality_speedup", "peak_gib", "mem_change_pct",
+            "loss_final", "loss_gap_vs_bf16", "loss_gap_allowed", "loss_area_gap_pct"]
+    digits = {"tokens_per_s": 0, "speedup": 2, "quality_speedup": 2, "peak_gib": 2, "mem_change_pct": 0,
+              "loss_final": 4, "loss_gap_vs_bf16": 4, "loss_gap_allowed": 4, "loss_area_gap_pct": 2}
     for (device, model, run_id), d in t.groupby(["device", "model", "run_id"]):
-        cols = ["label", "verdict", "tokens_per_s", "speedup", "quality_speedup", "peak_gib", "mem_change_pct",
-                "loss_final", "loss_gap_vs_bf16", "loss_gap_allowed", "loss_area_gap_pct"]
-        digits = {"tokens_per_s": 0, "speedup": 2, "quality_speedup": 2, "peak_gib": 2, "mem_change_pct": 0,
-                  "loss_final": 4, "loss_gap_vs_bf16": 4, "loss_gap_allowed": 4, "loss_area_gap_pct": 2}
         if (model, run_id) in set(zip(steps["model"], steps["run_id"], strict=True)):
             # a whole-step speed run (tens of steps): the study above holds its figures; its loss says nothing
             study_runs.append((device, model, run_id, d, cols, digits))
             continue
-        p.h2(f"{device}: {model} (run {run_id})")
-        p.table(d.sort_values(["format", "label"])[cols], digits)
-        c = curves[curves["case_id"].isin(d["case_id"]) & (curves["run_id"] == run_id)]
-        if not c.empty:
-            c = c.merge(d[["case_id", "label"]], on="case_id")
-            p.figure(_loss_figure(c), f"{model}: validation loss per recipe (left) and training loss, 20-step mean "
-                     f"(right), run {run_id}", "step", "loss (nats/byte)")
-        m = d[d["mem_step_peak_bytes"].notna()]
-        if not m.empty:  # the table has each peak and its change: the breakdown is one click away
-            p.raw(f"<details><summary>{esc(model)}: where a training step's peak memory goes (run "
-                  f"{esc(run_id)})</summary>")
-            p.note("Memory at the peak of one training step, measured: resident before its forward, saved by the "
-                   "forward for backward (FP8 part from the saved tensors' dtypes), then the backward's transient.")
-            p.figure(_memory_bars(m), f"{model}: where a training step's peak memory goes (run {run_id})",
-                     "memory (GiB)", "")
+        loss_runs.setdefault((device, model), []).append((d["started_at"].min(), run_id, d))
+    for (device, model), runs in loss_runs.items():
+        runs.sort(key=lambda r: (r[0], r[1]), reverse=True)  # newest first
+        for i, (_, run_id, d) in enumerate(runs):
+            if i == OPEN_RUNS_PER_MODEL:
+                p.raw(f"<details><summary>{len(runs) - i} earlier runs of {esc(model)} on {esc(device)}</summary>")
+            _loss_run_section(p, device, model, run_id, d, curves, cols, digits)
+        if len(runs) > OPEN_RUNS_PER_MODEL:
             p.raw("</details>")
     if study_runs:
         p.raw(f"<details><summary>Each case of the whole-step study's {len(study_runs)} run sections "

@@ -19,5 +19,5 @@ def run(case: CaseInput) -> CaseOutput:
     opt = optimizer(model, cfg, setup.make_optimizer, fused=dev.type == "cuda")
     # a replayed graph's saved tensors are its own, out of reach of the census's saved-tensor hooks
     engine = Engine(model, opt, autocast=autocast, forward_context=setup.forward_context,
-                    step_context=setup.step_context, census=setup.capture is None)
+                    step_context=setup.step_context, census=setup.capture is None, replayed=setup.capture is not None)
     return fit(case, engine, data)

@@ -285,6 +285,8 @@ class Engine:
     """Whether this process writes the checkpoint file (every process of a run reads it on resume)."""
     coverage_model: torch.nn.Module | None = None
     """The model whose linears `linear_coverage` counts (unwrapped); `model` when None."""
+    replayed: bool = False
+    """`model` replays CUDA graphs captured before the first step (TrainSetup.capture): the record says so."""
 
 
 def _checkpoint_state(engine: Engine, scaler, curve: Curve) -> dict:
@@ -403,7 +405,7 @@ def fit(case: CaseInput, engine: Engine, data: TrainData) -> CaseOutput:
         memory["optimizer"] = optimizer_state_bytes(engine.opt)
     if ckpt is not None and engine.writes_checkpoint and ckpt.is_file():
         ckpt.unlink()  # the record now holds the run; checkpoints of large models are GBs
-    out = output(case, curve, memory, world=engine.world)
+    out = output(case, curve, memory, world=engine.world, replayed=engine.replayed)
     out.metrics += linear_coverage(engine.coverage_model or engine.model, case.recipe)
     if case.backend.timed and curve.step_ms:
         # After the curve is recorded: a few more steps under the profiler, whose kernels say where a step's
@@ -430,7 +432,7 @@ def _begin_census(progress: Progress, params: list, memory: dict, dev: torch.dev
 
 
 def output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None = None,
-           world: World | None = None) -> CaseOutput:
+           world: World | None = None, replayed: bool = False) -> CaseOutput:
     """The record of a run from its curve: losses, validation points, steady step times and the speed and
     memory figures they give (peak memory: the largest process's)."""
     s, world = case.shape, world or World()
@@ -444,7 +446,7 @@ def output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None 
         samples["diverged_at_step"] = [float(diverged_at)]
     if timed:
         samples["time_ms"] = timed
-        timing = Timing(timed, flushed_l2=False, cuda_graph=False)
+        timing = Timing(timed, flushed_l2=False, cuda_graph=replayed)
         flops = model_flops(case.config.model, s["vocab"], s["batch"], s["seq"])
         run_peak = peak_memory_bytes(case.device)  # reset at the census step: the run's peak is the larger
         peak = None if run_peak is None else int(world.largest(max(run_peak, memory.get("run_peak_before", 0))))
@@ -456,4 +458,7 @@ def output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None 
         metrics += [Metric.of("loss_initial", curve.val_losses[0]), Metric.of("loss_final", curve.val_losses[-1])]
     metrics += breakdown_metrics(memory, case.device)
     # a diverged run's record too (Diverged carries this output): what ran is part of every train record
-    return CaseOutput(metrics, samples, ran=case.backend.kernels("train", case.recipe, case.device))
+    ran = case.backend.kernels("train", case.recipe, case.device)
+    if replayed:  # set where the capture ran, not from the config: a knob a backend ignored would not say this
+        ran = {**ran, "step": "replayed from CUDA graphs"}
+    return CaseOutput(metrics, samples, ran=ran)
