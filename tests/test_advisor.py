@@ -102,3 +102,20 @@ def test_the_parity_table_names_the_seed_of_an_fp8_recipe_trained_on_several(tmp
     labels = sorted(r[2] for r in rows if r[2].startswith("e4m3"))
     assert labels == ["e4m3/blockwise · triton", "e4m3/blockwise · triton seed 0",
                       "e4m3/blockwise · triton seed 1"], labels
+
+
+def test_the_headline_parity_counts_every_run_that_judged_a_recipe(tmp_path):
+    """A recipe judged in two runs, passing in the first and failing in the second, reads "1 of 2 pass": the
+    later verdict does not replace the earlier one, nor the earlier one hide the later."""
+    from dataclasses import replace
+
+    from fp8bench.report.markdown import parity_where_judged
+
+    def run(run_id, final):
+        band = [_step_record(run_id, "m", "bf16", s) for s in range(3)]
+        fp8 = _step_record(run_id, "m", "e4m3", 0)
+        return [*band, replace(fp8, metrics=[x if x.name != "loss_final" else Metric.of("loss_final", final)
+                                             for x in fp8.metrics])]
+
+    con = _ingest(tmp_path, {"first": (1.8e9, run("first", 2.0)), "again": (1.9e9, run("again", 9.0))})
+    assert parity_where_judged(con) == {"e4m3/blockwise · triton": "1 of 2 pass at m"}

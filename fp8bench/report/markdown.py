@@ -51,9 +51,10 @@ def _headline(con, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def parity_where_judged(con) -> dict[str, str]:
-    """Per training recipe (format/scaling · backend), the loss-parity verdicts of the runs that judged it, by
-    model: what the fastest recipe of a speed run is known to do to the loss, and at which size."""
-    t = data.latest(data.cases(con))
+    """Per training recipe (format/scaling · backend), the loss-parity verdicts of every run that judged it, by
+    model: what the fastest recipe of a speed run is known to do to the loss, and at which size. Every verdict
+    counts, not only each case's latest: a recipe that passed once and failed when run again is "1 of 2"."""
+    t = data.cases(con)
     t = t[(t["workload"] == "train") & t["parity_pass"].notna()]
     out: dict[str, str] = {}
     for recipe, d in t.groupby("recipe"):
@@ -61,7 +62,8 @@ def parity_where_judged(con) -> dict[str, str]:
         for model, m in d.groupby("model"):
             passed, judged = int((m["parity_pass"] == 1.0).sum()), len(m)
             verdict = "pass" if passed == judged else "FAIL" if passed == 0 else f"{passed} of {judged} pass"
-            parts.append(f"{verdict} at {model}" + (f" ({judged} cases)" if judged > 1 and passed in (0, judged) else ""))
+            parts.append(f"{verdict} at {model}" + (f" ({judged} verdicts)" if judged > 1 and passed in (0, judged)
+                                                     else ""))
         out[recipe] = "; ".join(parts)
     return out
 
