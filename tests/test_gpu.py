@@ -292,6 +292,7 @@ def test_our_blockwise_recipe_trains_replayed_from_cuda_graphs(tmp_path):
     graphed, launches = train("triton-graphed", "e4m3", "blockwise", 40)
     assert graphed.case_id.endswith(".e4m3.blockwise.triton+cuda_graph"), graphed.case_id
     assert graphed.params["step"] == "replayed from CUDA graphs" and "step" not in eager.params
+    assert graphed.measurement["cuda_graph"] is True and eager.measurement["cuda_graph"] is False
     assert graphed.params["gemm_kernel"] == "gluon" and graphed.params["wgrad_kernel"] == "gluon-wgrad"
     assert graphed.samples["val_loss"][0] == pytest.approx(eager.samples["val_loss"][0], rel=1e-3)
     assert graphed.samples["loss"][:10] == pytest.approx(eager.samples["loss"][:10], rel=2e-2)
@@ -321,6 +322,7 @@ def test_te_trains_replayed_from_its_cuda_graphs(tmp_path, fmt, sc):
     eager, graphed = train("te"), train("te-graphed")
     assert graphed.case_id.endswith(f".{fmt}.{sc}.te+cuda_graph"), graphed.case_id
     assert graphed.params["step"] == "replayed from CUDA graphs" and "step" not in eager.params
+    assert graphed.measurement["cuda_graph"] is True and eager.measurement["cuda_graph"] is False
     assert graphed.samples["val_loss"][0] == pytest.approx(eager.samples["val_loss"][0], rel=1e-3)
     assert graphed.samples["loss"][:10] == pytest.approx(eager.samples["loss"][:10], rel=2e-2)
     assert graphed.metric("loss_final") < 0.8 * graphed.metric("loss_initial")

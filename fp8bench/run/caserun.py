@@ -72,6 +72,8 @@ def run_case(case: Case, run_id: str, device: DeviceInfo) -> CaseRecord:
     try:
         check_injected_failure(case)
         out = get_workload(case.config.workload.name).run(case_input(case, run_id, device))
+        if out.replayed:
+            measurement["cuda_graph"] = True
         return case_record(case, run_id, Status.OK, "", out, started, measurement)
     except Diverged as exc:  # a finding about the recipe, with the curve up to the bad step
         return case_record(case, run_id, Status.DIVERGED, str(exc), exc.output, started, measurement)

@@ -57,6 +57,9 @@ class CaseOutput:
     ran: dict = field(default_factory=dict)
     """What actually ran where the backend chooses (a kernel, a module option): recorded with the case's
     parameters, so no choice made at run time hides under the case id."""
+    replayed: bool = False
+    """The timed work replayed CUDA graphs (a train case under `backend.cuda_graph`): the record's measurement
+    says `cuda_graph: true`, as a GEMM timed with measure.cuda_graph does."""
 
 
 @dataclass

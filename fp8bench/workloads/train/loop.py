@@ -461,4 +461,4 @@ def output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None 
     ran = case.backend.kernels("train", case.recipe, case.device)
     if replayed:  # set where the capture ran, not from the config: a knob a backend ignored would not say this
         ran = {**ran, "step": "replayed from CUDA graphs"}
-    return CaseOutput(metrics, samples, ran=ran)
+    return CaseOutput(metrics, samples, ran=ran, replayed=replayed)
