@@ -158,18 +158,24 @@ class TrainSetup:
     None: every step runs eagerly."""
 
 
+def capture_autocast(sample: torch.Tensor, mixed: bool) -> contextlib.AbstractContextManager:
+    """The autocast a CUDA-graph capture of the train step runs under (torch's and TE's alike): BF16 under
+    `mixed`, without its cast cache, as capture requires, so the BF16 copies of FP32 master weights are made
+    inside the graph from the weights the optimizer updates in place."""
+    return torch.autocast(sample.device.type, dtype=torch.bfloat16, enabled=mixed, cache_enabled=False)
+
+
 def capture_module(model: torch.nn.Module, sample: torch.Tensor, mixed: bool) -> torch.nn.Module:
     """`model` with its forward and backward captured as CUDA graphs (torch.cuda.make_graphed_callables, on
     `sample`, a batch of input tokens shaped as every later one) and replayed on each later call: one autograd
     node whose forward replays the forward graph and whose backward replays the backward one, the parameters'
-    gradients its outputs. The warm-up calls before the capture run eagerly (kernels compile and tune there).
-    Under `mixed` autocast runs without its cast cache, as capture requires, so the BF16 copies of FP32 master
-    weights are made inside the graph from the weights the optimizer updates in place.
+    gradients its outputs. The warm-up calls before the capture run eagerly (kernels compile and tune there);
+    all of it under `capture_autocast`.
 
     The parameters' gradients a replay returns are the backward graph's own buffers, not copies (TE's capture
     clones them by default): right for fp8bench's loop, which sets every gradient to None after its optimizer
     step and runs one backward per step; accumulating gradients over several backwards would need copies."""
-    with torch.autocast(sample.device.type, dtype=torch.bfloat16, enabled=mixed, cache_enabled=False):
+    with capture_autocast(sample, mixed):
         return torch.cuda.make_graphed_callables(model, (sample,))
 
 

@@ -16,6 +16,7 @@ from fp8bench.backends.base import (
     QuantizeOp,
     Recipe,
     TrainSetup,
+    capture_autocast,
     import_probe,
     module_op,
     swap_block_linears,
@@ -185,7 +186,7 @@ class TEBackend(Backend):
                 """TE's make_graphed_callables, which captures its modules' quantization state with them (called
                 outside te.autocast, as TE's examples do; its replays run inside it, `forward_context`)."""
                 r = te_recipe(recipe)
-                with torch.autocast(sample.device.type, dtype=torch.bfloat16, enabled=mixed, cache_enabled=False):
+                with capture_autocast(sample, mixed):
                     return te.make_graphed_callables(module, (sample,), enabled=r is not None, recipe=r)
         return TrainSetup(model, forward_context=lambda: autocast(recipe), capture=capture)
 

@@ -773,7 +773,7 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | 
     for (device, model, run_id), d in t.groupby(["device", "model", "run_id"]):
         if (model, run_id) in set(zip(steps["model"], steps["run_id"], strict=True)):
             # a whole-step speed run (tens of steps): the study above holds its figures; its loss says nothing
-            study_runs.append((device, model, run_id, d, cols, digits))
+            study_runs.append((device, model, run_id, d))
             continue
         loss_runs.setdefault((device, model), []).append((d["started_at"].min(), run_id, d))
     for (device, model), runs in loss_runs.items():
@@ -787,7 +787,7 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | 
     if study_runs:
         p.raw(f"<details><summary>Each case of the whole-step study's {len(study_runs)} run sections "
               "(speed runs of tens of steps: their loss says nothing)</summary>")
-        for device, model, run_id, d, cols, digits in study_runs:
+        for device, model, run_id, d in study_runs:
             p.note(f"{device}: {model} (run {run_id})")
             p.table(d.sort_values(["format", "label"])[cols], digits)
         p.raw("</details>")
