@@ -19,27 +19,31 @@ TRACKED_SWEEPS = ("asv-cpu", "asv-hopper-gemm", "asv-hopper-te", "asv-hopper-tor
 
 
 def _tracked_case_ids() -> list[str]:
-    """Expand the tracked sweeps (Hydra compose, ~1 s). asv imports this module in every process it starts
-    (discovery, `asv check`, each environment's forkserver), so the list is cached on disk under a hash of
-    the installed conf/ and of fp8bench's shapes."""
+    """Expand the tracked sweeps (Hydra compose, ~1 s) into their case ids. asv imports this module in every
+    process it starts (discovery, `asv check`, each environment's forkserver), so the list is cached on disk
+    under a hash of the installed conf/ and of the modules case ids come from (the first expansion imports the
+    backends, whose knobs are part of an id; later imports read the cache)."""
     import fp8bench
-    from fp8bench.models import shapes as shapes_module
 
     # the conf/ that expand() reads: the installed commit's (asv installs each commit beside its own conf/),
     # which need not be this working tree's
-    installed_conf = Path(fp8bench.__file__).resolve().parents[1] / "conf"
+    package = Path(fp8bench.__file__).resolve().parent
+    installed_conf = package.parent / "conf"
     digest = hashlib.sha256(repr(TRACKED_SWEEPS).encode())
-    for f in sorted(installed_conf.rglob("*.yaml")) + [Path(shapes_module.__file__)]:
+    sources = [package / "models" / "shapes.py", *sorted((package / "cases").glob("*.py")),
+               *sorted((package / "backends").glob("*.py"))]
+    for f in sorted(installed_conf.rglob("*.yaml")) + sources:
         digest.update(f.read_bytes())
     cache = Path(tempfile.gettempdir()) / f"fp8bench-asv-cases-{digest.hexdigest()[:16]}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
+    from fp8bench.cases import cases_of
     from fp8bench.config.compose import expand
 
     ids = set()
     for sweep in TRACKED_SWEEPS:
         points, _ = expand([f"sweep={sweep}"])
-        ids |= {shapes_module.case_id(p, name) for p in points for name, _ in shapes_module.shapes(p)}
+        ids |= {case.case_id for p in points for case in cases_of(p)}
     tmp = cache.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(sorted(ids)))
     os.replace(tmp, cache)

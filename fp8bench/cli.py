@@ -131,52 +131,34 @@ def _help(cmd: str) -> str:
 
 
 def cmd_run(args: list[str]) -> int:
-    from fp8bench.config.compose import check_combination, expand, multirun
+    from fp8bench.config.compose import expand_request
     from fp8bench.core.records import read_run, write_manifest
-    from fp8bench.run.plan import execution_order, plan, resolve_device
-    from fp8bench.run.runner import check_resume, execute, manifest_for, new_run_id, run_dir_for
+    from fp8bench.run.plan import execution_order, job_groups, plan, resolve_device
+    from fp8bench.run.runner import check_resume, execute, manifest_for, new_run_id, run_dir_for, write_plan
 
     started = time.monotonic()
     is_multi = any(a in ("-m", "--multirun") for a in args)
     overrides = [a for a in args if a not in ("-m", "--multirun")]
-    points, dropped = expand(overrides, multirun=is_multi)
+    request = expand_request(overrides, multirun=is_multi)
+    points = list(request.points)
     first = points[0]
     check_resume(first, overrides)
     device = resolve_device(first)
     run_id = first.resume or first.run_id or new_run_id()
+    cases = plan(points, device, strict=len(points) == 1)
+    groups = job_groups(execution_order(cases))
     run_dir = run_dir_for(first, run_id)
     if not (run_dir / "manifest.json").is_file():
-        write_manifest(run_dir, manifest_for(first, run_id, overrides, len(plan(points, device))))
-    if dropped:
-        console.print(f"dropped {dropped} impossible format×scaling combinations of the sweep")
-    if is_multi:
-        parent = os.getpid()
-
-        def job(point, num: str) -> None:
-            # Runs in the launcher's process: this one (basic launcher) or a worker (local-gpus, slurm, ...).
-            from rich.console import Console
-
-            from fp8bench.run.launch import prepare_worker
-
-            try:
-                check_combination(point)
-            except ConfigError:
-                return  # an impossible pair of the preset's cartesian product: nothing to measure
-            gpu = prepare_worker(parent)
-            where = f"job{num}" + (f"-gpu{gpu}" if gpu is not None else "")
-            job_console = Console(stderr=True)  # per job: a worker process cannot share the parent's
-            job_console.print(f"{where}: pid {os.getpid()}, {point.workload.name} {point.model.name} "
-                              f"{point.format.name}/{point.scaling.name} {point.backend.name}")
-            execute(plan([point], device), run_dir, run_id, device, job=where, resume=bool(first.resume),
-                    console=job_console, progress=False)
+        write_manifest(run_dir, manifest_for(first, run_id, overrides, len(cases)))
+    write_plan(run_dir, groups)
+    _say_what_was_added(cases, request.dropped)
     try:
         if is_multi:
-            code = multirun(overrides + [f"run_id={run_id}"], job)
+            code = _launch(request.hydra_overrides, first, run_id, len(groups), device)
             if code:
                 return code
         else:
-            execute(execution_order(plan(points, device)), run_dir, run_id, device, resume=bool(first.resume),
-                    console=console)
+            execute(execution_order(cases), run_dir, run_id, device, resume=bool(first.resume), console=console)
     except KeyboardInterrupt:
         again = ["-m"] * is_multi + [o for o in overrides if not o.startswith(("resume=", "run_id="))]
         console.print(f"interrupted: every finished case is recorded in {run_dir}; continue with "
@@ -194,6 +176,48 @@ def cmd_run(args: list[str]) -> int:
         _ingest_into(db, [run_dir])
         out.print(f"DuckDB file: {db.resolve()}")
     return 0
+
+
+def _say_what_was_added(cases: list, dropped: int) -> None:
+    if dropped:
+        console.print(f"dropped {dropped} impossible format×scaling combinations of the sweep")
+    added = [c for c in cases if c.added and c.runnable]
+    if added:
+        console.print(f"added {len(added)} BF16 twin case(s) the request did not name (every speedup divides by a "
+                      f"recorded twin of the same run): {', '.join(sorted({c.label for c in added})[:6])}"
+                      + (" ..." if len(added) > 6 else ""), highlight=False, soft_wrap=True)
+
+
+def _launch(hydra_overrides: tuple[str, ...], first, run_id: str, n_groups: int, device) -> int:
+    """One Hydra job per twin group, through the launcher the overrides choose; each job plans its group's
+    points on the device it runs on and runs them in one process."""
+    from fp8bench.config.compose import launch_jobs
+
+    parent = os.getpid()
+
+    def job(config, index: int) -> None:
+        # Runs in the launcher's process: this one (basic launcher) or a worker (local-gpus, slurm, ...).
+        from rich.console import Console
+
+        from fp8bench.core.hardware import detect_device
+        from fp8bench.run.launch import prepare_worker
+        from fp8bench.run.plan import execution_order, plan
+        from fp8bench.run.runner import execute, group_points, run_dir_for
+
+        gpu = prepare_worker(parent)
+        where = f"job{index}" + (f"-gpu{gpu}" if gpu is not None else "")
+        run_dir = run_dir_for(config, run_id)
+        points = group_points(run_dir, index)
+        here = device if os.getpid() == parent else detect_device()
+        job_console = Console(stderr=True)  # per job: a worker process cannot share the parent's
+        cases = plan(points, here)
+        job_console.print(f"{where}: pid {os.getpid()}, {len(cases)} case(s) of {cases[0].label}"
+                          + (" ..." if len(cases) > 1 else ""), highlight=False)
+        execute(execution_order(cases), run_dir, run_id, here, job=where, resume=bool(first.resume),
+                console=job_console, progress=False)
+
+    fixed = [f"results_dir={first.results_dir}", f"run_id={run_id}"]
+    return launch_jobs(list(hydra_overrides), fixed, n_groups, job)
 
 
 def _print_summary(records: list, run_id: str, run_dir: Path, seconds: float) -> None:
@@ -226,23 +250,37 @@ def _print_summary(records: list, run_id: str, run_dir: Path, seconds: float) ->
 
 
 def cmd_plan(args: list[str]) -> int:
-    from fp8bench.config.compose import expand
-    from fp8bench.core.hardware import detect_device
+    from fp8bench.config.compose import expand_request
+    from fp8bench.core.hardware import DESCRIBED_DEVICES, detect_device
     from fp8bench.run.plan import plan
 
-    points, dropped = expand(args)
-    cases = plan(points, detect_device())  # a device=cuda point on a CPU is listed as skipped, with why
+    on = None
+    if "--on" in args:
+        at = args.index("--on")
+        if at + 1 >= len(args) or args[at + 1] not in DESCRIBED_DEVICES:
+            given = args[at + 1] if at + 1 < len(args) else ""
+            raise UsageError(f"--on {given!r} names no described device; choose one of {sorted(DESCRIBED_DEVICES)}")
+        on = DESCRIBED_DEVICES[args[at + 1]]
+        args = args[:at] + args[at + 2:]
+    is_multi = any(a in ("-m", "--multirun") for a in args)
+    request = expand_request([a for a in args if a not in ("-m", "--multirun")], multirun=is_multi)
+    device = on or detect_device()
+    cases = plan(list(request.points), device, installed=on is None, strict=len(request.points) == 1)
     width = max((len(c.case_id) for c in cases), default=0)
     for c in cases:  # one line per case, so it greps and never truncates a case id
-        out.print(f"{c.case_id:<{width}}  " + ("runnable" if c.runnable else f"skipped: {c.reason}"),
+        state = "runnable" if c.runnable else f"skipped: {c.reason}"
+        out.print(f"{c.case_id:<{width}}  {state}" + (" (BF16 twin added)" if c.added else ""),
                   soft_wrap=True, highlight=False, markup=False)
     n_ok = sum(c.runnable for c in cases)
     models = sorted({c.config.model.name for c in cases})
     formats = sorted({c.config.format.name for c in cases})
     scalings = sorted({c.config.scaling.name for c in cases})
-    out.print(f"{len(cases)} cases: {n_ok} runnable, {len(cases) - n_ok} skipped; models {models}; "
+    where = f" on a described {device.name}" if on else ""
+    out.print(f"{len(cases)} cases{where}: {n_ok} runnable, {len(cases) - n_ok} skipped; models {models}; "
               f"formats {formats}; scalings {scalings}"
-              + (f"; dropped {dropped} impossible format×scaling combinations" if dropped else ""))
+              + (f"; dropped {request.dropped} impossible format×scaling combinations" if request.dropped else "")
+              + (f"; {sum(c.added for c in cases)} BF16 twins added" if any(c.added for c in cases) else ""),
+              highlight=False)
     return 0
 
 

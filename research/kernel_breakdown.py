@@ -35,7 +35,7 @@ def main() -> int:
     if not case.runnable:
         print(f"{case.case_id}: not runnable here: {case.reason}")
         return 2
-    s, backend = case.shape, get_backend(case.config.backend.name)
+    s, backend = case.shape, get_backend(case.config.backend_name)
     if case.config.workload.name not in ("layer", "mlp"):
         print("workload must be layer or mlp")
         return 2

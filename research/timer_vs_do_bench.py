@@ -64,12 +64,10 @@ def probe(rounds: int, settle_s: float) -> dict:
 
     import torch
 
-    from fp8bench.backends import Recipe, get_backend
-    from fp8bench.config.schema import BackendConfig, ScalingConfig
-    from fp8bench.core.types import Format, GemmRole, Scaling
+    from fp8bench.backends import get_backend, make_recipe
+    from fp8bench.core.types import GemmRole
 
-    recipe = Recipe(format=Format.E4M3, scaling=Scaling.CURRENT, scaling_cfg=ScalingConfig(name="current"),
-                    backend_cfg=BackendConfig(name="torch"))
+    recipe = make_recipe("torch", "e4m3", "current")
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(8192, 8192, device="cuda", generator=g).bfloat16()
     b = torch.randn(8192, 8192, device="cuda", generator=g).bfloat16()

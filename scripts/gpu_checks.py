@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from fp8bench.backends import Recipe, get_backend
-from fp8bench.config.schema import BackendConfig, MeasureConfig, ScalingConfig
+from fp8bench.backends import get_backend, make_recipe
+from fp8bench.config.schema import MeasureConfig
 from fp8bench.core.measure import time_fn
-from fp8bench.core.types import Format, GemmRole, Scaling
+from fp8bench.core.types import GemmRole
 
 SHAPES = [(8192, 8192, 8192), (8192, 12288, 4096), (8192, 4096, 4096), (8192, 22016, 4096), (8192, 4096, 11008)]
 
@@ -83,8 +83,7 @@ def compare_timers(fn, rounds: int = 6, settle_s: float = 3.0) -> tuple[float, f
 
 
 def fidelity(rounds: int = 5) -> list[dict]:
-    r = Recipe(format=Format.E4M3, scaling=Scaling.CURRENT, scaling_cfg=ScalingConfig(name="current"),
-               backend_cfg=BackendConfig(name="torch"))
+    r = make_recipe("torch", "e4m3", "current")
     rows = []
     for m, n, k in SHAPES:
         a = torch.randn(m, k, device="cuda").bfloat16()

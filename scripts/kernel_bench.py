@@ -17,9 +17,8 @@ import torch
 from triton.testing import do_bench
 
 from fp8bench.analysis.calibrate import copy_gbps
-from fp8bench.backends import Recipe, get_backend
-from fp8bench.config.schema import BackendConfig, ScalingConfig
-from fp8bench.core.types import Format, GemmRole, Scaling
+from fp8bench.backends import Recipe, get_backend, make_recipe
+from fp8bench.core.types import GemmRole
 
 GEMMS = {  # name: (M, N, K), tokens 8192
     "8192^3": (8192, 8192, 8192),
@@ -37,8 +36,7 @@ def ms(fn) -> float:
 
 
 def recipe(backend: str, scaling: str) -> Recipe:
-    return Recipe(format=Format.E4M3, scaling=Scaling(scaling), scaling_cfg=ScalingConfig(name=scaling),
-                  backend_cfg=BackendConfig(name=backend))
+    return make_recipe(backend, "e4m3", scaling)
 
 
 def quantize_table(copy: float) -> list[dict]:

@@ -12,7 +12,8 @@ def _train(run_id, fmt, seed, tokens_per_s, parity=None):
     if parity is not None:
         metrics["parity_pass"] = parity
     scaling = "none" if fmt == "bf16" else "delayed"
-    return CaseRecord(run_id=run_id, case_id=f"train.m.b8s128n200.seed{seed}.{fmt}.{scaling}.te", workload="train",
+    return CaseRecord(run_id=run_id, case_id=f"train.m.b8s128n200.seed{seed}.{fmt}.{scaling}.te",
+                      twin_id=f"train.m.b8s128n200.seed{seed}.bf16.none.te", workload="train",
                       model="m", format=fmt, scaling=scaling, backend="te", shape_name=f"b8s128n200.seed{seed}",
                       shape={}, status="ok", metrics=[Metric.of(k, v) for k, v in metrics.items()])
 
@@ -59,7 +60,8 @@ def _step_record(run_id, model, fmt, seed, status="ok", reason=""):
     if status == "diverged":
         metrics = {"tokens_per_s": 900.0, "peak_mem_bytes": 2.0**30}
     name = f"b8s128n200.seed{seed}" if fmt == "bf16" else "b8s128n200"
-    return CaseRecord(run_id=run_id, case_id=f"train.{model}.{name}.{fmt}.{scaling}.triton", workload="train",
+    return CaseRecord(run_id=run_id, case_id=f"train.{model}.{name}.{fmt}.{scaling}.triton",
+                      twin_id=f"train.{model}.b8s128n200.seed{seed}.bf16.none.triton", workload="train",
                       model=model, format=fmt, scaling=scaling, backend="triton", shape_name=name,
                       shape={"batch": 8, "seq": 128, "steps": 200, "seed": seed}, status=status, reason=reason,
                       metrics=[Metric.of(k, v) for k, v in metrics.items()])

@@ -111,13 +111,10 @@ def test_the_kernels_a_backend_picks_are_recorded_with_the_case(tmp_path, worklo
 def test_the_triton_backend_names_the_gemm_kernels_it_picks():
     import torch
 
-    from fp8bench.backends import Recipe, get_backend
-    from fp8bench.config.schema import BackendConfig, ScalingConfig
-    from fp8bench.core.types import Format, Scaling
+    from fp8bench.backends import get_backend, make_recipe
 
     def recipe(fmt, sc, **knobs):
-        return Recipe(format=Format(fmt), scaling=Scaling(sc), scaling_cfg=ScalingConfig(name=sc),
-                      backend_cfg=BackendConfig(name="triton", **knobs))
+        return make_recipe("triton", fmt, sc, **knobs)
     be, cpu = get_backend("triton"), torch.device("cpu")
     for workload in ("linear", "mlp", "layer", "train"):  # off Hopper (here: the CPU) the Triton kernels
         assert be.kernels(workload, recipe("e4m3", "blockwise"), cpu) == {"gemm_kernel": "triton",

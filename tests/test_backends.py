@@ -4,16 +4,14 @@ may differ."""
 import pytest
 import torch
 
-from fp8bench.backends import Recipe, get_backend
+from fp8bench.backends import get_backend, make_recipe
 from fp8bench.backends.emulator import emulated_gemm
-from fp8bench.config.schema import BackendConfig, ScalingConfig
 from fp8bench.core.numerics import fake_quant, sqnr_db
-from fp8bench.core.types import Format, GemmRole, Scaling
+from fp8bench.core.types import GemmRole
 
 
 def recipe(fmt, sc, **backend):
-    return Recipe(format=Format(fmt), scaling=Scaling(sc), scaling_cfg=ScalingConfig(name=sc),
-                  backend_cfg=BackendConfig(name=backend.pop("name", "torch"), **backend))
+    return make_recipe(backend.pop("name", "torch"), fmt, sc, **backend)
 
 
 def operands(m=64, n=96, k=256, seed=0):
@@ -104,6 +102,7 @@ def test_torchao_has_no_e4m3_tensorwise_label():
 def test_unavailable_backends_say_why():
     from fp8bench.config.compose import expand
     from fp8bench.core.hardware import detect_device
+    from fp8bench.cases import cases_of
     from fp8bench.run.plan import verdict
 
     if not torch.cuda.is_available():
@@ -112,7 +111,7 @@ def test_unavailable_backends_say_why():
         ok, why = get_backend("triton").available()
         assert ok  # tests/conftest.py set TRITON_INTERPRET=1: the kernels run, for correctness only
         [point] = expand(["workload=gemm", "backend=triton", "format=e4m3", "scaling=blockwise"])[0]
-        ok, why = verdict(point, detect_device())
+        ok, why = verdict(cases_of(point)[0], detect_device())
         assert not ok and "CUDA GPU" in why  # ...but a sweep never times interpreted kernels
 
 

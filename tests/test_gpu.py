@@ -7,14 +7,13 @@ import pytest
 import torch
 
 from fp8bench import backends
-from fp8bench.backends import Recipe, get_backend
+from fp8bench.backends import get_backend, make_recipe
 from fp8bench.backends.base import MLP_REFERENCE_MIN_DB, REFERENCE_MIN_DB
 from fp8bench.backends.emulator import emulated_gemm
 from fp8bench.config.compose import expand
-from fp8bench.config.schema import BackendConfig, ScalingConfig
 from fp8bench.core.hardware import detect_device
 from fp8bench.core.numerics import sqnr_db
-from fp8bench.core.types import Format, GemmRole, Scaling
+from fp8bench.core.types import GemmRole
 from fp8bench.run.plan import plan
 from fp8bench.run.runner import execute
 
@@ -28,8 +27,7 @@ backends.available("te")
 
 
 def recipe(fmt, sc, backend="torch", **kw):
-    return Recipe(format=Format(fmt), scaling=Scaling(sc), scaling_cfg=ScalingConfig(name=sc),
-                  backend_cfg=BackendConfig(name=backend, **kw))
+    return make_recipe(backend, fmt, sc, **kw)
 
 
 def operands(m, n, k):

@@ -11,9 +11,9 @@ import json
 import pytest
 import torch
 
-from fp8bench.backends import get_backend
+from fp8bench.backends import get_backend, make_recipe
 from fp8bench.config.compose import expand
-from fp8bench.config.schema import BackendConfig
+from fp8bench.config.schema import ConfigError
 from fp8bench.core.hardware import detect_device
 from fp8bench.run.plan import plan
 from fp8bench.run.runner import execute
@@ -49,15 +49,16 @@ def test_accelerate_hands_fp8_to_torchao_and_leaves_first_and_last_linear_alone(
 
 
 def test_integration_variants_name_their_library():
-    assert BackendConfig(name="accelerate", fp8_backend="torchao", compile=True).variant() == "torchao+compile"
-    assert BackendConfig(name="accelerate").variant() == ""
-    assert BackendConfig(name="triton", fast_accum=True).variant() == "fast_accum"  # rescale vs promote GEMM
-    assert BackendConfig(name="triton", triton_gemms=True).variant() == "triton_gemms"  # Triton vs Gluon GEMMs
-    assert BackendConfig(name="triton", cuda_graph=True).variant() == "cuda_graph"  # replayed vs eager steps
-    assert BackendConfig(name="te", cuda_graph=True).variant() == "cuda_graph"  # TE's own graphed steps
-    assert BackendConfig(name="te-layer", cuda_graph=True).variant() == ""  # a knob te-layer does not read
-    assert BackendConfig(name="torch", triton_gemms=True).variant() == ""  # a knob torch does not read
-    assert BackendConfig(name="te", fp8_backend="te").variant() == ""  # a knob te does not read splits nothing
+    def variant(backend, **knobs):
+        return make_recipe(backend, "e4m3", "current", **knobs).knobs.variant()
+    assert variant("accelerate", fp8_backend="torchao", compile=True) == "torchao+compile"
+    assert variant("accelerate") == ""
+    assert variant("triton", fast_accum=True) == "fast_accum"  # rescale vs promote GEMM
+    assert variant("triton", triton_gemms=True) == "triton_gemms"  # Triton vs Gluon GEMMs
+    assert variant("triton", cuda_graph=True) == "cuda_graph"  # replayed vs eager steps
+    assert variant("te", cuda_graph=True) == "cuda_graph"  # TE's own graphed steps
+    with pytest.raises(ConfigError, match=r"te-layer does not declare \['cuda_graph'\]"):
+        variant("te-layer", cuda_graph=True)  # a knob te-layer does not honour: not silently dropped
 
 
 def test_unknown_fp8_backend_is_a_config_error(tmp_path):
@@ -117,6 +118,7 @@ def _train_record(run_id, backend_id, fmt, tokens_per_s, linears_fp8, parity=Non
         metrics.append(Metric.of("parity_pass", parity))
     scaling = "none" if fmt == "bf16" else "current"
     return CaseRecord(run_id=run_id, case_id=f"train.gpt-125m.b8s512n300.seed0.{fmt}.{scaling}.{backend_id}",
+                      twin_id=f"train.gpt-125m.b8s512n300.seed0.bf16.none.{backend_id}",
                       workload="train", model="gpt-125m", format=fmt, scaling=scaling, backend=backend,
                       shape_name="b8s512n300.seed0", shape={"batch": 8, "seq": 512, "steps": 300, "seed": 0},
                       params={}, status="ok", metrics=metrics, samples={})

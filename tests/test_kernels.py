@@ -630,15 +630,12 @@ def test_gemm_rejects_mismatched_scales(k):
 
 @pytest.mark.slow
 def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k):
-    from fp8bench.backends import get_backend
-    from fp8bench.backends.base import Recipe
+    from fp8bench.backends import get_backend, make_recipe
     from fp8bench.backends.emulator import emulated_gemm
-    from fp8bench.config.schema import BackendConfig, ScalingConfig
-    from fp8bench.core.types import Format, GemmRole, Scaling
+    from fp8bench.core.types import GemmRole
 
     def recipe(fmt, sc):
-        return Recipe(format=Format(fmt), scaling=Scaling(sc), scaling_cfg=ScalingConfig(name=sc),
-                      backend_cfg=BackendConfig(name="triton"))
+        return make_recipe("triton", fmt, sc)
 
     be = get_backend("triton")
     x = data(128, 384)
@@ -659,14 +656,12 @@ def test_triton_backend_serves_the_kernels_to_the_quantize_and_gemm_workloads(k)
     assert op.ran == {"gemm_kernel": "gluon-wgrad" if hopper else "triton-wgrad"}
     assert sqnr_db(emulated_gemm(a, b, GemmRole.WGRAD, r), op.with_quant().float()) > 40.0
     # backend.triton_gemms: the Triton kernels on Hopper too, each role recorded so (off Hopper they are the default)
-    nogluon = Recipe(format=Format.E4M3, scaling=Scaling.BLOCKWISE, scaling_cfg=ScalingConfig(name="blockwise"),
-                     backend_cfg=BackendConfig(name="triton", triton_gemms=True))
+    nogluon = make_recipe("triton", "e4m3", "blockwise", triton_gemms=True)
     for role, kernel in [(GemmRole.FPROP, "triton"), (GemmRole.WGRAD, "triton-wgrad")] if hopper else []:
         op = be.gemm(a, b, role, nogluon)
         assert op.ran == {"gemm_kernel": kernel}
         assert sqnr_db(emulated_gemm(a, b, role, nogluon), op.with_quant().float()) > 40.0
-    fast = Recipe(format=Format.E4M3, scaling=Scaling.BLOCKWISE, scaling_cfg=ScalingConfig(name="blockwise"),
-                  backend_cfg=BackendConfig(name="triton", fast_accum=True))
+    fast = make_recipe("triton", "e4m3", "blockwise", fast_accum=True)
     ok, why = be.supports_shape("gemm", {"role": "wgrad"}, fast)
     assert not ok and "promotes" in why
     assert be.supports_shape("gemm", {"role": "wgrad"}, r) == (True, "")
@@ -797,14 +792,11 @@ def test_blockwise_linear_forward_and_both_gradients_agree_with_the_emulator(k, 
     recipe itself is FP8-accurate against the exact product (< 35 dB): the kernels compute the emulator's
     quantization, not merely something close to the exact answer. A wgrad grouped along the features instead
     of the tokens agrees with the emulator only to FP8's accuracy."""
-    from fp8bench.backends import Recipe
+    from fp8bench.backends import make_recipe
     from fp8bench.backends.emulator import EmulatedLinearFn
     from fp8bench.backends.triton import BlockwiseLinearFn
-    from fp8bench.config.schema import BackendConfig, ScalingConfig
-    from fp8bench.core.types import Format, Scaling
 
-    r = Recipe(format=Format.E4M3, scaling=Scaling.BLOCKWISE, scaling_cfg=ScalingConfig(name="blockwise"),
-               backend_cfg=BackendConfig(name="triton", triton_gemms=triton_gemms))
+    r = make_recipe("triton", "e4m3", "blockwise", triton_gemms=triton_gemms)
     x, w, dy = data(tokens, d_in, 1, spread=False), data(d_out, d_in, 2, spread=False), data(tokens, d_out, 3, spread=False)
 
     def run(fn, dtype):
@@ -832,10 +824,8 @@ def test_the_kernels_a_blockwise_linear_calls_are_the_ones_it_records(k, monkeyp
     """On a device where Gluon runs (here a stand-in: runs_on() says yes and each Gluon GEMM is a spy calling the
     Triton kernel), the linear's forward and backward call the Gluon fprop/dgrad and wgrad GEMMs, or with
     `triton_gemms` the Triton ones, and `kernels()` names exactly the ones called."""
-    from fp8bench.backends import Recipe, get_backend
+    from fp8bench.backends import get_backend, make_recipe
     from fp8bench.backends.triton import BlockwiseLinearFn
-    from fp8bench.config.schema import BackendConfig, ScalingConfig
-    from fp8bench.core.types import Format, Scaling
 
     g = importlib.import_module("fp8bench_kernels.gemm_blockwise_gluon")
     calls: list[str] = []
@@ -851,8 +841,7 @@ def test_the_kernels_a_blockwise_linear_calls_are_the_ones_it_records(k, monkeyp
     for mod, name, label in [(k.gemm_blockwise, "gemm_blockwise", "triton"),
                              (k.gemm_blockwise_wgrad, "gemm_blockwise_wgrad", "triton-wgrad")]:
         monkeypatch.setattr(mod, name, spy(label, getattr(mod, name)))
-    r = Recipe(format=Format.E4M3, scaling=Scaling.BLOCKWISE, scaling_cfg=ScalingConfig(name="blockwise"),
-               backend_cfg=BackendConfig(name="triton", triton_gemms=triton_gemms))
+    r = make_recipe("triton", "e4m3", "blockwise", triton_gemms=triton_gemms)
     x = data(128, 256, 1, spread=False).requires_grad_(True)
     w = data(128, 256, 2, spread=False).requires_grad_(True)
     BlockwiseLinearFn.apply(x, w, r).backward(data(128, 128, 3, spread=False))
@@ -1111,13 +1100,10 @@ def test_graphed_training_is_planned_for_one_process_train_cases_and_refused_els
 
 def test_shapes_the_blockwise_gemms_cannot_load_are_skipped_with_the_dimension_named():
     """TMA needs 16-byte aligned rows: a ragged dimension of a case is a skip that names it, not a crash mid-run."""
-    from fp8bench.backends import Recipe, get_backend
-    from fp8bench.config.schema import BackendConfig, ScalingConfig
-    from fp8bench.core.types import Format, Scaling
+    from fp8bench.backends import get_backend, make_recipe
 
     be = get_backend("triton")
-    r = Recipe(format=Format.E4M3, scaling=Scaling.BLOCKWISE, scaling_cfg=ScalingConfig(name="blockwise"),
-               backend_cfg=BackendConfig(name="triton"))
+    r = make_recipe("triton", "e4m3", "blockwise")
     for workload, shape, named in [("gemm", {"m": 100, "n": 256, "k": 200, "role": "wgrad"}, "k=200"),
                                    ("gemm", {"m": 128, "n": 100, "k": 256, "role": "fprop"}, "n=100"),
                                    ("linear", {"tokens": 8200, "in": 4096, "out": 4096}, "tokens=8200"),
@@ -1127,5 +1113,4 @@ def test_shapes_the_blockwise_gemms_cannot_load_are_skipped_with_the_dimension_n
         assert not ok and named in why, (workload, why)
     assert be.supports_shape("train", {"batch": 2, "seq": 4096}, r) == (True, "")
     assert be.supports_shape("layer", {"batch": 1, "seq": 1000, "hidden": 4096},
-                             Recipe(format=Format.BF16, scaling=Scaling.NONE, scaling_cfg=ScalingConfig(name="none"),
-                                    backend_cfg=BackendConfig(name="triton"))) == (True, "")
+                             make_recipe("triton", "bf16", "none")) == (True, "")

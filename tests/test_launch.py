@@ -167,9 +167,19 @@ def test_job_seconds_come_from_each_cases_latest_run_and_skip_a_torn_line(tmp_pa
     from fp8bench.core.records import CaseRecord, ShardWriter
     from fp8bench.run.launch import job_seconds_from_history
 
-    def job(fmt, sc):
-        names = dict(workload="gemm", model="tiny", format=fmt, scaling=sc, backend="torch")
-        return OmegaConf.create({**{k: {"name": v} for k, v in names.items()}, "results_dir": str(tmp_path)})
+    import dataclasses
+    import json
+
+    from fp8bench.config.compose import expand
+
+    groups = [[dataclasses.asdict(p) for p in expand(["workload=gemm", "model=tiny", f"format={fmt}",
+                                                      f"scaling={sc}", "backend=torch"])[0]]
+              for fmt, sc in (("e4m3", "current"), ("bf16", "none"), ("hybrid", "current"))]
+    (tmp_path / "runs" / "cur").mkdir(parents=True)
+    (tmp_path / "runs" / "cur" / "plan.json").write_text(json.dumps({"groups": groups}))
+
+    def job(index):  # a job's config names its run and its twin group (fp8bench run -m)
+        return OmegaConf.create({"results_dir": str(tmp_path), "run_id": "cur", "job_group": index})
 
     def record(run, case, started, seconds, fmt="e4m3", sc="current"):
         return CaseRecord(run_id=run, case_id=case, workload="gemm", model="tiny", format=fmt, scaling=sc,
@@ -183,5 +193,5 @@ def test_job_seconds_come_from_each_cases_latest_run_and_skip_a_torn_line(tmp_pa
     new.write(record("new", "a", 2.0, 3.0))  # a's latest run replaces its older time; b keeps its own
     with open(new.path, "a") as f:
         f.write('{"run_id": "new", "case_id": "b", "dur')  # a crashed job's torn last line
-    seconds = job_seconds_from_history([job("e4m3", "current"), job("bf16", "none"), job("hybrid", "current")])
+    seconds = job_seconds_from_history([job(0), job(1), job(2)])
     assert seconds == [3.0 + 2.0, 1.0, None]

@@ -114,10 +114,8 @@ def test_eager_cast_table_matches_the_torch_backends_casts(scaling, is_weight):
     from torch.utils._pytree import tree_flatten
 
     from fp8bench.analysis.roofline import EAGER_CAST
-    from fp8bench.backends.base import Recipe
+    from fp8bench.backends import make_recipe
     from fp8bench.backends.scaled_mm import quantize_operand
-    from fp8bench.config.schema import BackendConfig, ScalingConfig
-    from fp8bench.core.types import Format, Scaling
 
     views = {"view", "_unsafe_view", "t", "transpose", "reshape", "expand", "as_strided", "slice", "alias",
              "detach", "permute", "unsqueeze", "squeeze", "lift_fresh"}
@@ -133,8 +131,7 @@ def test_eager_cast_table_matches_the_torch_backends_casts(scaling, is_weight):
                 self.kernels += 1
             return out
 
-    recipe = Recipe(format=Format.E4M3, scaling=Scaling(scaling), scaling_cfg=ScalingConfig(name=scaling),
-                    backend_cfg=BackendConfig(name="torch"))
+    recipe = make_recipe("torch", "e4m3", scaling)
     x = torch.randn(512, 1024).bfloat16()
     with Traffic() as t:
         quantize_operand(x, recipe, recipe.options(is_weight=is_weight))

@@ -10,7 +10,8 @@ from fp8bench.data import store
 
 
 def _record(run_id, case_id, fmt="e4m3", t=1.0, backend="torch", status="ok"):
-    return CaseRecord(run_id=run_id, case_id=case_id, workload="gemm", model="tiny", format=fmt,
+    twin = case_id if fmt == "bf16" else case_id.replace(f".{fmt}.current.", ".bf16.none.")
+    return CaseRecord(run_id=run_id, case_id=case_id, twin_id=twin, workload="gemm", model="tiny", format=fmt,
                       scaling="none" if fmt == "bf16" else "current", backend=backend, shape_name=case_id.split(".")[2],
                       shape={"m": 1}, params={"tokens": 16}, status=status,
                       metrics=[Metric.of("time_ms", t), Metric.of("sqnr_db", 30.0)],
@@ -49,7 +50,9 @@ def test_fp8_all_gather_speedup_is_against_bf16_fsdp2_on_as_many_gpus():
 
     def train(fmt, shape_name, t):
         scaling = "none" if fmt == "bf16" else "current"
-        return CaseRecord(run_id="r", case_id=f"train.gpt.{shape_name}.{fmt}.{scaling}.torchao", workload="train",
+        twin = f"train.gpt.{shape_name.removesuffix('fp8ag')}.bf16.none.torchao"
+        return CaseRecord(run_id="r", case_id=f"train.gpt.{shape_name}.{fmt}.{scaling}.torchao", twin_id=twin,
+                          workload="train",
                           model="gpt", format=fmt, scaling=scaling, backend="torchao", shape_name=shape_name,
                           shape={}, status="ok", metrics=[Metric.of("time_ms", t)])
 
@@ -176,7 +179,8 @@ def test_an_export_without_the_training_host_bound_label_gains_it_at_ingest(tmp_
     with ShardWriter(run_dir) as w:
         for fmt, step_ms, busy_ms in (("bf16", 34.9, 12.6), ("e4m3", 118.0, 15.0)):
             scaling = "none" if fmt == "bf16" else "blockwise"
-            w.write(CaseRecord(run_id="t", case_id=f"train.gpt.b8.seed0.{fmt}.{scaling}.triton", workload="train",
+            w.write(CaseRecord(run_id="t", case_id=f"train.gpt.b8.seed0.{fmt}.{scaling}.triton",
+                               twin_id="train.gpt.b8.seed0.bf16.none.triton", workload="train",
                                model="gpt", format=fmt, scaling=scaling, backend="triton", shape_name="b8.seed0",
                                shape={}, params={"tokens": 4096}, status="ok",
                                metrics=[Metric.of("time_ms", step_ms), Metric.of("gpu_busy_ms", busy_ms)]))

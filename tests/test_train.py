@@ -140,7 +140,8 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
 
 def _rec(fmt, seed, final, losses, val, backend="torch", time_ms=10.0):
     steps = [0.0, 50.0, 100.0]
-    return CaseRecord(run_id="r", case_id=f"train.tiny.x.seed{seed}.{fmt}.{backend}", workload="train", model="tiny",
+    return CaseRecord(run_id="r", case_id=f"train.tiny.x.seed{seed}.{fmt}.{backend}",
+                      twin_id=f"train.tiny.x.seed{seed}.bf16.{backend}", workload="train", model="tiny",
                       format=fmt, scaling="none" if fmt == "bf16" else "current", backend=backend, shape_name="x",
                       shape={"batch": 8, "seq": 128, "steps": 100, "seed": seed}, status="ok",
                       metrics=[Metric.of("loss_final", final), Metric.of("time_ms", time_ms)],

@@ -27,9 +27,10 @@ def _case(model, backend, fmt, time_ms, layers, scaling="delayed", dist=None):
                "gpu_optimizer_ms": 0.08 * time_ms, "gpu_communication_ms": 0.0, "gpu_other_ms": 0.2 * time_ms}
     metrics = {"time_ms": time_ms, "tokens_per_s": 8192 / (time_ms / 1e3), "peak_mem_bytes": 2**30 * layers * 2,
                "gpu_busy_ms": 0.98 * time_ms, "gpu_profiled_step_ms": 1.01 * time_ms, **kernels}
-    return CaseRecord(run_id="steps", case_id=f"train.{model}.{shape_name}.{fmt}.{scaling}.{backend}",
-                      workload="train", model=model, format=fmt, scaling=scaling, backend=backend,
-                      shape_name=shape_name, shape=shape, params={"tokens": 8192, "layers": layers, "master_weights": "bf16"},
+    twin = f"train.{model}.{shape_name.removesuffix('fp8ag')}.bf16.none.{backend}"
+    return CaseRecord(run_id="steps", case_id=f"train.{model}.{shape_name}.{fmt}.{scaling}.{backend}", twin_id=twin,
+                      workload="train", model=model, format=fmt, scaling=scaling, backend=backend, shape_name=shape_name,
+                      shape=shape, params={"model.layers": layers, "workload.train.master_weights": "bf16"},
                       status="ok", metrics=[Metric.of(k, v) for k, v in metrics.items()],
                       samples={"time_ms": [time_ms] * 5, "loss": [5.0, 4.0], "val_loss": [5.0, 4.0],
                                "val_step": [0.0, 20.0]})

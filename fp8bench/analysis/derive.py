@@ -5,7 +5,7 @@ across-box intervals and the training parity verdicts."""
 from __future__ import annotations
 
 from fp8bench.analysis.parity import derive_parity
-from fp8bench.core.records import CaseRecord, Metric, derive_box_intervals, derive_speedups, twin_key
+from fp8bench.core.records import CaseRecord, Metric, derive_box_intervals, derive_speedups, pairs
 from fp8bench.core.speedup import is_host_bound
 
 
@@ -24,12 +24,9 @@ def derive_train_host_bound(records: list[CaseRecord]) -> list[tuple[CaseRecord,
     one-step workloads judge their timings in the run (fp8bench.run.groups). A host-bound training speedup
     compares the two recipes' Python and launch costs as much as their kernels (gpt-125m at 8x512 on the H200:
     12.6 ms of kernels in a 35-48 ms BF16 step)."""
-    twins = {twin_key(r): r for r in records if r.workload == "train" and r.format == "bf16" and r.status == "ok"}
     out = []
-    for r in records:
-        twin = twins.get(twin_key(r))
-        if (r.workload != "train" or r.format == "bf16" or r.status != "ok" or r.backend == "emulated"
-                or twin is None or r.metric("host_bound") is not None):
+    for r, twin in pairs(records):
+        if r.workload != "train" or r.measurement.get("method") == "once" or r.metric("host_bound") is not None:
             continue
         bound = is_host_bound(step_busy_pct(twin), step_busy_pct(r))
         if bound is not None:

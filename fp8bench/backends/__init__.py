@@ -9,13 +9,16 @@ report all ask here, so what a backend runs is stated in one place, its own modu
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import pkgutil
+from collections.abc import Mapping
 
-from fp8bench.backends.base import Backend, GemmOp, LinearOp, QuantizeOp, Recipe, TrainSetup
-from fp8bench.config.schema import ConfigError
+from fp8bench.backends.base import Backend, GemmOp, Knobs, LinearOp, QuantizeOp, Recipe, TrainSetup
+from fp8bench.config.schema import ConfigError, ScalingConfig
 from fp8bench.core.hardware import DeviceInfo
+from fp8bench.core.types import Format, Scaling
 
 _NOT_ADAPTERS = frozenset({"base", "emulator"})
 _registered: dict[str, type[Backend]] = {}
@@ -53,9 +56,11 @@ def unregister(name: str) -> None:
 
 
 def names() -> list[str]:
-    """Every backend, built-in ones in a fixed order first (the emulator, torch, then alphabetical)."""
-    first = [n for n in ("emulated", "torch", "te", "torchao", "triton") if n in _builtin()]
-    return first + sorted(n for n in _builtin() if n not in first) + [n for n in _registered if n not in _builtin()]
+    """Every backend: built-in ones first (the numerics reference, then by each adapter's `order`, then
+    alphabetically), then those registered at run time."""
+    builtin = _builtin()
+    ordered = sorted(builtin, key=lambda n: (not builtin[n].reference, builtin[n].order, n))
+    return ordered + [n for n in _registered if n not in builtin]
 
 
 def get_backend(name: str) -> Backend:
@@ -63,6 +68,61 @@ def get_backend(name: str) -> Backend:
     if cls is None:
         raise ConfigError(f"backend={name!r} is unknown; choose one of {names()}")
     return cls()
+
+
+def knob_catalog() -> dict[str, tuple[object, list[str]]]:
+    """Every knob any backend declares: name → (its default, the backends that declare it). Backends that
+    declare one knob give it one default (checked here): that default is what every other backend does."""
+    catalog: dict[str, tuple[object, list[str]]] = {}
+    for name in names():
+        for f in dataclasses.fields(_adapters()[name].knobs):
+            default, owners = catalog.get(f.name, (f.default, []))
+            if default != f.default:
+                raise ValueError(f"backend {name!r} gives knob {f.name!r} the default {f.default!r}, but "
+                                 f"{owners} give it {default!r}: one knob, one meaning")
+            catalog[f.name] = (default, [*owners, name])
+    return catalog
+
+
+_TYPES = {"bool": bool, "str": str, "int": int, "float": (int, float)}
+
+
+def build_knobs(backend: str, given: Mapping[str, object]) -> tuple[Knobs, dict[str, object]]:
+    """The backend's own `Knobs` from a case's `backend.*` values, and the knobs it does not honour: those it
+    does not declare, set to other than the default the backends declaring them give. A knob no backend
+    declares, or a value of the wrong type, is bad input (ConfigError naming the field and the choices)."""
+    cls = get_backend(backend).knobs
+    own = {f.name: f for f in dataclasses.fields(cls)}
+    catalog = knob_catalog()
+    values, foreign = {}, {}
+    for key, value in given.items():
+        if key == "name":
+            continue
+        if key in own:
+            want = _TYPES.get(str(own[key].type))
+            if want is not None and (not isinstance(value, want) or (want is not bool and isinstance(value, bool))):
+                raise ConfigError(f"backend.{key}={value!r} must be of type {own[key].type} (a knob of {backend!r})")
+            values[key] = value
+        elif key in catalog:
+            if value != catalog[key][0]:
+                foreign[key] = value
+        else:
+            raise ConfigError(f"backend.{key}={value!r}: {key!r} is not a knob of any backend; knobs are "
+                              f"{sorted(catalog)}")
+    try:
+        return cls(**values), foreign
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def make_recipe(backend: str, fmt: str, scaling: str, scaling_cfg: ScalingConfig | None = None, **knobs) -> Recipe:
+    """A recipe for `backend` with its own knobs (`**knobs` by name): what a case builds from its point, for
+    code that drives an adapter directly (tests, benchmarks)."""
+    typed, foreign = build_knobs(backend, knobs)
+    if foreign:
+        raise ConfigError(f"{backend} does not declare {sorted(foreign)}; it has {sorted(typed.values())}")
+    return Recipe(format=Format(fmt), scaling=Scaling(scaling), scaling_cfg=scaling_cfg or ScalingConfig(name=scaling),
+                  backend=backend, knobs=typed)
 
 
 @functools.cache
@@ -75,5 +135,5 @@ def capability(name: str, fmt: str, scaling: str, device: DeviceInfo) -> tuple[b
     return get_backend(name).capability(fmt, scaling, device)
 
 
-__all__ = ["Backend", "GemmOp", "LinearOp", "QuantizeOp", "Recipe", "TrainSetup", "available", "capability",
-           "get_backend", "names", "register", "unregister"]
+__all__ = ["Backend", "GemmOp", "Knobs", "LinearOp", "QuantizeOp", "Recipe", "TrainSetup", "available", "capability",
+           "build_knobs", "get_backend", "knob_catalog", "make_recipe", "names", "register", "unregister"]

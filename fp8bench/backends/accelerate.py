@@ -15,8 +15,9 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
-from fp8bench.backends.base import Backend, Recipe, cpu_scaled_mm_path, import_probe, load_te_first
+from fp8bench.backends.base import Backend, Knobs, Recipe, cpu_scaled_mm_path, import_probe, load_te_first
 from fp8bench.core.hardware import FP8, Rule
 from fp8bench.core.types import Format, Scaling
 
@@ -29,8 +30,27 @@ def reset_accelerate_state() -> None:
     GradientState._reset_state()
 
 
+@dataclass(frozen=True, kw_only=True)
+class AccelerateKnobs(Knobs):
+    fp8_backend: str = "te"
+    """The library Accelerate hands FP8 to: `te` (TERecipeKwargs) or `torchao` (AORecipeKwargs)."""
+    compile: bool = False
+    """Accelerate's TorchDynamo plugin with regional compilation (each block compiled)."""
+    cpu_onednn: bool = False
+    """torchao on a CPU: let oneDNN run FP8 _scaled_mm."""
+    gw_hp: bool = False
+    """torchao rowwise: keep the weight-gradient GEMM in high precision (recipe rowwise_with_gw_hp)."""
+
+    def __post_init__(self) -> None:
+        if self.fp8_backend not in ("te", "torchao"):
+            raise ValueError(f"backend.fp8_backend={self.fp8_backend!r} is not valid; choose one of ['te', 'torchao']")
+
+
 class AccelerateBackend(Backend):
     name = "accelerate"
+    knobs = AccelerateKnobs
+    unsupported_train = ("loss_scale", "dynamic_loss_scale")
+    """Accelerate's mixed precision owns the loss scaling."""
     rules = (
         Rule(FP8, frozenset({"delayed"}), (8, 9), None, False,
             "Accelerate TERecipeKwargs: TE DelayedScaling, sm_89+"),
@@ -50,25 +70,40 @@ class AccelerateBackend(Backend):
         ok, why = super().supports(workload, recipe, device)
         if not ok or recipe.format is Format.BF16:
             return ok, why
-        if recipe.backend_cfg.fp8_backend == "te":
-            from fp8bench.backends.te import te_runs
-
+        if recipe.knobs.fp8_backend == "te":
             if recipe.scaling is not Scaling.DELAYED:
                 return False, (f"Accelerate's TERecipeKwargs builds TE's DelayedScaling (or MXFP8BlockScaling) only; "
                                f"{recipe.format.value}/{recipe.scaling.value} is not reachable through it")
+            if device.type != "cuda":
+                return False, "Accelerate's TE backend needs Transformer Engine, which needs a CUDA GPU"
+            return True, ""
+        from fp8bench.backends.torchao import TorchaoBackend
+
+        return TorchaoBackend().supports(workload, recipe, device)
+
+    def probe(self, workload, recipe):
+        if recipe.format is Format.BF16:
+            return True, ""
+        if recipe.knobs.fp8_backend == "te":
+            from fp8bench.backends.te import te_runs
+
             return te_runs(recipe, "Accelerate's TE backend")
         from fp8bench.backends.torchao import TorchaoBackend
 
         ok, why = TorchaoBackend().available()
-        if not ok:
-            return False, f"Accelerate's torchao backend needs torchao: {why}"
-        return TorchaoBackend().supports(workload, recipe, device)
+        return (True, "") if ok else (False, f"Accelerate's torchao backend needs torchao: {why}")
+
+    def scaling_knobs(self, scaling):
+        from fp8bench.backends.te import TE_SCALING_KNOBS
+        from fp8bench.backends.torchao import TORCHAO_SCALING_KNOBS
+
+        return (TE_SCALING_KNOBS | TORCHAO_SCALING_KNOBS).get(scaling, frozenset())
 
     def effective_recipe(self, recipe):
         from fp8bench.backends.te import TEBackend
         from fp8bench.backends.torchao import TorchaoBackend
 
-        inner = TEBackend() if recipe.backend_cfg.fp8_backend == "te" else TorchaoBackend()
+        inner = TEBackend() if recipe.knobs.fp8_backend == "te" else TorchaoBackend()
         return inner.effective_recipe(recipe)
 
     def accelerator(self, recipe: Recipe, device):
@@ -78,13 +113,13 @@ class AccelerateBackend(Backend):
 
         reset_accelerate_state()
         kwargs: dict = {"cpu": device.type != "cuda"}
-        if recipe.backend_cfg.compile:
+        if getattr(recipe.knobs, "compile", False):  # MS-AMP's BF16 twin has no knobs
             from accelerate.utils import TorchDynamoPlugin
 
             kwargs["dynamo_plugin"] = TorchDynamoPlugin(backend="inductor", use_regional_compilation=True)
         if recipe.format is Format.BF16:
             return Accelerator(mixed_precision="bf16", **kwargs)
-        if recipe.backend_cfg.fp8_backend == "te":
+        if recipe.knobs.fp8_backend == "te":
             from accelerate.utils import TERecipeKwargs
 
             sc = recipe.scaling_cfg
@@ -102,6 +137,6 @@ class AccelerateBackend(Backend):
 
     def step_context(self, recipe: Recipe, device):
         """torchao's FP8 GEMMs on CPU take torch's own path unless oneDNN is asked for (base.cpu_scaled_mm_path)."""
-        if recipe.backend_cfg.fp8_backend == "torchao":
+        if recipe.knobs.fp8_backend == "torchao":
             return cpu_scaled_mm_path(recipe, device)
         return contextlib.nullcontext()

@@ -9,15 +9,36 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from fp8bench.config.schema import BackendConfig, ScalingConfig
+from fp8bench.config.schema import SCALING_KNOBS, ScalingConfig
 from fp8bench.core.hardware import DeviceInfo, Rule, rule_verdict
 from fp8bench.core.numerics import DelayedScale, QuantOptions, sqnr_db
 from fp8bench.core.types import Format, GemmRole, Scaling
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knobs:
+    """A backend's own settings beyond format and scaling: each backend declares a frozen subclass, one field
+    per knob with its type, default and docstring (`Backend.knobs`), and reads only that. A default means "the
+    backend's usual path" (a false boolean: the option is off), so a knob another backend declares is
+    honoured by every backend while it holds that default, and a case that sets it elsewhere is skipped."""
+
+    def values(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def set_knobs(self) -> dict[str, object]:
+        """The knobs that differ from their default: what the case asks of the backend beyond its usual path."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
+
+    def variant(self) -> str:
+        """The case id's readable suffix for the knobs set (`compile+cuda_graph`): a set boolean by its name,
+        another value by itself; '' when every knob holds its default."""
+        return "+".join(k if v is True else str(v) for k, v in self.set_knobs().items())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,7 +48,9 @@ class Recipe:
     format: Format
     scaling: Scaling
     scaling_cfg: ScalingConfig
-    backend_cfg: BackendConfig
+    backend: str
+    knobs: Knobs
+    """The backend's own knobs (its `Knobs` subclass), typed and validated."""
 
     def options(self, *, is_grad: bool = False, is_weight: bool = False) -> QuantOptions:
         return QuantOptions(is_grad=is_grad, is_weight=is_weight, margin=self.scaling_cfg.margin,
@@ -105,6 +128,8 @@ class LinearOp:
     """probe(hooks=(pack, unpack), between=..., start=...): one step with saved-tensor hooks around the forward,
     `start()` once the last step's gradients are freed and `between()` after the forward, before the backward
     (fp8bench.workloads.memory.step_breakdown)."""
+    compiled: bool = False
+    """What runs is torch.compile's code (`is_compiled` of the forward): the record's `ran.compiled`."""
 
 
 def module_op(params: list[torch.nn.Parameter], forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
@@ -137,7 +162,21 @@ def module_op(params: list[torch.nn.Parameter], forward: Callable[[torch.Tensor]
     return LinearOp(step=lambda: run(forward), outputs=lambda: results(forward),
                     reference_outputs=(lambda: results(reference_forward)) if reference_forward else None,
                     notes=notes or {}, params=list(params),
-                    probe=lambda hooks=None, between=None, start=None: run(forward, hooks, between, start))
+                    probe=lambda hooks=None, between=None, start=None: run(forward, hooks, between, start),
+                    compiled=is_compiled(forward))
+
+
+def is_compiled(obj: object) -> bool:
+    """Whether torch.compile runs `obj`: a module compiled whole, or one whose submodules were compiled in place
+    (regional compilation, `compile_blocks`). Read from the objects, so a record states what ran."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if isinstance(obj, OptimizedModule):
+        return True
+    if isinstance(obj, torch.nn.Module):
+        return any(isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None
+                   for m in obj.modules())
+    return False
 
 
 @dataclass
@@ -253,27 +292,58 @@ class Backend:
     workloads: frozenset[str] = frozenset()
     rules: tuple[Rule, ...] = ()
     """What runs on which device (fp8bench.core.hardware.Rule); a pair no rule names has no recipe."""
+    knobs: type[Knobs] = Knobs
+    """The backend's own settings (a `Knobs` subclass): `backend.<knob>=` overrides, read into it per case."""
+    order: int = 100
+    """Where the backend is listed (doctor, the report): lower first; equal orders alphabetically."""
     timed: bool = True
     """False for the emulator: its cases run once (their time is what emulation costs, not a kernel's)."""
+    reference: bool = False
+    """The numerics reference the other backends' kernels are checked against (the exact emulator)."""
     loop: str = "fp8bench"
     """Whose training loop runs its `train` cases: fp8bench's own (`prepare_training`), or a framework's
     (`lightning`, `accelerate`: fp8bench.workloads.train.frameworks), as users of that framework run it."""
+    unsupported_train: tuple[str, ...] = ()
+    """`workload.train.*` settings this backend's training loop runs without: a case that sets one to other than
+    its default is skipped with the reason (a framework's loop checkpoints or scales losses its own way)."""
+    strategies: frozenset[str] = frozenset()
+    """Distributed training strategies (`workload.train.strategy` with nproc > 1) this backend runs."""
 
     def available(self) -> tuple[bool, str]:
         """Is the backend's software importable here? (ok, reason with the fix)."""
         return True, ""
 
+    def probe(self, workload: str, recipe: Recipe) -> tuple[bool, str]:
+        """The library's own verdict on this machine (e.g. Transformer Engine's `is_fp8_available`), asked only
+        where the backend is installed; plans for a described device leave it out."""
+        return True, ""
+
     def supports(self, workload: str, recipe: Recipe, device: torch.device) -> tuple[bool, str]:
-        """Workload- and recipe-level limits beyond the device capability matrix."""
+        """Workload- and recipe-level limits beyond the device capability matrix, from the declaration alone (no
+        import of the backend's library, no device needed): what the planner decides a case's runnability on."""
         if workload not in self.workloads:
             return False, f"backend {self.name!r} does not implement workload {workload!r} (it runs {sorted(self.workloads)})"
-        if "cuda_graph" in recipe.backend_cfg.variant():  # a backend that reads the knob (BF16 twins too)
-            if workload != "train":
-                return False, ("backend.cuda_graph captures the train workload's steps; the other workloads time "
-                               "CUDA-graph replays with measure.cuda_graph=true (gemm)")
-            if device.type != "cuda":
-                return False, "backend.cuda_graph replays CUDA graphs: it needs a CUDA device"
         return True, ""
+
+    def supports_train(self, train, recipe: Recipe, device: torch.device) -> tuple[bool, str]:
+        """Limits of this backend's training loop for a `train` case's settings (`workload.train`)."""
+        defaults = type(train)()
+        refused = [f"workload.train.{k}={getattr(train, k)!r}" for k in self.unsupported_train
+                   if getattr(train, k) != getattr(defaults, k)]
+        if refused:
+            return False, (f"{self.name} trains in {self.loop}'s loop, which fp8bench runs without "
+                           f"{', '.join(refused)}; unset them for this backend")
+        if train.nproc > 1 and train.strategy not in self.strategies:
+            return False, (f"{self.name} does not run distributed training with strategy={train.strategy!r}"
+                           + (f" (it runs {sorted(self.strategies)})" if self.strategies else ""))
+        if train.fp8_all_gather:
+            return False, f"{self.name} has no FP8 all-gather (torchao float8 under FSDP2 has)"
+        return True, ""
+
+    def scaling_knobs(self, scaling: Scaling) -> frozenset[str]:
+        """The `scaling.*` knobs this backend honours under `scaling` (by default, what the exact numerics
+        read: fp8bench.config.schema.SCALING_KNOBS)."""
+        return frozenset(SCALING_KNOBS.get(scaling.value, ()))
 
     def capability(self, fmt: str, scaling: str, device: DeviceInfo) -> tuple[bool, str]:
         """Can (fmt, scaling) run on `device` by this backend's rules? (ok, reason a user can act on)."""
@@ -361,6 +431,29 @@ def one_step_delayed(backend: str, workload: str, recipe: Recipe) -> tuple[bool,
     return True, ""
 
 
+def graphs_verdict(workload: str, knobs: Knobs, device: torch.device, *, compiled: bool = False) -> tuple[bool, str]:
+    """For a backend that declares `cuda_graph`: graphs capture a `train` step of fp8bench's one-process loop on
+    a CUDA device, and are one way to run a step, compilation another."""
+    if not getattr(knobs, "cuda_graph", False):
+        return True, ""
+    if workload != "train":
+        return False, ("backend.cuda_graph captures the train workload's steps; the other workloads time CUDA-graph "
+                       "replays with measure.cuda_graph=true (gemm)")
+    if device.type != "cuda":
+        return False, "backend.cuda_graph replays CUDA graphs: it needs a CUDA device"
+    if compiled:
+        return False, ("backend.cuda_graph and backend.compile are two ways to run a step (replayed graphs, or "
+                       "inductor's code): choose one")
+    return True, ""
+
+
+def graphs_train_verdict(train, knobs: Knobs) -> tuple[bool, str]:
+    if getattr(knobs, "cuda_graph", False) and train.nproc > 1:
+        return False, ("backend.cuda_graph captures a step of fp8bench's own loop in one process; set "
+                       "workload.train.nproc=1")
+    return True, ""
+
+
 def swap_block_linears(model: torch.nn.Module, make: Callable[[torch.nn.Linear], torch.nn.Module]) -> None:
     """Replace every nn.Linear inside model.blocks by make(linear) (same weights, another implementation)."""
     from fp8bench.models.block import swap_linears
@@ -403,7 +496,7 @@ def cpu_scaled_mm_path(recipe: Recipe, device: torch.device):
     """On CPU, torch's _scaled_mm goes through oneDNN only when `backend.cpu_onednn` is set: without FP8
     units oneDNN's FP8 GEMM is a slow reference (~0.1 GFLOPS on 2 cores) and torch's own path is not."""
     if device.type == "cpu" and recipe.format is not Format.BF16:  # BF16 matmuls need oneDNN to be fast
-        return torch.backends.mkldnn.flags(enabled=recipe.backend_cfg.cpu_onednn)
+        return torch.backends.mkldnn.flags(enabled=recipe.knobs.cpu_onednn)
     return contextlib.nullcontext()
 
 

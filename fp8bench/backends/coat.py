@@ -24,6 +24,9 @@ class CoatBackend(Backend):
     )
     workloads = frozenset({"train"})
 
+    def scaling_knobs(self, scaling):
+        return frozenset()  # COAT's FP8Linear takes no scale options
+
     def available(self):
         if not torch.cuda.is_available():
             return False, "COAT's Triton and CUDA kernels need a CUDA GPU; this device is a CPU"

@@ -47,6 +47,7 @@ class _DelayedScalingLinearFn(torch.autograd.Function):
 class EmulatedBackend(Backend):
     name = "emulated"
     timed = False
+    reference = True
     workloads = frozenset({"gemm", "quantize", "linear", "mlp", "layer", "train"})
 
     def capability(self, fmt, scaling, device):

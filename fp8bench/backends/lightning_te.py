@@ -26,6 +26,8 @@ class LightningTEBackend(Backend):
     )
     workloads = frozenset({"train"})
     loop = "lightning"
+    unsupported_train = ("ckpt_every", "loss_scale", "dynamic_loss_scale")
+    """Lightning checkpoints and scales losses its own way, not fp8bench's."""
 
     def available(self):
         load_te_first()
@@ -33,11 +35,21 @@ class LightningTEBackend(Backend):
 
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)
-        if not ok or recipe.format is Format.BF16:
-            return ok, why
+        if ok and recipe.format is not Format.BF16 and device.type != "cuda":
+            return False, "Lightning's TransformerEnginePrecision needs Transformer Engine, which needs a CUDA GPU"
+        return ok, why
+
+    def probe(self, workload, recipe):
+        if recipe.format is Format.BF16:
+            return True, ""
         from fp8bench.backends.te import te_runs
 
         return te_runs(recipe, "Lightning's TransformerEnginePrecision")
+
+    def scaling_knobs(self, scaling):
+        from fp8bench.backends.te import TE_SCALING_KNOBS
+
+        return TE_SCALING_KNOBS.get(scaling, frozenset())
 
     def effective_recipe(self, recipe):
         from fp8bench.backends.te import TEBackend

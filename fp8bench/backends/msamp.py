@@ -9,13 +9,15 @@ from __future__ import annotations
 import contextlib
 
 from fp8bench.backends.accelerate import AccelerateBackend, reset_accelerate_state
-from fp8bench.backends.base import Backend, package_probe
+from fp8bench.backends.base import Backend, Knobs, package_probe
 from fp8bench.core.hardware import Rule
 from fp8bench.core.types import Format, Scaling
 
 
 class MsampBackend(AccelerateBackend):
     name = "msamp"
+    knobs = Knobs
+    """None: MS-AMP's O2 recipe is what it runs (Accelerate's own knobs are not passed to it)."""
     rules = (
         Rule(frozenset({"hybrid"}), frozenset({"delayed"}), (8, 9), None, False,
             "MS-AMP O2 through Accelerate: FP8 tensor cores, sm_89+"),
@@ -31,6 +33,12 @@ class MsampBackend(AccelerateBackend):
         if ok and recipe.format is not Format.BF16 and (recipe.format, recipe.scaling) != (Format.HYBRID, Scaling.DELAYED):
             return False, "MS-AMP O2 scales E4M3 weights and E5M2 gradients per tensor from amax history: hybrid/delayed"
         return ok, why
+
+    def probe(self, workload, recipe):
+        return True, ""
+
+    def scaling_knobs(self, scaling):
+        return frozenset()  # MS-AMP keeps its own amax history and margin
 
     def accelerator(self, recipe, device):
         if recipe.format is Format.BF16:

@@ -8,12 +8,15 @@ its own fallback.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from fp8bench.backends.base import (
     Backend,
     DelayedScalingLinear,
     GemmOp,
+    Knobs,
     QuantizeOp,
     Recipe,
     RecipeLinear,
@@ -99,7 +102,7 @@ def quantize_operand(x: torch.Tensor, recipe: Recipe, opt: QuantOptions,
 
 def scaled_gemm(qa: Quantized, qb: Quantized, recipe: Recipe, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """A · Bᵀ on quantized operands: B's data is (N, K) row-major, passed as the column-major (K, N)."""
-    fast = recipe.backend_cfg.fast_accum and qa.data.is_cuda
+    fast = recipe.knobs.fast_accum and qa.data.is_cuda
     with cpu_scaled_mm_path(recipe, qa.data.device):
         if recipe.scaling is Scaling.BLOCKWISE:
             import torch.nn.functional as F
@@ -162,8 +165,19 @@ class _DelayedScalingLinearFn(torch.autograd.Function):
         return dx, dw, None
 
 
+@dataclass(frozen=True, kw_only=True)
+class TorchKnobs(Knobs):
+    fast_accum: bool = False
+    """FP8 GEMMs with cuBLASLt's fast accumulation (CUDA only)."""
+    cpu_onednn: bool = False
+    """CPU: let oneDNN run FP8 _scaled_mm. Without FP8 hardware its path is a slow reference."""
+
+
 class ScaledMMBackend(Backend):
     name = "torch"
+    knobs = TorchKnobs
+    order = 1
+    strategies = frozenset({"fsdp2", "ddp"})
     rules = (
         Rule(frozenset({"hybrid"}), frozenset({"blockwise"}), None, None, False,
             "F.scaled_mm blockwise takes E4M3 operands only: torch 2.11 on an H200 rejected E5M2 gradients "
@@ -185,9 +199,15 @@ class ScaledMMBackend(Backend):
         ok, why = super().supports(workload, recipe, device)
         if not ok:
             return ok, why
-        if recipe.backend_cfg.fast_accum and device.type != "cuda":
+        if recipe.knobs.fast_accum and device.type != "cuda":
             return False, "backend.fast_accum is a cuBLASLt option; this device is a CPU"
         return one_step_delayed(self.name, workload, recipe)
+
+    def supports_train(self, train, recipe, device):
+        ok, why = super().supports_train(train, recipe, device)
+        if ok and train.nproc > 1 and recipe.format is not Format.BF16:
+            return False, "distributed torch-backend runs are the BF16 baseline; FP8 runs through torchao or te"
+        return ok, why
 
     def gemm(self, a, b, role, recipe):
         if recipe.format is Format.BF16:

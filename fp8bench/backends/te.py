@@ -8,15 +8,19 @@ this GPU, TE's own reason is recorded.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
 from fp8bench.backends.base import (
     Backend,
+    Knobs,
     QuantizeOp,
     Recipe,
     TrainSetup,
     capture_autocast,
+    graphs_train_verdict,
+    graphs_verdict,
     import_probe,
     module_op,
     swap_block_linears,
@@ -87,8 +91,23 @@ def te_runs(recipe: Recipe, framework: str) -> tuple[bool, str]:
     return te_reason(recipe) if ok else (False, f"{framework} needs Transformer Engine: {why}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class TEKnobs(Knobs):
+    cuda_graph: bool = False
+    """train: each step's forward and backward replayed from CUDA graphs that TE's `make_graphed_callables`
+    captures once (both twins alike), as Transformer Engine's users graph a launch-bound model."""
+
+
+TE_SCALING_KNOBS = {Scaling.DELAYED: frozenset({"amax_history_len", "amax_compute_algo", "margin"})}
+"""What TE's recipes take of `scaling.*`: DelayedScaling its amax history, algorithm and margin;
+Float8CurrentScaling and Float8BlockScaling none (block scales are powers of two by TE's own default)."""
+
+
 class TEBackend(Backend):
     name = "te"
+    knobs = TEKnobs
+    order = 2
+    strategies = frozenset({"ddp"})
     rules = (
         Rule(FP8, TENSORWISE, (8, 9), None, False, "TE DelayedScaling / Float8CurrentScaling: sm_89+"),
         Rule(FP8, frozenset({"blockwise"}), (9, 0), (12, 9), False,
@@ -113,14 +132,22 @@ class TEBackend(Backend):
     rope_workloads = frozenset({"layer"})
     """Workloads that run TE's TransformerLayer, which needs TE's rotary embedding to compute a Llama block."""
 
+    def scaling_knobs(self, scaling):
+        return TE_SCALING_KNOBS.get(scaling, frozenset())
+
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)
-        if ok and workload in self.rope_workloads and rope_class() is None:
+        return graphs_verdict(workload, recipe.knobs, device) if ok else (ok, why)
+
+    def supports_train(self, train, recipe, device):
+        ok, why = graphs_train_verdict(train, recipe.knobs)
+        return super().supports_train(train, recipe, device) if ok else (ok, why)
+
+    def probe(self, workload, recipe):
+        if workload in self.rope_workloads and rope_class() is None:
             return False, ("this Transformer Engine exposes no RotaryPositionEmbedding: its TransformerLayer would "
                            "run without rotary embeddings, unlike the Llama block it stands for")
-        if not ok or recipe.format is Format.BF16:
-            return ok, why
-        return te_reason(recipe)
+        return (True, "") if recipe.format is Format.BF16 else te_reason(recipe)
 
     def quantize(self, x, recipe, is_weight):
         """TE's own cast kernels, producing what its Hopper GEMMs consume: per-tensor scaling (current:
@@ -181,7 +208,7 @@ class TEBackend(Backend):
 
         swap_block_linears(model, to_te)
         capture = None
-        if recipe.backend_cfg.cuda_graph:
+        if recipe.knobs.cuda_graph:
             def capture(module, sample, mixed):
                 """TE's make_graphed_callables, which captures its modules' quantization state with them (called
                 outside te.autocast, as TE's examples do; its replays run inside it, `forward_context`)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fp8bench.backends.base import TrainSetup
+from fp8bench.backends.base import Knobs, TrainSetup
 from fp8bench.backends.te import TEBackend, autocast, rope_table
 from fp8bench.backends.te_reference import load_te_layer, transformer_layer_kwargs
 
@@ -39,6 +39,10 @@ class TELayerBackend(TEBackend):
     name = "te-layer"
     workloads = frozenset({"train"})
     rope_workloads = frozenset({"train"})
+    knobs = Knobs
+    order = 100
+    """No graphs: each block is one TE module, trained eagerly as Megatron-Core trains it."""
+    strategies = frozenset()
 
     def prepare_training(self, model, recipe):
         """Each LlamaBlock becomes a te.TransformerLayer carrying its weights, in the blocks' dtype (the master

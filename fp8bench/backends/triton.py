@@ -27,11 +27,14 @@ recorded `skipped` with that reason, never run under another name.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from fp8bench.backends.base import (
     Backend,
     GemmOp,
+    Knobs,
     LinearOutsideCompile,
     QuantizeOp,
     RecipeLinear,
@@ -39,6 +42,8 @@ from fp8bench.backends.base import (
     capture_module,
     compile_blocks,
     compile_module,
+    graphs_train_verdict,
+    graphs_verdict,
     import_probe,
     module_op,
     swap_block_linears,
@@ -69,9 +74,9 @@ class BlockwiseLinearFn(torch.autograd.Function):
         pow2 = recipe.scaling_cfg.pow2_scales
         qx, sx, qxt, sxt = quantize_blockwise_both(x.contiguous(), pow2_scales=pow2)
         qw, sw, qwt, swt = quantize_blockwise_both(w.contiguous(), weight=True, pow2_scales=pow2)
-        _, gemm = _blockwise_gemm(x.device, recipe.backend_cfg, fast_accum=False)
+        _, gemm = _blockwise_gemm(x.device, recipe.knobs, fast_accum=False)
         ctx.save_for_backward(qxt, sxt, qwt, swt)
-        ctx.pow2, ctx.w_dtype, ctx.backend_cfg = pow2, w.dtype, recipe.backend_cfg
+        ctx.pow2, ctx.w_dtype, ctx.knobs = pow2, w.dtype, recipe.knobs
         return gemm(qx, sx, qw, sw)
 
     @staticmethod
@@ -80,15 +85,31 @@ class BlockwiseLinearFn(torch.autograd.Function):
 
         qxt, sxt, qwt, swt = ctx.saved_tensors
         qdy, sdy, qdyt, sdyt = quantize_blockwise_both(dy.contiguous(), pow2_scales=ctx.pow2)
-        _, gemm = _blockwise_gemm(dy.device, ctx.backend_cfg, fast_accum=False)
-        _, wgrad = _wgrad_gemm(dy.device, ctx.backend_cfg)
+        _, gemm = _blockwise_gemm(dy.device, ctx.knobs, fast_accum=False)
+        _, wgrad = _wgrad_gemm(dy.device, ctx.knobs)
         dx = gemm(qdy, sdy, qwt, swt)  # [tokens, in]: dY (1x128 along out) x Wᵀ's 128x128 blocks
         dw = wgrad(qdyt, sdyt, qxt, sxt)  # [out, in]: summed over tokens in 1x128 groups
         return dx, dw.to(ctx.w_dtype), None
 
 
+@dataclass(frozen=True, kw_only=True)
+class TritonKnobs(Knobs):
+    fast_accum: bool = False
+    """gemm: the blockwise GEMM's sum stays in the tensor core's accumulation (rescale) instead of DeepSeek-V3's
+    promotion of each 128-deep K group to FP32."""
+    triton_gemms: bool = False
+    """Run the blockwise GEMMs (fprop, dgrad, wgrad) on the Triton kernels even on sm_90, where the
+    warp-specialized Gluon ones run by default: the two kernel generations side by side."""
+    compile: bool = False
+    """mlp, layer, train: compile both twins' modules around the recipe's linears (`LinearOutsideCompile`)."""
+    cuda_graph: bool = False
+    """train: each step's forward and backward captured once as CUDA graphs and replayed (both twins alike)."""
+
+
 class TritonBackend(Backend):
     name = "triton"
+    knobs = TritonKnobs
+    order = 4
     rules = (
         Rule(FP8, frozenset({"current", "blockwise"}), (9, 0), None, False,
             "fp8bench_kernels use Hopper FP8 tensor cores (sm_90+)"),
@@ -113,14 +134,13 @@ class TritonBackend(Backend):
 
     def supports(self, workload, recipe, device):
         ok, why = super().supports(workload, recipe, device)
-        if ok and recipe.backend_cfg.compile and workload not in COMPILED_WORKLOADS:  # BF16 twins too
+        if ok and recipe.knobs.compile and workload not in COMPILED_WORKLOADS:  # BF16 twins too
             return False, (f"backend.compile compiles what lies between a block's linears (norms, RoPE, SwiGLU, "
                            f"residuals), around the recipe's own kernels: it applies to {sorted(COMPILED_WORKLOADS)}, "
                            f"and a {workload} case would be the uncompiled one under another name")
-        if ok and recipe.backend_cfg.cuda_graph and recipe.backend_cfg.compile:  # BF16 twins too
-            return False, ("backend.cuda_graph and backend.compile are two ways to run a step (replayed graphs, or "
-                           "inductor's code with the linears left eager): choose one")
-        if ok and workload in RECIPE_WORKLOADS and recipe.backend_cfg.fast_accum:  # BF16 twins too: nothing to pair
+        if ok:  # BF16 twins too
+            ok, why = graphs_verdict(workload, recipe.knobs, device, compiled=recipe.knobs.compile)
+        if ok and workload in RECIPE_WORKLOADS and recipe.knobs.fast_accum:  # BF16 twins too: nothing to pair
             return False, ("the blockwise recipe's wgrad GEMM always promotes to FP32 (DeepSeek-V3): a linear "
                            "under backend.fast_accum would mix the two numerics; run the fast-accumulation "
                            "fprop/dgrad GEMMs in the gemm workload")
@@ -131,8 +151,12 @@ class TritonBackend(Backend):
             return False, f"fp8bench_kernels has no {workload} kernel for {recipe.format.value}/{recipe.scaling.value}; it has {have}"
         return True, ""
 
+    def supports_train(self, train, recipe, device):
+        ok, why = graphs_train_verdict(train, recipe.knobs)
+        return super().supports_train(train, recipe, device) if ok else (ok, why)
+
     def supports_shape(self, workload, shape, recipe):
-        if (workload == "gemm" and recipe.backend_cfg.fast_accum and recipe.format is not Format.BF16
+        if (workload == "gemm" and recipe.knobs.fast_accum and recipe.format is not Format.BF16
                 and shape.get("role") == GemmRole.WGRAD.value):
             return False, "the wgrad kernel always promotes to FP32 (DeepSeek-V3); it has no fast-accumulation variant"
         if recipe.format is Format.BF16:
@@ -190,9 +214,9 @@ class TritonBackend(Backend):
         pow2 = recipe.scaling_cfg.pow2_scales
         b_block = (1, 128) if role is GemmRole.WGRAD else (128, 128)
         if role is GemmRole.WGRAD:
-            kernel, gemm = _wgrad_gemm(a.device, recipe.backend_cfg)
+            kernel, gemm = _wgrad_gemm(a.device, recipe.knobs)
         else:
-            kernel, gemm = _blockwise_gemm(a.device, recipe.backend_cfg, recipe.backend_cfg.fast_accum)
+            kernel, gemm = _blockwise_gemm(a.device, recipe.knobs, recipe.knobs.fast_accum)
         a16, b16 = a.bfloat16().contiguous(), b.bfloat16().contiguous()
 
         def quantized():  # 1x128 scales written M-major, the layout the GEMM kernels read them in
@@ -215,7 +239,7 @@ class TritonBackend(Backend):
         whole (torch.compile, inductor): the BF16 one with its linears inside the graph, ours with each linear
         left out of it (`LinearOutsideCompile`: dynamo cannot trace the kernels' launcher, and the casts are
         fused into them already), so both get the same fused norms, RoPE, SwiGLU and residuals."""
-        if not recipe.backend_cfg.compile:
+        if not recipe.knobs.compile:
             return super().module(reference, x, dy, recipe)
         return super().module(reference, x, dy, recipe, linear=LinearOutsideCompile,
                               wrap=lambda m: compile_module(m, dynamic=False))
@@ -225,21 +249,21 @@ class TritonBackend(Backend):
         (regional compilation, as `module`), the BF16 twin's blocks compiled whole; with `backend.cuda_graph`
         the loop captures the model's steps as CUDA graphs, both twins alike."""
         if recipe.format is not Format.BF16:
-            linear = LinearOutsideCompile if recipe.backend_cfg.compile else RecipeLinear
+            linear = LinearOutsideCompile if recipe.knobs.compile else RecipeLinear
             swap_block_linears(model, lambda lin: linear(lin, self.linear_fn, recipe))
-        if recipe.backend_cfg.compile:
+        if recipe.knobs.compile:
             compile_blocks(model, dynamic=False)
-        return TrainSetup(model, capture=capture_module if recipe.backend_cfg.cuda_graph else None)
+        return TrainSetup(model, capture=capture_module if recipe.knobs.cuda_graph else None)
 
     def kernels(self, workload, recipe, device):
         if workload not in RECIPE_WORKLOADS or recipe.format is Format.BF16:
             return {}
-        return {"gemm_kernel": _blockwise_gemm(device, recipe.backend_cfg, fast_accum=False)[0],
-                "wgrad_kernel": _wgrad_gemm(device, recipe.backend_cfg)[0]}
+        return {"gemm_kernel": _blockwise_gemm(device, recipe.knobs, fast_accum=False)[0],
+                "wgrad_kernel": _wgrad_gemm(device, recipe.knobs)[0]}
 
 
-def _gluon_runs_on(device: torch.device, backend_cfg) -> bool:
-    if backend_cfg.triton_gemms:
+def _gluon_runs_on(device: torch.device, knobs) -> bool:
+    if knobs.triton_gemms:
         return False
     try:
         from fp8bench_kernels.gemm_blockwise_gluon import runs_on
@@ -248,12 +272,12 @@ def _gluon_runs_on(device: torch.device, backend_cfg) -> bool:
     return runs_on(device)
 
 
-def _blockwise_gemm(device: torch.device, backend_cfg, fast_accum: bool):
+def _blockwise_gemm(device: torch.device, knobs, fast_accum: bool):
     """(name, fprop/dgrad GEMM) for this device, taking A's scales M-major
     (`quantize_blockwise(m_major_scales=True)`): the Gluon kernel's producer TMA-loads them so, and the Triton
     kernel reads them in one coalesced load. Which of the two ran is recorded with the case (`gemm_kernel`).
     `fast_accum` is the caller's: the recipe's linear always promotes, as its wgrad does (DeepSeek-V3)."""
-    if _gluon_runs_on(device, backend_cfg):
+    if _gluon_runs_on(device, knobs):
         from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon
 
         return "gluon", lambda qa, sa, qb, sb: gemm_blockwise_gluon(qa, sa, qb, sb, fast_accum=fast_accum)
@@ -262,10 +286,10 @@ def _blockwise_gemm(device: torch.device, backend_cfg, fast_accum: bool):
     return "triton", lambda qa, sa, qb, sb: gemm_blockwise(qa, sa, qb, sb, fast_accum=fast_accum)
 
 
-def _wgrad_gemm(device: torch.device, backend_cfg):
+def _wgrad_gemm(device: torch.device, knobs):
     """(name, weight-gradient GEMM) for this device: both operands with 1x128 scales along the tokens
     (`wgrad_kernel` in the record)."""
-    if _gluon_runs_on(device, backend_cfg):
+    if _gluon_runs_on(device, knobs):
         from fp8bench_kernels.gemm_blockwise_gluon import gemm_blockwise_gluon_wgrad
 
         return "gluon-wgrad", gemm_blockwise_gluon_wgrad

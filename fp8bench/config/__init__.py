@@ -1,7 +1,6 @@
 """Config schemas (plain dataclasses) and the Hydra boundary (`compose`)."""
 
 from fp8bench.config.schema import (
-    BackendConfig,
     Config,
     ConfigError,
     FormatConfig,
@@ -12,5 +11,5 @@ from fp8bench.config.schema import (
     WorkloadConfig,
 )
 
-__all__ = ["BackendConfig", "Config", "ConfigError", "FormatConfig", "MeasureConfig", "ModelConfig",
-           "ScalingConfig", "StoreConfig", "WorkloadConfig"]
+__all__ = ["Config", "ConfigError", "FormatConfig", "MeasureConfig", "ModelConfig", "ScalingConfig", "StoreConfig",
+           "WorkloadConfig"]

@@ -1,39 +1,37 @@
 """The one boundary with Hydra/OmegaConf: compose `conf/` into validated `Config` dataclasses.
 
-Everything below this module takes plain dataclasses. Hydra's own failures (unknown preset, misspelt key,
-wrong type, bad override syntax) are translated into `ConfigError` with the field, the value and the choices.
+Overrides are parsed by Hydra's own override parser, and a sweep is expanded as Hydra's basic sweeper expands
+it (a sweep preset's `hydra.sweeper.params` first, the command line's overrides after, a key given twice taking
+the later values): comma lists, `choice()`, `range()` and `glob()` all work, with `fp8bench run -m` and with a
+sweep preset alike. Everything below this module takes plain dataclasses. Hydra's own failures (unknown preset,
+misspelt key, wrong type, bad override syntax) are translated into `ConfigError` with the field, the value
+and the choices.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import itertools
 import re
 import sys
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from fp8bench.config.schema import Config, ConfigError
 from fp8bench.core.types import VALID_SCALINGS, Format, Scaling
-
-
-def _expose_launcher_plugins() -> None:
-    """Hydra finds launchers only in the `hydra_plugins` namespace package, scanned once per process: put
-    fp8bench's portion of it (fp8bench/hydra_search/hydra_plugins/) on the path before anything asks."""
-    path = str(Path(__file__).resolve().parents[1] / "hydra_search")
-    if path not in sys.path:
-        sys.path.append(path)
-
-
-_expose_launcher_plugins()
 
 SCHEMA_NAME = "fp8bench_schema"
 GROUPS = ("workload", "model", "format", "scaling", "backend", "sweep")
@@ -57,9 +55,12 @@ def _writable(node: DictConfig) -> None:
 
 def register_schema() -> None:
     # Frozen dataclasses make read-only OmegaConf nodes, onto which YAML cannot merge: lift the flag on the
-    # schema node only. Types and keys are still enforced; to_object still builds the frozen dataclasses.
+    # schema node only. Types and keys are still enforced; to_object still builds the frozen dataclasses. The
+    # `backend` node stays open to any key: which knobs exist is each backend's own declaration, checked when
+    # the case is built (a knob the backend does not honour skips the case, with the reason).
     node = OmegaConf.structured(Config)
     _writable(node)
+    OmegaConf.set_struct(node.backend, False)
     ConfigStore.instance().store(name=SCHEMA_NAME, node=node)
     if not OmegaConf.has_resolver("fp8bench_gpus"):  # conf/hydra/launcher/local-gpus.yaml: one job per GPU
         from fp8bench.core.hardware import gpu_count
@@ -74,32 +75,46 @@ def group_options(group: str) -> list[str]:
 def model_preset(name: str) -> dict | None:
     """conf/model/<name>.yaml as a dict (the dimensions a recorded case's model name stands for), or None
     where no preset has that name (a model a plugin or an older checkout defined)."""
-    path = conf_dir() / "model" / f"{name}.yaml"
-    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
+    return preset_values("model", name)
 
 
-_KEY_RE = re.compile(r"^[~+]*([\w.\-/@]+?)(@[\w.]+)?=(.*)$", re.S)
+@functools.cache
+def preset_values(group: str, name: str) -> dict | None:
+    """conf/<group>/<name>.yaml as a plain dict (no Hydra composition: the values the preset itself sets), or
+    None where no preset has that name."""
+    path = conf_dir() / group / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    values = OmegaConf.to_container(OmegaConf.load(path))
+    return values if isinstance(values, dict) else {}
 
 
-def _check_override(override: str) -> None:
-    """Catch the common mistakes before Hydra, with messages that list the valid choices."""
-    m = _KEY_RE.match(override)
-    if not m:
-        if override.startswith("-"):
-            raise ConfigError(f"option {override!r} is not known here; pass Hydra overrides as key=value")
-        raise ConfigError(f"override {override!r} is not key=value (e.g. model=llama2-7b)")
-    key, value = m.group(1), m.group(3)
-    if key.startswith("hydra/"):  # Hydra's own groups (hydra/launcher=...): Hydra checks them
+@functools.cache
+def root_values() -> dict:
+    """The values conf/config.yaml sets itself (its `defaults` and `hydra` sections left out)."""
+    values = OmegaConf.to_container(OmegaConf.load(conf_dir() / "config.yaml"))
+    return {k: v for k, v in values.items() if k not in ("defaults", "hydra")}
+
+
+# --------------------------------------------------------------------------- override checks
+
+def _check_override(o: Override) -> None:
+    """Catch the common mistakes before Hydra composes, with messages that list the valid choices."""
+    key = o.key_or_group
+    if o.is_hydra_override() or o.is_delete():
         return
+    values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
     if key in GROUPS:
         opts = group_options(key)
-        for v in _split_values(value):
-            if v not in opts and v not in ("null",):
+        for v in values:
+            if v not in opts and v != "null":
                 raise ConfigError(f"{key}={v!r} is not a preset; choose one of {opts}")
         return
-    if key.split(".")[0] == "hydra":
-        return
-    _check_value(key, value, _field_type(key, value))
+    if key.split(".")[0] == "backend" or o.is_add() or o.is_force_add():
+        return  # backend knobs: the backend's own declaration checks them when the case is built
+    typ = _field_type(key, ",".join(values))
+    for v in values:
+        _check_value(key, v, typ)
 
 
 def _field_type(key: str, value: str) -> object:
@@ -116,14 +131,12 @@ def _field_type(key: str, value: str) -> object:
 
 
 def _check_value(key: str, value: str, typ: object) -> None:
-    """Scalar type check of an override value (Hydra's own message for this is unhelpful)."""
-    if value in ("null", "") or "(" in value:
+    """Scalar type check of one override value (Hydra's own message for this is unhelpful)."""
+    if value in ("null", ""):
         return
-    for v in _split_values(value):
-        for want, ok in ((int, _is_int), (float, _is_float), (bool, _is_bool)):
-            if typ is want or typ == want | None:
-                if not ok(v):
-                    raise ConfigError(f"{key}={v!r} must be of type {want.__name__}")
+    for want, ok in ((int, _is_int), (float, _is_float), (bool, _is_bool)):
+        if (typ is want or typ == want | None) and not ok(value):
+            raise ConfigError(f"{key}={value!r} must be of type {want.__name__}")
 
 
 def _is_int(v: str) -> bool:
@@ -140,13 +153,6 @@ def _is_float(v: str) -> bool:
 
 def _is_bool(v: str) -> bool:
     return v.lower() in ("true", "false")
-
-
-def _split_values(value: str) -> list[str]:
-    """Values of a sweep-style override: a,b,c or glob(...) kept as one."""
-    if "(" in value or "[" in value:
-        return []
-    return [v.strip() for v in value.split(",")]
 
 
 def _translate(exc: Exception) -> ConfigError:
@@ -172,6 +178,8 @@ def _translate(exc: Exception) -> ConfigError:
     return ConfigError(first)
 
 
+# --------------------------------------------------------------------------- composing one point
+
 def _instantiate(cfg: DictConfig) -> Config:
     try:
         obj = OmegaConf.to_object(cfg)
@@ -184,7 +192,8 @@ def _instantiate(cfg: DictConfig) -> Config:
         raise _translate(exc) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
-    assert isinstance(obj, Config)  # to_object on the registered schema always yields Config
+    if not isinstance(obj, Config):
+        raise ConfigError(f"the composed config is a {type(obj).__name__}, not fp8bench's Config")
     return obj
 
 
@@ -196,6 +205,10 @@ def check_combination(cfg: Config) -> None:
         raise ConfigError(f"scaling={sc.value!r} is impossible with format={fmt.value!r}; choose one of {ok}")
 
 
+def _possible(cfg: DictConfig) -> bool:
+    return Scaling(cfg.scaling.name) in VALID_SCALINGS[Format(cfg.format.name)]
+
+
 def to_config(cfg: DictConfig) -> Config:
     """A composed DictConfig (from compose or @hydra.main) → validated Config."""
     if "hydra" in cfg:
@@ -203,6 +216,54 @@ def to_config(cfg: DictConfig) -> Config:
         with open_dict(cfg):
             del cfg["hydra"]
     return _instantiate(cfg)
+
+
+def config_from_dict(values: dict) -> Config:
+    """A Config from its `dataclasses.asdict` form (what a run's plan file keeps for its jobs), validated."""
+    register_schema()
+    node = OmegaConf.structured(Config)
+    _writable(node)
+    OmegaConf.set_struct(node.backend, False)
+    try:
+        merged = OmegaConf.merge(node, values)
+    except (OmegaConfBaseException, HydraException) as exc:
+        raise _translate(exc) from None
+    return _instantiate(merged)
+
+
+@contextlib.contextmanager
+def _hydra() -> Iterator[OverridesParser]:
+    """Hydra initialised on conf/: yields an override parser that knows the config groups (for glob())."""
+    register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            yield OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    except ConfigError:
+        raise
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise _translate(exc) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    try:
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise _translate(exc) from None
+
+
+def _parse(parser: OverridesParser, overrides: list[str]) -> list[Override]:
+    for o in overrides:
+        if o.startswith("-"):
+            raise ConfigError(f"option {o!r} is not known here; pass Hydra overrides as key=value")
+        if "=" not in o and not o.startswith("~"):
+            raise ConfigError(f"override {o!r} is not key=value (e.g. model=llama2-7b)")
+    try:
+        return parser.parse_overrides(list(overrides))
+    except HydraException as exc:
+        raise ConfigError(f"overrides {' '.join(overrides)!r} do not parse: {str(exc).splitlines()[0]}") from None
 
 
 @dataclass(frozen=True)
@@ -214,107 +275,180 @@ class Composition:
     overrides: tuple[str, ...]
 
 
-def _compose_raw(overrides: list[str]) -> DictConfig:
-    register_schema()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            return compose(config_name="config", overrides=overrides, return_hydra_config=True)
-    except ConfigError:
-        raise
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise _translate(exc) from None
-    finally:
-        GlobalHydra.instance().clear()
-
-
 def load(overrides: list[str] | tuple[str, ...] = ()) -> Composition:
     """Compose one point; the sweep preset's axes come back unexpanded in `sweep_params`."""
     overrides = list(overrides)
-    for o in overrides:
-        _check_override(o)
-    raw = _compose_raw(overrides)
-    params = OmegaConf.to_container(raw.hydra.sweeper.params, resolve=True) if raw.hydra.sweeper.get("params") else {}
-    return Composition(to_config(raw), {str(k): str(v) for k, v in (params or {}).items()}, tuple(overrides))
+    with _hydra() as parser:
+        for o in _parse(parser, overrides):
+            if o.is_sweep_override():
+                raise ConfigError(f"{o.key_or_group}={o.get_value_string()!r} lists several values; "
+                                  "`fp8bench run -m` sweeps them, otherwise give one")
+            _check_override(o)
+        raw = _compose(overrides)
+    params = raw.hydra.sweeper.get("params") or {}
+    return Composition(to_config(raw), {str(k): str(v) for k, v in params.items()}, tuple(overrides))
 
 
-def _is_sweep_value(value: str) -> bool:
-    """a,b,c outside brackets and quotes (Hydra's sweep syntax); [a,b] is one list value."""
-    depth = 0
-    for ch in value:
-        depth += ch in "[({"
-        depth -= ch in "])}"
-        if ch == "," and depth == 0:
-            return True
-    return False
+# --------------------------------------------------------------------------- expanding a sweep
+
+@dataclass(frozen=True)
+class Sweep:
+    """What one request expands to: its points (each a validated Config and the overrides that compose it on
+    its own), the Hydra overrides that choose how jobs run (hydra/launcher=..., hydra.launcher.*), and how
+    many impossible format×scaling pairs of the grid were dropped."""
+
+    points: tuple[Config, ...]
+    point_overrides: tuple[tuple[str, ...], ...]
+    hydra_overrides: tuple[str, ...]
+    dropped: int
+
+
+def _axes(parser: OverridesParser, overrides: list[Override], preset_params: dict[str, str]) -> dict[str, list[str]]:
+    """key → the override strings of its values, in Hydra's basic sweeper's order: the preset's params, then
+    the command line's overrides (a key given again replaces its values, keeping its place)."""
+    params = _parse(parser, [f"{k}={v}" for k, v in preset_params.items()])
+    axes: dict[str, list[str]] = {}
+    for o in [*params, *overrides]:
+        key = o.get_key_element()
+        if o.is_delete():
+            axes[key] = [o.input_line]
+        elif o.is_sweep_override():
+            if not o.is_discrete_sweep():
+                raise ConfigError(f"{o.input_line!r}: an interval cannot be enumerated; sweep a list, choice(), "
+                                  "range() or glob()")
+            axes[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            axes[key] = [f"{key}={o.get_value_element_as_str()}"]
+    return axes
+
+
+def expand_request(overrides: list[str] | tuple[str, ...] = (), multirun: bool = False) -> Sweep:
+    """Every point of a request: a single point, a sweep preset's grid (`sweep=...`), and with `multirun` the
+    command line's own sweeps too (`format=e4m3,hybrid`, `choice(...)`, `range(...)`, `glob(...)`).
+    Impossible format×scaling pairs of a grid are dropped (counted); a single point must be possible."""
+    with _hydra() as parser:
+        parsed = _parse(parser, list(overrides))
+        for o in parsed:
+            _check_override(o)
+            if o.is_sweep_override() and not multirun:
+                raise ConfigError(f"{o.key_or_group}={o.get_value_string()!r} lists several values; "
+                                  "`fp8bench run -m` sweeps them, otherwise give one")
+            if o.key_or_group == "sweep" and o.is_sweep_override():
+                raise ConfigError("sweep= names one preset per run; run each preset on its own")
+            if o.key_or_group == "hydra/sweeper":
+                raise ConfigError(f"{o.input_line!r}: fp8bench expands sweeps itself (Hydra's override grammar, "
+                                  "its basic sweeper's order) so that each job is a group of cases sharing one BF16 "
+                                  "twin; adaptive sweepers cannot form such groups")
+        hydra_overrides = tuple(o.input_line for o in parsed if o.is_hydra_override())
+        point_level = [o for o in parsed if not o.is_hydra_override()]
+        base = _compose([o.input_line for o in point_level if not o.is_sweep_override()])
+        preset = {str(k): str(v) for k, v in (base.hydra.sweeper.get("params") or {}).items()}
+        axes = _axes(parser, point_level, preset)
+        for values in axes.values():
+            for line in values:
+                _check_override(_parse(parser, [line])[0])
+        points, lines, dropped = _grid(parser, base, axes)
+    if not points:
+        raise ConfigError("the request expands to no possible format×scaling pair; "
+                          f"valid pairs: { {f.value: sorted(s.value for s in VALID_SCALINGS[f]) for f in Format} }")
+    return Sweep(tuple(points), tuple(lines), hydra_overrides, dropped)
+
+
+def _grid(parser: OverridesParser, base: DictConfig, axes: dict[str, list[str]],
+          ) -> tuple[list[Config], list[tuple[str, ...]], int]:
+    """Compose each point of the cartesian product of `axes`. A config group is composed once per option
+    (a compose costs ~60 ms) and swapped into the base point; other keys are applied to each point as Hydra
+    applies overrides. A single-valued axis is in the base point."""
+    varying = {k: v for k, v in axes.items() if len(v) > 1}
+    single = [v[0] for k, v in axes.items() if len(v) == 1]
+    base_raw = _compose(single)
+    if not varying:
+        point = to_config(base_raw)
+        check_combination(point)
+        return [point], [tuple(single)], 0
+    groups = [k for k in varying if k in GROUPS]
+    raw = {line: _compose([*single, line]) for k in groups for line in varying[k]}
+    if len(groups) == len(varying):  # the common sweep: groups only, swapped into one validated base
+        base_point = to_config(base_raw)
+        nodes = {line: getattr(to_config(cfg), line.split("=")[0]) for line, cfg in raw.items()}
+        points = [(dataclasses.replace(base_point, **{line.split("=")[0]: nodes[line] for line in combo}), combo)
+                  for combo in itertools.product(*varying.values())]
+        kept = [(p, combo) for p, combo in points if Scaling(p.scaling.name) in VALID_SCALINGS[Format(p.format.name)]]
+        return [p for p, _ in kept], [tuple(single) + combo for _, combo in kept], len(points) - len(kept)
+    points, lines, dropped = [], [], 0
+    for combo in itertools.product(*varying.values()):
+        cfg = base_raw.copy()
+        with open_dict(cfg):
+            for line in combo:
+                if line.split("=")[0] in groups:
+                    key = line.split("=")[0]
+                    cfg[key] = raw[line][key]
+        _apply(parser, [line for line in combo if line.split("=")[0] not in groups], cfg)
+        if not _possible(cfg):
+            dropped += 1
+            continue
+        points.append(to_config(cfg))
+        lines.append(tuple(single) + combo)
+    return points, lines, dropped
+
+
+def _apply(parser: OverridesParser, lines: list[str], cfg: DictConfig) -> None:
+    """Hydra's own application of value overrides (`key=v`, `+key=v`, `++key=v`, `~key`) to a composed config."""
+    if not lines:
+        return
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config(_parse(parser, lines), cfg)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise _translate(exc) from None
 
 
 def expand(overrides: list[str] | tuple[str, ...] = (), multirun: bool = False) -> tuple[list[Config], int]:
-    """All points of the sweep preset named in `overrides` (one point when there is none).
-
-    An axis the user overrode on the command line replaces the preset's values (Hydra's own rule); with
-    `multirun`, a command-line value a,b,c is an axis too (as `fp8bench run -m` passes it to Hydra).
-    Impossible format×scaling pairs are dropped; their count comes back second.
-    """
-    cli_axes: dict[str, list[str]] = {}
-    if multirun:
-        single = []
-        for o in overrides:
-            m = _KEY_RE.match(o)
-            if m and _is_sweep_value(m.group(3)):
-                cli_axes[m.group(1)] = _split_values(m.group(3))
-                single.append(f"{m.group(1)}={cli_axes[m.group(1)][0]}")
-            else:
-                single.append(o)
-        overrides = single
-    base = load(overrides)
-    if not base.sweep_params and not cli_axes:
-        check_combination(base.config)
-        return [base.config], 0
-    user_keys = {_KEY_RE.match(o).group(1) for o in overrides if _KEY_RE.match(o)}
-    axes = {k: _split_values(v) for k, v in base.sweep_params.items() if k not in user_keys}
-    axes.update(cli_axes)
-    overrides = [o for o in overrides if not (_KEY_RE.match(o) and _KEY_RE.match(o).group(1) in cli_axes)]
-    for key, values in axes.items():
-        for v in values:
-            _check_override(f"{key}={v}")
-    # Group axes: compose each option once and swap it into the base point (a compose costs ~60 ms).
-    # Any other axis (a dotted key) falls back to one compose per combination.
-    per_group = all(k in GROUPS for k in axes)
-    nodes = {(k, v): getattr(load(overrides + [f"{k}={v}"]).config, k)
-             for k, values in axes.items() for v in values} if per_group else {}
-    points, dropped = [], 0
-    for vals in itertools.product(*axes.values()):
-        combo = dict(zip(axes, vals, strict=False))
-        fmt = combo.get("format", base.config.format.name)
-        sc = combo.get("scaling", base.config.scaling.name)
-        if Scaling(sc) not in VALID_SCALINGS[Format(fmt)]:
-            dropped += 1
-            continue
-        if per_group:
-            points.append(dataclasses.replace(base.config, **{k: nodes[(k, v)] for k, v in combo.items()}))
-        else:
-            points.append(load(overrides + [f"{k}={v}" for k, v in combo.items()]).config)
-    return points, dropped
+    """The points of a request (see `expand_request`) and the count of impossible pairs dropped."""
+    sweep = expand_request(overrides, multirun)
+    return list(sweep.points), sweep.dropped
 
 
-def multirun(overrides: list[str], task: typing.Callable[[Config, str], None]) -> int:
-    """Run `task(point, job_num)` for every point of a Hydra multirun (`fp8bench run -m ...`).
+# --------------------------------------------------------------------------- Hydra's launchers
 
-    Hydra's configured sweeper and launcher decide how jobs run (the basic launcher: one process, in order).
-    Returns the exit code (Hydra reports its own errors and exits non-zero).
-    """
+LAUNCHERS = ("hydra_plugins.fp8bench_launchers.local_gpus", "hydra_plugins.fp8bench_launchers.local_processes")
+"""fp8bench's own launcher plugins (hydra_plugins/fp8bench_launchers/), registered with Hydra by class."""
+
+
+def _register_launchers() -> None:
+    """Hydra takes launchers from the `hydra_plugins` namespace package; it finds those of installed wheels by
+    scanning, and fp8bench's by this registration (an editable install's path hook is not scanned)."""
+    import importlib
+
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.launcher import Launcher
+
+    for name in LAUNCHERS:
+        module = importlib.import_module(name)
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, Launcher) and obj.__module__ == name:
+                Plugins.instance().register(obj)
+
+
+def launch_jobs(hydra_overrides: list[str], fixed: list[str], n_jobs: int,
+                task: typing.Callable[[Config, int], None]) -> int:
+    """Run `task(config, job_group)` for job_group 0..n_jobs-1 through Hydra's configured launcher (the basic
+    launcher: one process, in order; `hydra/launcher=...`: joblib workers, Slurm jobs, local processes).
+    `fixed` are the overrides every job composes (results_dir, run_id, ...). Returns the exit code."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
     register_schema()
+    _register_launchers()
 
     @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
     def _job(cfg: DictConfig) -> None:
-        task(to_config(cfg), str(HydraConfig.get().job.num))
+        config = to_config(cfg)
+        task(config, int(config.job_group if config.job_group is not None else HydraConfig.get().job.num))
 
     saved = sys.argv
-    sys.argv = ["fp8bench", "--multirun", *overrides]
+    sys.argv = ["fp8bench", "--multirun", *hydra_overrides, *fixed, f"job_group=range(0,{n_jobs})"]
     try:
         _job()
         return 0

@@ -7,8 +7,11 @@ No hydra/omegaconf import here: `fp8bench.config.compose` is the only module tha
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fp8bench.core.types import Format, GemmRole, Scaling, WorkloadName, choices
 
@@ -56,6 +59,7 @@ class ModelConfig:
         for f in ("hidden", "ffn", "heads", "kv_heads", "layers", "vocab", "seq"):
             _positive(f"model.{f}", getattr(self, f))
         _one_of("model.mlp", self.mlp, ["swiglu", "gelu"])
+        check_name("model.name", self.name)
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ConfigError(f"model.heads={self.heads} must divide model.hidden={self.hidden} and be a "
                               f"multiple of model.kv_heads={self.kv_heads}")
@@ -183,6 +187,16 @@ class FormatConfig:
         return Format(self.name)
 
 
+SCALING_KNOBS: dict[str, tuple[str, ...]] = {
+    "delayed": ("amax_history_len", "amax_compute_algo", "margin", "pow2_scales"),
+    "current": ("margin", "pow2_scales"),
+    "rowwise": ("pow2_scales",),
+    "blockwise": ("pow2_scales",),
+}
+"""The `scaling.*` knobs each scaling mode's numerics read (fp8bench.core.numerics: `amax_to_scale` backs every
+per-tensor scale off by the margin); a backend may honour fewer (`Backend.scaling_knobs`)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScalingConfig:
     name: str
@@ -191,9 +205,9 @@ class ScalingConfig:
     amax_compute_algo: str = "max"
     """delayed: 'max' or 'most_recent'."""
     margin: int = 0
-    """delayed: scale backs off by 2**margin."""
+    """delayed (and current): the scale backs off by 2**margin."""
     pow2_scales: bool = False
-    """blockwise/current: round scales down to powers of two."""
+    """Round scales down to powers of two."""
 
     def __post_init__(self) -> None:
         _one_of("scaling", self.name, choices(Scaling))
@@ -205,52 +219,18 @@ class ScalingConfig:
     def scaling(self) -> Scaling:
         return Scaling(self.name)
 
+    def knobs(self) -> dict[str, object]:
+        """Every knob's value, by name (without `name`)."""
+        return {k: getattr(self, k) for k in KNOB_DEFAULTS}
 
-@dataclass(frozen=True, kw_only=True)
-class BackendConfig:
-    """One backend and its knobs (each knob says which backend reads it)."""
+    def set_knobs(self) -> dict[str, object]:
+        """The knobs whose value differs from the default: what a case asks of its scaling beyond the mode."""
+        return {k: v for k, v in self.knobs().items() if v != KNOB_DEFAULTS[k]}
 
-    name: str
-    fast_accum: bool = False
-    """torch (CUDA): FP8 GEMMs with cuBLASLt fast accumulation. triton: the blockwise GEMM's sum stays in the
-    tensor core's accumulation (rescale) instead of DeepSeek-V3's promotion of each 128-deep K group to FP32."""
-    triton_gemms: bool = False
-    """triton: run the blockwise GEMMs (fprop, dgrad, wgrad) on the Triton kernels even on sm_90, where the
-    warp-specialized Gluon ones run by default: our two kernel generations side by side."""
-    cpu_onednn: bool = False
-    """torch, torchao (CPU): let oneDNN run FP8 _scaled_mm. Without FP8 hardware its path is a slow reference."""
-    compile: bool = False
-    """torchao: wrap the module in torch.compile (how torchao float8 is meant to run on GPU). triton: compile
-    the mlp, layer and train modules of both twins around the recipe's linears (`LinearOutsideCompile`)."""
-    cuda_graph: bool = False
-    """triton, te: the train workload's forward and backward captured once as CUDA graphs and replayed each
-    step (torch.cuda.make_graphed_callables; TE's own for te), both twins alike, so a step costs the host a
-    graph launch instead of a launch per kernel: the recipe's GPU time where its eager step waits on Python."""
-    gw_hp: bool = False
-    """torchao rowwise: keep the weight-gradient GEMM in high precision (recipe rowwise_with_gw_hp)."""
-    fp8_backend: str = "te"
-    """accelerate: the library Accelerate hands FP8 to: `te` (TERecipeKwargs) or `torchao` (AORecipeKwargs)."""
 
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise ConfigError("backend.name is empty; give a backend (fp8bench doctor lists them)")
-        # which names exist is the backend registry's to say (fp8bench.backends.names; checked by the planner)
-        _one_of("backend.fp8_backend", self.fp8_backend, ["te", "torchao"])
-
-    def variant(self) -> str:
-        """Short suffix naming the non-default knobs this backend reads, so case ids of variants differ
-        (and a knob another backend ignores does not split one case into two)."""
-        reads = {"te": ("cuda_graph",), "torch": ("fast_accum", "cpu_onednn"), "triton": ("fast_accum", "triton_gemms", "compile", "cuda_graph"),
-                 "torchao": ("compile", "gw_hp", "cpu_onednn"), "accelerate": ("fp8_backend", "compile", "cpu_onednn")}
-        parts = []
-        for k in reads.get(self.name, ()):
-            value = getattr(self, k)
-            if isinstance(value, str):  # a choice: named by its value when it is not the default
-                if value != type(self).__dataclass_fields__[k].default:
-                    parts.append(value)
-            elif value:
-                parts.append(k)
-        return "+".join(parts)
+KNOB_DEFAULTS: dict[str, object] = {"amax_history_len": 1024, "amax_compute_algo": "max", "margin": 0,
+                                    "pow2_scales": False}
+"""ScalingConfig's knob defaults (the values TE's DelayedScaling starts from)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -304,19 +284,23 @@ class StoreConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    """One point of a sweep: what `fp8bench run` executes."""
+    """One point of a sweep: what `fp8bench run` executes, as composed from `conf/` (the typed case, its id
+    and its backend's own knobs are built from it by fp8bench.cases)."""
 
     workload: WorkloadConfig
     model: ModelConfig
     format: FormatConfig
     scaling: ScalingConfig
-    backend: BackendConfig
+    backend: dict[str, Any] = field(default_factory=lambda: {"name": "emulated"})
+    """The backend's `name` and its knobs as given (conf/backend/<preset>.yaml and `backend.<knob>=` overrides).
+    Which knobs exist, their types and defaults is each backend's own declaration (its `Knobs` dataclass, in
+    its module under fp8bench/backends/): a knob the named backend does not honour makes the case skipped."""
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     results_dir: str = "results"
     """Where runs/, the DuckDB file and the site go."""
     run_id: str | None = None
-    """Name of this run; default a UTC timestamp."""
+    """Name of this run (a folder under results_dir/runs); default a UTC timestamp."""
     resume: str | None = None
     """Run id to continue: cases already recorded there are skipped."""
     seed: int = 0
@@ -324,6 +308,9 @@ class Config:
     """'auto' (CUDA if present), 'cpu' or 'cuda'."""
     sweep_name: str | None = None
     """Name of the sweep preset this point belongs to (set by conf/sweep/*.yaml)."""
+    job_group: int | None = None
+    """Set by `fp8bench run -m` for each job it launches: the index of the twin group the job runs (a job is
+    every case that shares one BF16 twin, run in one process)."""
     fail_on: str | None = None
     """Test-only: a case id substring whose cases raise at run time (exercises failure isolation)."""
     slowdown: str | None = None
@@ -335,6 +322,17 @@ class Config:
         self.slowdown_for("")  # validates the format
         if self.seed < 0:
             raise ConfigError(f"seed={self.seed!r} must be >= 0")
+        for name in ("run_id", "resume", "sweep_name"):
+            if getattr(self, name) is not None:
+                check_name(name, getattr(self, name))
+        if not isinstance(self.backend, dict) or not isinstance(self.backend.get("name"), str) or not self.backend["name"]:
+            raise ConfigError(f"backend={self.backend!r} names no backend; give backend=<preset> "
+                              "(fp8bench doctor lists the backends)")
+        check_name("backend.name", self.backend["name"])
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend["name"]
 
     def slowdown_for(self, backend: str) -> float:
         """The injected slowdown fraction for `backend` (0 when none)."""
@@ -349,3 +347,40 @@ class Config:
             raise ConfigError(f"slowdown={self.slowdown!r} must be BACKEND:FRACTION with 0 < FRACTION < 10 "
                               "(e.g. torch:0.05)")
         return fraction if name == backend else 0.0
+
+
+NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
+"""What a name that becomes part of a path may hold: letters, digits, '-', '_' and '.'."""
+
+
+def check_name(field_name: str, value: object) -> None:
+    """A value that becomes part of a path (run ids, resume ids, sweep and model names): letters, digits,
+    '-', '_', '.', never '..' and never absolute, so nothing is written outside results_dir."""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value:
+        raise ConfigError(f"{field_name}={value!r} is not a valid name: use letters, digits, '-', '_' and '.' "
+                          "(no '/', no '..'), e.g. run_id=my-run.1")
+
+
+def _fields_of(cls: type, values: dict) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
+
+
+def config_from_values(values: dict) -> Config:
+    """A Config from its `dataclasses.asdict` form (a run's manifest, a plan file), validated; keys this schema
+    does not have are left out and missing ones take their defaults."""
+    workload = dict(values.get("workload") or {})
+    if isinstance(workload.get("train"), dict):
+        workload["train"] = TrainConfig(**_fields_of(TrainConfig, workload["train"]))
+    try:
+        return Config(**_fields_of(Config, {
+            **values,
+            "workload": WorkloadConfig(**_fields_of(WorkloadConfig, workload)),
+            "model": ModelConfig(**_fields_of(ModelConfig, values.get("model") or {})),
+            "format": FormatConfig(**_fields_of(FormatConfig, values.get("format") or {})),
+            "scaling": ScalingConfig(**_fields_of(ScalingConfig, values.get("scaling") or {})),
+            "measure": MeasureConfig(**_fields_of(MeasureConfig, values.get("measure") or {})),
+            "store": StoreConfig(**_fields_of(StoreConfig, values.get("store") or {})),
+        }))
+    except TypeError as exc:
+        raise ConfigError(f"a stored config does not fit this schema: {exc}") from None

@@ -53,6 +53,15 @@ class DeviceInfo:
         return parts >= (major, minor)
 
 
+DESCRIBED_DEVICES: dict[str, DeviceInfo] = {
+    "h200": DeviceInfo("cuda", "NVIDIA H200", (9, 0), "12.9"),
+    "h100": DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", (9, 0), "12.9"),
+    "b200": DeviceInfo("cuda", "NVIDIA B200", (10, 0), "12.9"),
+    "cpu": DeviceInfo("cpu", "cpu (described)", None, None),
+}
+"""Devices `fp8bench plan --on NAME` plans for without being on them (as the GPU boxes run: CUDA 12.9)."""
+
+
 @functools.lru_cache(maxsize=1)
 def detect_device() -> DeviceInfo:
     """The first CUDA device if there is one, else the CPU (its model name from /proc/cpuinfo)."""

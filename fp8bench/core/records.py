@@ -14,11 +14,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fp8bench.core.types import FP8_ALL_GATHER_TAG
-
 MANIFEST = "manifest.json"
 SHARD_GLOB = "shard-*.jsonl"
-RECORD_VERSION = 1
+RECORD_VERSION = 2
+"""2: a case's id is derived from its whole identity (fp8bench.cases.identity), stated in `params`; a record
+carries its `label`, its BF16 twin's id (`twin_id`) and what ran (`ran`). Records of version 1 are re-keyed to
+version 2 ids at ingest (fp8bench.data.legacy)."""
 MEASUREMENT_VERSION = 4
 """How fp8bench times (fp8bench.core.measure); a change starts new asv series on purpose, and `compare`, `history`
 and `asv-compare` refuse to judge across versions unless asked to.
@@ -118,6 +119,10 @@ class CaseRecord:
 
     run_id: str
     case_id: str
+    label: str = ""
+    """The id's readable prefix (workload.model.shape.format.scaling.backend[+knobs]): what plots show."""
+    twin_id: str = ""
+    """The BF16 case this case's speedup divides by (its own id for a BF16 case; '' where there is none)."""
     workload: str
     model: str
     format: str
@@ -126,6 +131,10 @@ class CaseRecord:
     shape_name: str
     shape: dict
     params: dict = field(default_factory=dict)
+    """What the case is: its identity (every setting that can change what it measures), by dotted key."""
+    ran: dict = field(default_factory=dict)
+    """What ran, as the workload and backend report it: `device`, `graphs` (CUDA-graph replays), `compiled`
+    (torch.compile), and the kernels a backend chose."""
     status: str
     reason: str = ""
     metrics: list[Metric] = field(default_factory=list)
@@ -251,33 +260,34 @@ def done_case_ids(run_dir: Path) -> set[str]:
 
 
 def variant_of(case_id: str) -> str:
-    """The backend-variant suffix of a case id ('compile' in '...torchao+compile'), '' when none."""
-    return case_id.split("+", 1)[1] if "+" in case_id else ""
+    """The backend knobs a case id names ('compile' in '...torchao+compile~1a2b3c4d'), '' when none."""
+    return case_id.split("+", 1)[1].split("~", 1)[0] if "+" in case_id else ""
 
 
-VARIANT_SQL = "CASE WHEN position('+' IN c.case_id) > 0 THEN substr(c.case_id, position('+' IN c.case_id) + 1) ELSE '' END"
-"""variant_of in SQL, over a `cases` table aliased `c` (all of the suffix: 'torchao+compile' of accelerate)."""
+VARIANT_SQL = ("CASE WHEN position('+' IN c.label) > 0 THEN substr(c.label, position('+' IN c.label) + 1) "
+               "ELSE '' END")
+"""variant_of in SQL, over the `label` of a `cases` table aliased `c` (all of the suffix: 'torchao+compile' of
+accelerate)."""
 
 
-def twin_key(r: CaseRecord) -> tuple:
-    """What a case and its BF16 twin share: workload, model, shape, backend, variant and tokens. An FSDP2 run
-    with FP8 all-gather ('...fsdp2x2fp8ag') pairs with BF16 FSDP2 on as many GPUs: BF16 gathers in BF16."""
-    shape = r.shape_name.removesuffix(FP8_ALL_GATHER_TAG)
-    return (r.workload, r.model, shape, r.backend, variant_of(r.case_id), r.params.get("tokens"))
+def pairs(records: list[CaseRecord]) -> list[tuple[CaseRecord, CaseRecord]]:
+    """(recipe, its BF16 twin) for every ok recipe of one run whose twin is an ok case of the same run: the one
+    pairing every speedup, parity verdict and comparison uses (a record names its twin: `twin_id`)."""
+    by_id = {r.case_id: r for r in records if r.status == "ok"}
+    return [(r, by_id[r.twin_id]) for r in records
+            if r.status == "ok" and r.format != "bf16" and r.twin_id and r.twin_id in by_id]
 
 
 def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
-    """speedup_vs_bf16 = time of the BF16 case of the same `twin_key` in the same run / this case's time, for
-    the cases that did not measure it side by side with their twin (MEASUREMENT_VERSION 4: train cases, and
-    runs recorded before). The emulator is not a kernel and gets none."""
-    base = {twin_key(r): r.metric("time_ms") for r in records if r.format == "bf16" and r.status == "ok"}
+    """speedup_vs_bf16 = its twin's time / this case's time, for the cases whose run did not time it side by
+    side with their twin (train cases: whole runs). Cases whose time is not a kernel's (`measurement.method`
+    'once': the emulator) get none."""
     out = []
-    for r in records:
-        t = r.metric("time_ms")
-        b = base.get(twin_key(r))
-        measured = r.metric("speedup_vs_bf16") is not None
-        if r.format != "bf16" and r.status == "ok" and r.backend != "emulated" and t and b and not measured:
-            out.append((r, [Metric.of("speedup_vs_bf16", b / t)], True))
+    for r, twin in pairs(records):
+        t, b = r.metric("time_ms"), twin.metric("time_ms")
+        if r.measurement.get("method") == "once" or r.metric("speedup_vs_bf16") is not None or not t or not b:
+            continue
+        out.append((r, [Metric.of("speedup_vs_bf16", b / t)], True))
     return out
 
 

@@ -75,6 +75,24 @@ def ratio_interval(base_rounds: list[list[float]], head_rounds: list[list[float]
     return RatioEstimate(statistics.median(ratios), ratios[lo_rank - 1], ratios[hi_rank - 1], len(ratios), coverage)
 
 
+def rounds_of(samples: list[float], round_of: list[float]) -> list[list[float]]:
+    """A case's samples grouped by the round each was timed in (its `<metric>_round` samples)."""
+    rounds: dict[int, list[float]] = {}
+    for value, r in zip(samples, round_of, strict=True):
+        rounds.setdefault(int(r), []).append(value)
+    return [rounds[r] for r in sorted(rounds)]
+
+
+def speedup_from_samples(twin: dict[str, list[float]], case: dict[str, list[float]], metric: str = "time_ms",
+                         confidence: float = CONFIDENCE) -> RatioEstimate | None:
+    """A recorded speedup rebuilt from the recorded samples of the recipe and of its BF16 twin (each a
+    record's `samples`: `metric` and `<metric>_round`): the same estimate the run stored."""
+    key = f"{metric}_round"
+    if metric not in twin or metric not in case or key not in twin or key not in case:
+        return None
+    return ratio_interval(rounds_of(twin[metric], twin[key]), rounds_of(case[metric], case[key]), confidence)
+
+
 HOST_BOUND_BUSY_PCT = 90.0
 """A timing whose GPU was busy for less than this share of each iteration (measure.Timing.gpu_busy_pct) is
 host-bound: at least a tenth of what was timed is the GPU waiting for Python and the launches, so the figure

@@ -25,6 +25,7 @@ from fp8bench.core.records import (
     derive_box_intervals,
     read_run,
 )
+from fp8bench.data import legacy
 
 STORAGE_VERSION = "v1.4.0"
 TABLES = ("runs", "environments", "cases", "measurements", "samples")
@@ -60,6 +61,10 @@ MIGRATIONS = """
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS measurement_version INTEGER;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS measurement JSON;
 ALTER TABLE cases ADD COLUMN IF NOT EXISTS measurement JSON;
+ALTER TABLE cases ADD COLUMN IF NOT EXISTS label VARCHAR;
+ALTER TABLE cases ADD COLUMN IF NOT EXISTS twin_id VARCHAR;
+ALTER TABLE cases ADD COLUMN IF NOT EXISTS ran JSON;
+ALTER TABLE cases ADD COLUMN IF NOT EXISTS legacy_case_id VARCHAR;
 """
 """Columns added after the first schema (a database file written before them gains them on open). Runs
 recorded before versions travelled with the data get theirs from records.LEGACY_VERSION_SQL."""
@@ -173,15 +178,17 @@ def _stored_records(con, where: str, params: list, metrics: tuple[str, ...]) -> 
     """The stored cases matching `where` (over `cases c` joined with `runs r`) as CaseRecords holding only
     `metrics`: what a derivation over runs already in the database reads."""
     rows = con.execute(f"""
-        SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.params,
-               c.status, m.metric, m.value
+        SELECT c.run_id, c.case_id, c.label, c.twin_id, c.workload, c.model, c.format, c.scaling, c.backend,
+               c.shape_name, c.params, c.measurement, c.status, m.metric, m.value
         FROM cases c JOIN runs r USING (run_id) JOIN measurements m USING (run_id, case_id)
         WHERE {where} AND m.metric IN (SELECT unnest(?::VARCHAR[]))""", [*params, list(metrics)]).fetchall()
     by_case: dict[tuple[str, str], CaseRecord] = {}
-    for run_id, case_id, workload, model, fmt, scaling, backend, shape_name, case_params, status, metric, value in rows:
+    for (run_id, case_id, label, twin_id, workload, model, fmt, scaling, backend, shape_name, case_params, measurement,
+         status, metric, value) in rows:
         rec = by_case.setdefault((run_id, case_id), CaseRecord(
-            run_id=run_id, case_id=case_id, workload=workload, model=model, format=fmt, scaling=scaling,
-            backend=backend, shape_name=shape_name, shape={}, params=json.loads(case_params or "{}"), status=status))
+            run_id=run_id, case_id=case_id, label=label or "", twin_id=twin_id or "", workload=workload, model=model,
+            format=fmt, scaling=scaling, backend=backend, shape_name=shape_name, shape={},
+            params=json.loads(case_params or "{}"), measurement=json.loads(measurement or "{}"), status=status))
         rec.metrics.append(Metric.of(metric, value))
     return list(by_case.values())
 
@@ -277,8 +284,9 @@ def ingest(con: duckdb.DuckDBPyConnection, paths: list[Path]) -> IngestReport:
         report.problems += problems
         if not records and manifest is None:
             continue
+        records, old_ids = _upgraded(records, manifest)
         run_id = manifest["run_id"] if manifest else records[0].run_id
-        _replace_run(con, run_id, manifest, records, source=str(run_dir))
+        _replace_run(con, run_id, manifest, records, source=str(run_dir), old_ids=old_ids)
         report.runs.append(run_id)
         report.cases += len(records)
     return report
@@ -289,9 +297,23 @@ def _delete_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
         con.execute(f"DELETE FROM {t} WHERE run_id = ?", [run_id])
 
 
-def _replace_run(con, run_id: str, manifest: dict | None, records: list[CaseRecord], source: str) -> None:
+def _upgraded(records: list[CaseRecord], manifest: dict | None) -> tuple[list[CaseRecord], dict[str, str]]:
+    """Version-1 records re-keyed to today's ids (fp8bench.data.legacy), and new id → old id for each."""
+    base = ((manifest or {}).get("config") or {}).get("base")
+    out, old_ids = [], {}
+    for r in records:
+        new = legacy.upgrade(r, base) if legacy.is_legacy(r) else r
+        if new is not r:
+            old_ids[new.case_id] = r.case_id
+        out.append(new)
+    return out, old_ids
+
+
+def _replace_run(con, run_id: str, manifest: dict | None, records: list[CaseRecord], source: str,
+                 old_ids: dict[str, str] | None = None) -> None:
     import pyarrow as pa
 
+    old_ids = old_ids or {}
     con.execute("BEGIN TRANSACTION")
     try:
         _delete_run(con, run_id)
@@ -314,15 +336,19 @@ def _replace_run(con, run_id: str, manifest: dict | None, records: list[CaseReco
         _fill_legacy_versions(con)
         derived = derived_metrics(records, spread_for(con, m.get("device_name")))
         def cell(r: CaseRecord, k: str):
+            if k == "legacy_case_id":
+                return old_ids.get(r.case_id)
+            if k == "label":  # the id's readable prefix, where a record written by hand left it out
+                return r.label or r.case_id.split("~", 1)[0]
             v = getattr(r, k)
-            if k == "measurement":
+            if k in ("measurement", "ran"):
                 return json.dumps(v) if v else None
             return json.dumps(v) if k in ("shape", "params") else v
 
         cases = pa.table({k: [cell(r, k) for r in records]
-                          for k in ("run_id", "case_id", "workload", "model", "format", "scaling", "backend",
-                                    "shape_name", "shape", "params", "status", "reason", "started_at",
-                                    "duration_s", "measurement")})
+                          for k in ("run_id", "case_id", "label", "twin_id", "workload", "model", "format", "scaling",
+                                    "backend", "shape_name", "shape", "params", "ran", "status", "reason", "started_at",
+                                    "duration_s", "measurement", "legacy_case_id")})
         con.register("cases_in", cases)
         con.execute("INSERT INTO cases BY NAME SELECT * FROM cases_in")
         rows = [(r.run_id, r.case_id, mt.name, mt.value, mt.unit, mt.direction, d)
@@ -366,12 +392,58 @@ def _ingest_export(con, folder: Path) -> list[str]:
         for t in TABLES:  # by name: an export written before a column existed leaves it NULL
             con.execute(f"INSERT INTO {t} BY NAME SELECT * FROM read_parquet(?)", [str(folder / f"{t}.parquet")])
         _fill_legacy_versions(con)
+        _rekey_legacy_rows(con, run_ids)
         _derive_train_host_bound(con, run_ids)
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
         raise
     return run_ids
+
+
+CASE_COLUMNS = ("run_id", "case_id", "workload", "model", "format", "scaling", "backend", "shape_name", "shape",
+                "params", "status", "reason", "started_at", "duration_s", "measurement")
+
+
+def _rekey_legacy_rows(con, run_ids: list[str]) -> None:
+    """Rows of `run_ids` loaded from an export written before case ids were derived from the whole identity
+    (no `label`): re-keyed in every table to today's ids (fp8bench.data.legacy), the old id kept beside."""
+    import pyarrow as pa
+
+    cols = ", ".join(f"c.{k}" for k in CASE_COLUMNS)
+    rows = con.execute(f"""SELECT {cols}, r.config FROM cases c JOIN runs r USING (run_id)
+                           WHERE c.label IS NULL AND c.run_id IN (SELECT unnest(?::VARCHAR[]))""", [run_ids]).fetchall()
+    if not rows:
+        return
+    mapped = []
+    for row in rows:
+        values = dict(zip(CASE_COLUMNS, row[:-1], strict=True))
+        record = CaseRecord.from_dict({**values, **{k: json.loads(values[k] or "{}") for k in ("shape", "params",
+                                                                                            "measurement")},
+                                       "started_at": values["started_at"] or 0.0, "duration_s": values["duration_s"] or 0.0,
+                                       "reason": values["reason"] or "", "record_version": 1})
+        base = (json.loads(row[-1] or "{}") or {}).get("base")
+        new = legacy.upgrade(record, base)
+        mapped.append((record.run_id, record.case_id, new.case_id, new.label, new.twin_id, json.dumps(new.params),
+                       json.dumps(new.ran) if new.ran else None, json.dumps(new.measurement) if new.measurement else None))
+    names = ["run_id", "old_id", "new_id", "label", "twin_id", "params", "ran", "measurement"]
+    con.register("rekey_in", pa.table(list(zip(*mapped, strict=True)), names=names))
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE rekey AS SELECT * FROM rekey_in")
+        con.execute("""CREATE OR REPLACE TEMP TABLE cases_new AS
+            SELECT c.* REPLACE (k.new_id AS case_id, k.label AS label, k.twin_id AS twin_id, k.params::JSON AS params,
+                                k.ran::JSON AS ran, k.measurement::JSON AS measurement, k.old_id AS legacy_case_id)
+            FROM cases c JOIN rekey k ON c.run_id = k.run_id AND c.case_id = k.old_id""")
+        for table in ("measurements", "samples"):
+            con.execute(f"""CREATE OR REPLACE TEMP TABLE {table}_new AS SELECT t.* REPLACE (k.new_id AS case_id)
+                            FROM {table} t JOIN rekey k ON t.run_id = k.run_id AND t.case_id = k.old_id""")
+        for table in ("cases", "measurements", "samples"):
+            con.execute(f"DELETE FROM {table} t USING rekey k WHERE t.run_id = k.run_id AND t.case_id = k.old_id")
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {table}_new")
+            con.execute(f"DROP TABLE {table}_new")
+        con.execute("DROP TABLE rekey")
+    finally:
+        con.unregister("rekey_in")
 
 
 def export(con, run_ids: list[str], out: Path) -> list[Path]:

@@ -1,7 +1,5 @@
-"""The shapes of every workload and the case id of each, from config alone (no torch import).
-
-The asv suite builds its parameter list from this at import time, so it must stay light.
-"""
+"""The shapes of every workload, from config alone (no torch import): what a sweep point expands to (the case
+of each shape, its identity and id: fp8bench.cases)."""
 
 from __future__ import annotations
 
@@ -77,11 +75,3 @@ def shapes(config: Config) -> list[tuple[str, dict]]:
     """(shape name, shape) of every case of one sweep point."""
     return {"gemm": gemm, "quantize": quantize, "linear": linear, "mlp": layer, "layer": layer,
             "train": train}[config.workload.name](config)
-
-
-def case_id(config: Config, shape_name: str) -> str:
-    """`workload.model.shape.format.scaling.backend[+variant]`: the DuckDB key, the asv parameter, the label."""
-    c = config
-    base = f"{c.workload.name}.{c.model.name}.{shape_name}.{c.format.name}.{c.scaling.name}.{c.backend.name}"
-    variant = c.backend.variant()
-    return f"{base}+{variant}" if variant else base

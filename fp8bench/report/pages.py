@@ -538,8 +538,9 @@ def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
     params = ok["params_json"].map(lambda j: json.loads(j) if isinstance(j, str) else {})
     shape = ok["shape_json"].map(lambda j: json.loads(j) if isinstance(j, str) else {})
     ok = ok.assign(
-        layers=[p.get("layers", presets[m].get("layers")) for p, m in zip(params, ok["model"], strict=True)],
-        master_weights=[p.get("master_weights", r) for p, r in zip(params, ok["run_master_weights"], strict=True)],
+        layers=[p.get("model.layers", presets[m].get("layers")) for p, m in zip(params, ok["model"], strict=True)],
+        master_weights=[p.get("workload.train.master_weights", r)
+                        for p, r in zip(params, ok["run_master_weights"], strict=True)],
         hidden=ok["model"].map(lambda m: presets[m].get("hidden")),
         dims=ok["model"].map(lambda m: "hidden {hidden}, ffn {ffn}, {heads}/{kv_heads} heads".format(**presets[m])
                              if presets[m] else m),

@@ -24,18 +24,42 @@ def run_dir_for(config: Config, run_id: str) -> Path:
 
 
 def measurement_of(case: Case, method: str, **extra) -> dict:
-    """The record's `measurement`: the version, how the case was timed and the timer settings that ran."""
-    if method == "alone" and not get_backend(case.config.backend.name).timed:
+    """The record's `measurement`: the version, how the case was timed and the timer's settings (whether the
+    timed work replayed graphs is what ran: the record's `ran`)."""
+    if method == "alone" and not get_backend(case.config.backend_name).timed:
         method = "once"  # the emulator: its time is what emulation costs, run once
-    return {"version": MEASUREMENT_VERSION, "method": method, **vars(case.config.measure), **extra}
+    timer = {k: v for k, v in vars(case.config.measure).items() if k != "cuda_graph"}
+    return {"version": MEASUREMENT_VERSION, "method": method, **timer, **extra}
+
+
+def what_ran(case: Case, out, device: DeviceInfo | None) -> dict:
+    """The record's `ran`: the device, whether the timed work replayed CUDA graphs and whether it was compiled,
+    as the workload and backend report them, and the kernels a backend chose; {} for a case that never ran."""
+    if out is None:
+        return {"device": device.kind} if device is not None else {}
+    return {"device": device.kind if device is not None else "", "graphs": bool(out.graphs),
+            "compiled": bool(out.compiled), **out.ran}
+
+
+def check_ran(case: Case, out) -> None:
+    """A case whose backend did not do what its identity asks (graphs, compilation) is not that case: raise,
+    so it is recorded `failed` with the reason, never `ok` under a request that did not run."""
+    asked = {"graphs": bool(getattr(case.recipe.knobs, "cuda_graph", False)) or
+             (case.config.measure.cuda_graph and case.config.workload.name == "gemm"),
+             "compiled": bool(getattr(case.recipe.knobs, "compile", False))}
+    did = {"graphs": bool(out.graphs), "compiled": bool(out.compiled)}
+    wrong = [f"{k}: asked {asked[k]}, ran {did[k]}" for k in asked if asked[k] != did[k]]
+    if wrong:
+        raise RuntimeError(f"{case.config.backend_name} did not run what the case asks ({'; '.join(wrong)})")
 
 
 def case_record(case: Case, run_id: str, status: Status, reason: str = "", out=None, started: float = 0.0,
-                measurement: dict | None = None) -> CaseRecord:
+                measurement: dict | None = None, device: DeviceInfo | None = None) -> CaseRecord:
     c = case.config
-    return CaseRecord(run_id=run_id, case_id=case.case_id, workload=c.workload.name, model=c.model.name,
-                      format=c.format.name, scaling=c.scaling.name, backend=c.backend.name,
-                      shape_name=case.shape_name, shape=case.shape, params={**case.params, **(out.ran if out else {})},
+    return CaseRecord(run_id=run_id, case_id=case.case_id, label=case.label, twin_id=case.twin_id,
+                      workload=c.workload.name, model=c.model.name, format=c.format.name, scaling=c.scaling.name,
+                      backend=c.backend_name, shape_name=case.shape_name, shape=case.shape, params=case.params,
+                      ran=what_ran(case, out, device if status is not Status.SKIPPED else None),
                       status=status.value,
                       reason=reason, metrics=out.metrics if out else [], samples=out.samples if out else {},
                       started_at=started, duration_s=time.time() - started if started else 0.0,
@@ -57,7 +81,7 @@ def check_injected_failure(case: Case) -> None:
 
 def case_input(case: Case, run_id: str, device: DeviceInfo, others_bytes: int = 0) -> CaseInput:
     torch.manual_seed(case.config.seed)
-    return CaseInput(case.config, case.shape_name, case.shape, case.recipe, get_backend(case.config.backend.name),
+    return CaseInput(case.config, case.shape_name, case.shape, case.recipe, get_backend(case.config.backend_name),
                      device.torch_device, work_dir=run_dir_for(case.config, run_id) / "work" / case.case_id,
                      others_bytes=others_bytes)
 
@@ -72,13 +96,12 @@ def run_case(case: Case, run_id: str, device: DeviceInfo) -> CaseRecord:
     try:
         check_injected_failure(case)
         out = get_workload(case.config.workload.name).run(case_input(case, run_id, device))
-        if out.replayed:
-            measurement["cuda_graph"] = True
-        return case_record(case, run_id, Status.OK, "", out, started, measurement)
+        check_ran(case, out)
+        return case_record(case, run_id, Status.OK, "", out, started, measurement, device)
     except Diverged as exc:  # a finding about the recipe, with the curve up to the bad step
-        return case_record(case, run_id, Status.DIVERGED, str(exc), exc.output, started, measurement)
+        return case_record(case, run_id, Status.DIVERGED, str(exc), exc.output, started, measurement, device)
     except Exception as exc:  # one case's failure never takes the sweep down
-        return case_record(case, run_id, Status.FAILED, failure_reason(exc), None, started, measurement)
+        return case_record(case, run_id, Status.FAILED, failure_reason(exc), None, started, measurement, device)
     finally:
         release(device, resident)
 

@@ -1,48 +1,44 @@
 """Cases timed side by side with their BF16 twin.
 
-Every FP8 case of a gemm, linear or layer shape is built beside its BF16 twin (the same backend, variant,
+Every FP8 case of a gemm, linear, mlp or layer shape is built beside its BF16 twin (the same backend, knobs,
 shape and seeded inputs, in BF16) and timed with it, interleaved in rounds (measure.time_interleaved), so its
 `speedup_vs_bf16` is a ratio of times taken under the same clocks, with a 95% interval (fp8bench.core.speedup).
-Timed minutes apart, as separate cases, the two sides carried the GPU's clock drift into the ratio: a second
-H200 reproduced only about half of such GEMM and linear speedups within 5%.
+Timed minutes apart, as separate cases, the two sides would carry the GPU's clock drift into the ratio.
 
-A group is the cases of one (workload, model, shape, backend and variant, tokens). Its twin is the group's
-BF16 case when the sweep has one (then also recorded as a case), else built from the recipe's own config for
-timing only. The recipes are built in batches as GPU memory allows, and each batch is timed with the twin.
-A case that fails to build or finish is recorded `failed` and the group goes on; a batch whose timing fails
-runs its cases alone (fp8bench.run.caserun.run_case), as every case ran before.
+A unit is the cases that share one twin (`Case.twin_id`). The twin is always a recorded case of the run (the
+planner adds it where the request did not name it), so every speedup divides by a row anyone can read. The
+recipes are built in batches as GPU memory allows, and each batch is timed with the twin. A case that fails
+to build or finish is recorded `failed` and the unit goes on; a batch whose timing fails runs its cases alone
+(fp8bench.run.caserun.run_case), without a speedup.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 
 import torch
 
 from fp8bench.backends import get_backend
-from fp8bench.config.schema import FormatConfig, ScalingConfig
 from fp8bench.core.hardware import DeviceInfo
 from fp8bench.core.measure import time_interleaved
 from fp8bench.core.records import CaseRecord, Metric
 from fp8bench.core.speedup import is_host_bound, ratio_interval
-from fp8bench.core.types import Status
+from fp8bench.core.types import Format, Status
 from fp8bench.run.caserun import (
     case_input,
     case_record,
     check_injected_failure,
+    check_ran,
     failure_reason,
     measurement_of,
     release,
     run_case,
 )
-from fp8bench.run.plan import Case
+from fp8bench.run.plan import INTERLEAVED, Case, needs_twin
 from fp8bench.workloads import get_workload
 from fp8bench.workloads.common import Prepared
 
-INTERLEAVED = frozenset({"gemm", "linear", "mlp", "layer"})
-"""The workloads with a BF16 twin to time beside (quantize has no BF16 case; train runs are whole runs)."""
 MAX_BATCH = {"gemm": 8, "linear": 8, "mlp": 4, "layer": 4}
 """Recipes built and timed together at most; fewer when GPU memory is short (RESERVE_BYTES)."""
 RESERVE_BYTES = 4 << 30
@@ -51,21 +47,10 @@ RESERVE_BYTES = 4 << 30
 Emit = Callable[[CaseRecord], None]
 
 
-def group_key(case: Case) -> tuple:
-    """What a speedup pairs on: the same key records.derive_speedups forms speedups on."""
-    c = case.config
-    return (c.workload.name, c.model.name, case.shape_name, c.backend.name, c.backend.variant(), c.workload.tokens)
-
-
 def interleavable(case: Case) -> bool:
-    return (case.runnable and case.config.workload.name in INTERLEAVED
-            and get_backend(case.config.backend.name).timed)
-
-
-def twin_of(case: Case) -> Case:
-    """The BF16 case a recipe's speedup is measured against: same backend, knobs, shape and inputs."""
-    cfg = dataclasses.replace(case.config, format=FormatConfig(name="bf16"), scaling=ScalingConfig(name="none"))
-    return Case(cfg, case.shape_name, case.shape, True, "")
+    return case.runnable and needs_twin(case) or (case.runnable and case.recipe.format is Format.BF16
+                                                  and case.config.workload.name in INTERLEAVED
+                                                  and get_backend(case.config.backend_name).timed)
 
 
 def units(cases: list[Case]) -> list[list[Case]]:
@@ -77,7 +62,7 @@ def units(cases: list[Case]) -> list[list[Case]]:
         if not interleavable(case):
             out.append([case])
             continue
-        key = group_key(case)
+        key = case.twin_id
         if key not in groups:
             groups[key] = []
             out.append(groups[key])
@@ -96,7 +81,7 @@ def _prime(twin: Case, run_id: str, device: DeviceInfo) -> None:
     """Once per process and (backend, workload): build the twin, step it, drop it. Libraries allocate global
     state on first use (cuBLAS and TE workspaces) that stays for the process; made before any case is built,
     it counts for every case alike instead of for the group's first only."""
-    key = (twin.config.backend.name, twin.config.workload.name)
+    key = (twin.config.backend_name, twin.config.workload.name)
     if not device.is_cuda or key in _PRIMED:
         return
     _PRIMED.add(key)
@@ -131,15 +116,18 @@ def run_group(unit: list[Case], run_id: str, device: DeviceInfo, emit: Emit) -> 
     for case in [c for c in recipes if not interleavable(c)]:
         emit(run_case(case, run_id, device))
     recipes = [c for c in recipes if interleavable(c)]
-    twin = recorded_twin or twin_of(recipes[0])
+    if recorded_twin is None or not recipes:  # no runnable twin to time beside: each case alone, no speedup
+        for case in ([recorded_twin] if recorded_twin else []) + recipes:
+            emit(run_case(case, run_id, device))
+        return
+    twin = recorded_twin
     _prime(twin, run_id, device)
     base = _allocated(device)
     started = time.time()
     twin_prepared, twin_error = _try_prepare(twin, run_id, device, 0)
     if twin_prepared is None:  # without a twin there is nothing to time beside: every recipe runs alone
         release(device)
-        if recorded_twin is not None:
-            emit(case_record(twin, run_id, Status.FAILED, twin_error, None, started, measurement_of(twin, "alone")))
+        emit(case_record(twin, run_id, Status.FAILED, twin_error, None, started, measurement_of(twin, "alone"), device))
         for case in recipes:
             emit(run_case(case, run_id, device))
         return
@@ -195,7 +183,7 @@ def _build_batch(twin: Case, recipes: list[Case], base: int, run_id: str, device
             break
         else:
             emit(case_record(case, run_id, Status.FAILED, error, None, t0,
-                             measurement_of(case, "interleaved", twin=twin.case_id)))
+                             measurement_of(case, "interleaved", twin=twin.case_id), device))
     return batch
 
 
@@ -215,7 +203,7 @@ def _time_batch(twin: Case, twin_prepared: Prepared, record_twin: Case | None, t
         timings = time_interleaved(ops, device=device.torch_device, warmup=ms.warmup,
                                    rounds=ms.rounds, block_ms=ms.block_ms, settle_ms=ms.settle_ms,
                                    flush_l2=ms.flush_l2, cuda_graph=twin_prepared.cuda_graph,
-                                   slowdown=twin.config.slowdown_for(twin.config.backend.name))
+                                   slowdown=twin.config.slowdown_for(twin.config.backend_name))
     except Exception:
         return False
     twin_t = {name: timings[f"twin:{name}"] for name in twin_prepared.timed}
@@ -223,11 +211,11 @@ def _time_batch(twin: Case, twin_prepared: Prepared, record_twin: Case | None, t
     method = {"twin": twin.case_id, "rounds": ms.rounds, "timed_with": members}
     if record_twin is not None:
         _finish(record_twin, twin_prepared, twin_t, None, twin_started, run_id, emit,
-                measurement_of(record_twin, "interleaved", **method))
+                measurement_of(record_twin, "interleaved", **method), device)
     for i, (case, prepared, t0) in enumerate(batch):
         own = {name: timings[f"{i}:{name}"] for name in prepared.timed}
         _finish(case, prepared, own, twin_t["time_ms"], t0, run_id, emit,
-                measurement_of(case, "interleaved", **method))
+                measurement_of(case, "interleaved", **method), device)
     return True
 
 
@@ -249,16 +237,17 @@ def _speedups(twin, own: dict) -> list[Metric]:
 
 
 def _finish(case: Case, prepared: Prepared, timings: dict, twin_timing, started: float, run_id: str,
-            emit: Emit, measurement: dict) -> None:
+            emit: Emit, measurement: dict, device: DeviceInfo) -> None:
     """The case's output from its timings (and, for a recipe, its speedups against `twin_timing`); emitted
     once, ok or failed, outside the try so a failing emit never records the case twice."""
     try:
         out = prepared.finish(timings)
+        check_ran(case, out)
         if twin_timing is not None:
             out.metrics += _speedups(twin_timing, timings)
         elif timings["time_ms"].gpu_busy_pct is not None:  # the twin: its own host-boundness
             out.metrics.append(Metric.of("host_bound", float(is_host_bound(timings["time_ms"].gpu_busy_pct))))
-        record = case_record(case, run_id, Status.OK, "", out, started, measurement)
+        record = case_record(case, run_id, Status.OK, "", out, started, measurement, device)
     except Exception as exc:
-        record = case_record(case, run_id, Status.FAILED, failure_reason(exc), None, started, measurement)
+        record = case_record(case, run_id, Status.FAILED, failure_reason(exc), None, started, measurement, device)
     emit(record)

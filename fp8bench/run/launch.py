@@ -65,14 +65,17 @@ def prepare_worker(parent_pid: int) -> str | None:
 
 
 JOB_KEY = ("workload", "model", "format", "scaling", "backend")
-"""What identifies a sweep job's cases in the records (the axes a sweep varies)."""
+"""What identifies a point's cases in the records (the axes a sweep varies)."""
 
 
 def job_seconds_from_history(jobs: list) -> list[float | None]:
-    """Per job config (a composed sweep point): the seconds its cases took the last time each ran, summed,
-    from the shards under its results_dir; None for a job none of whose cases ran before. The launcher
-    (hydra_plugins/fp8bench_local_gpus.py) orders jobs by it."""
-    keys = [tuple(str(job[k].name) for k in JOB_KEY) for job in jobs]
+    """Per job config (one twin group of a run's plan: `job_group`): the seconds its points' cases took the last
+    time each ran, summed, from the shards under its results_dir; None for a job none of whose cases ran
+    before. The launcher (hydra_plugins/fp8bench_launchers/local_gpus.py) orders jobs by it."""
+    from fp8bench.run.runner import group_points, run_dir_for
+
+    keys = [{(p.workload.name, p.model.name, p.format.name, p.scaling.name, p.backend_name)
+             for p in group_points(run_dir_for(job, str(job.run_id)), int(job.job_group))} for job in jobs]
     latest: dict[tuple, dict[str, tuple[float, float]]] = {}  # key -> case_id -> (started_at, duration_s)
     for results_dir in {Path(str(job.results_dir)) for job in jobs}:
         for shard in results_dir.glob("runs/*/shard-*.jsonl"):
@@ -80,9 +83,13 @@ def job_seconds_from_history(jobs: list) -> list[float | None]:
             for rec in records:
                 key = tuple(getattr(rec, f) for f in JOB_KEY)
                 seen = latest.setdefault(key, {}).get(rec.case_id, (-1.0, 0.0))
-                if key in keys and rec.started_at >= seen[0]:
+                if rec.started_at >= seen[0]:
                     latest[key][rec.case_id] = (rec.started_at, rec.duration_s)
-    return [sum(s for _, s in latest[k].values()) if latest.get(k) else None for k in keys]
+    out = []
+    for job_keys in keys:
+        known = [s for k in job_keys for _, s in latest.get(k, {}).values()]
+        out.append(sum(known) if known else None)
+    return out
 
 
 def longest_first(seconds: list[float | None]) -> list[int]:

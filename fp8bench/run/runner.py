@@ -7,6 +7,8 @@ sweep goes on; `resume=<run_id>` skips the cases a run already finished.
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import time
 from collections import Counter
@@ -17,6 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fp8bench.cases import twin_config
 from fp8bench.config.schema import Config, ConfigError
 from fp8bench.core.hardware import DeviceInfo, environment, git_state
 from fp8bench.core.records import MEASUREMENT_VERSION, CaseRecord, ShardWriter, done_case_ids, read_manifest
@@ -67,6 +70,37 @@ def manifest_for(config: Config, run_id: str, overrides: list[str], n_cases: int
             "measurement": {"version": MEASUREMENT_VERSION, **asdict(config.measure)},
             "config": {"overrides": overrides, "sweep_name": config.sweep_name, "base": asdict(config)},
             "n_cases": n_cases}
+
+
+PLAN = "plan.json"
+"""A run's twin groups (each the points of one job: `fp8bench run -m` launches one job per group)."""
+
+
+def write_plan(run_dir: Path, groups: list[list[Case]]) -> None:
+    """Each group's points (the configs its cases come from, the twins the planner added included), for the
+    jobs that run them in other processes; written atomically."""
+    data = {"groups": []}
+    for group in groups:
+        points: list[dict] = []
+        for case in group:
+            point = asdict(twin_config(case.config) if case.added else case.config)
+            if point not in points:
+                points.append(point)
+        data["groups"].append(points)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{PLAN}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, run_dir / PLAN)
+
+
+def group_points(run_dir: Path, index: int) -> list[Config]:
+    """The points of group `index` of a run's plan."""
+    from fp8bench.config.schema import config_from_values
+
+    groups = json.loads((run_dir / PLAN).read_text())["groups"]
+    if not 0 <= index < len(groups):
+        raise ConfigError(f"job_group={index} is not a group of run {run_dir.name} (it has {len(groups)})")
+    return [config_from_values(p) for p in groups[index]]
 
 
 def run_cases(cases: list[Case], run_id: str, device: DeviceInfo, emit: Callable[[CaseRecord], None]) -> None:

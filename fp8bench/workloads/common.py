@@ -55,11 +55,13 @@ class CaseOutput:
     metrics: list[Metric]
     samples: dict[str, list[float]]
     ran: dict = field(default_factory=dict)
-    """What actually ran where the backend chooses (a kernel, a module option): recorded with the case's
-    parameters, so no choice made at run time hides under the case id."""
-    replayed: bool = False
-    """The timed work replayed CUDA graphs (a train case under `backend.cuda_graph`): the record's measurement
-    says `cuda_graph: true`, as a GEMM timed with measure.cuda_graph does."""
+    """What the backend chose to run (a kernel, a module option): recorded in the case's `ran`, so no choice
+    made at run time hides under the case id."""
+    graphs: bool = False
+    """The timed work replayed CUDA graphs (a GEMM under measure.cuda_graph, a train step under
+    `backend.cuda_graph`), as set where the replay happened."""
+    compiled: bool = False
+    """The timed work ran torch.compile's code, as read from the module that ran (`is_compiled`)."""
 
 
 @dataclass
@@ -73,6 +75,15 @@ class Prepared:
     finish: Callable[[dict], CaseOutput]
     cuda_graph: bool = False
     """Time replays of a captured graph (measure.cuda_graph; GEMMs only)."""
+
+
+def timing_samples(name: str, timing) -> dict[str, list[float]]:
+    """A timing's samples under `name`, and for one timed in rounds beside a twin (measure.time_interleaved) the
+    round of each sample under `<name>_round`: what a speedup is recomputed from (core.speedup)."""
+    out = {name: list(timing.samples_ms)}
+    if timing.rounds:
+        out[f"{name}_round"] = [float(r) for r, rnd in enumerate(timing.rounds) for _ in rnd]
+    return out
 
 
 def run_alone(case: CaseInput, prepare: Callable[[CaseInput], Prepared]) -> CaseOutput:

@@ -17,6 +17,7 @@ from fp8bench.workloads.common import (
     randn,
     run_alone,
     speed_metrics,
+    timing_samples,
 )
 
 
@@ -42,12 +43,12 @@ def prepare(case: CaseInput) -> Prepared:
     def finish(timings: dict) -> CaseOutput:
         timing = timings["time_ms"]
         metrics = speed_metrics(case, timing, flops(s), peak_bytes=peak)
-        samples = {"time_ms": timing.samples_ms}
+        samples = timing_samples("time_ms", timing)
         if "time_ms_kernel" in timings:
             kt = timings["time_ms_kernel"]
             metrics.append(Metric.of("time_ms_kernel", kt.median_ms))
             metrics.append(Metric.of("tflops_kernel", flops(s) / kt.median_ms / 1e9))
-            samples["time_ms_kernel"] = kt.samples_ms
+            samples |= timing_samples("time_ms_kernel", kt)
         rows = min(NUMERICS_ROWS, s["m"])
         out = (timing.last_result if timing.last_result is not None else op.with_quant())[:rows].float()
         ref = a[:rows].double() @ b.double().t()
@@ -57,7 +58,7 @@ def prepare(case: CaseInput) -> Prepared:
             vs = sqnr_db(emu, out)
             metrics.append(Metric.of("sqnr_vs_emulated_db", vs))
             check_against_emulator(case.recipe.format, vs, f"{case.backend.name} GEMM output")
-        return CaseOutput(metrics, samples, ran=dict(op.ran))
+        return CaseOutput(metrics, samples, ran=dict(op.ran), graphs=timings["time_ms"].cuda_graph)
 
     return Prepared(timed, finish, cuda_graph=case.measure.cuda_graph)
 

@@ -28,6 +28,7 @@ from fp8bench.workloads.common import (
     randn,
     run_alone,
     speed_metrics,
+    timing_samples,
 )
 from fp8bench.workloads.memory import step_breakdown
 from fp8bench.workloads.profile import kernel_metrics
@@ -80,8 +81,8 @@ def prepare_module(case: CaseInput, build: Callable[..., LinearOp], flops: float
             if y_hp is None:
                 y_hp, _, _ = op.reference_outputs()
             out += [Metric.of("sqnr_db", sqnr_db(y_hp, y)), Metric.of("rel_err", rel_err(y_hp, y))]
-        return CaseOutput(out, {"time_ms": timing.samples_ms},
-                          ran=case.backend.kernels(case.config.workload.name, case.recipe, dev))
+        return CaseOutput(out, timing_samples("time_ms", timing),
+                          ran=case.backend.kernels(case.config.workload.name, case.recipe, dev), compiled=op.compiled)
 
     return Prepared({"time_ms": op.step}, finish)
 

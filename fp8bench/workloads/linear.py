@@ -19,6 +19,7 @@ from fp8bench.workloads.common import (
     randn,
     run_alone,
     speed_metrics,
+    timing_samples,
 )
 from fp8bench.workloads.profile import kernel_metrics
 
@@ -57,8 +58,8 @@ def prepare(case: CaseInput) -> Prepared:
             vs = sqnr_db(y_emu, y[:r])
             metrics.append(Metric.of("sqnr_vs_emulated_db", vs))
             check_against_emulator(case.recipe.format, vs, f"{case.backend.name} linear output")
-        return CaseOutput(metrics, {"time_ms": timing.samples_ms},
-                          ran=case.backend.kernels("linear", case.recipe, dev))
+        return CaseOutput(metrics, timing_samples("time_ms", timing),
+                          ran=case.backend.kernels("linear", case.recipe, dev), compiled=op.compiled)
 
     return Prepared({"time_ms": op.step}, finish)
 

@@ -26,7 +26,7 @@ def run(case: CaseInput) -> CaseOutput:
     metrics = [Metric.of("time_ms", timing.median_ms),
                Metric.of("gbps", op.bytes_moved / timing.median_ms / 1e6),
                Metric.of("sqnr_db", sqnr_db(x, deq)), Metric.of("rel_err", rel_err(x, deq))]
-    if case.backend.name != "emulated":
+    if not case.backend.reference:
         eff = case.backend.effective_recipe(case.recipe)
         emu = fake_quant(x, eff.format, eff.scaling, eff.options(is_weight=is_weight))
         vs = sqnr_db(emu, deq)

@@ -33,29 +33,19 @@ import torch
 import torch.distributed as dist
 
 from fp8bench.backends import get_backend
+from fp8bench.backends.base import is_compiled
 from fp8bench.core.measure import reset_peak_memory
 from fp8bench.core.records import Metric
 from fp8bench.workloads.common import CaseInput, CaseOutput, Diverged
 from fp8bench.workloads.train.loop import Engine, World, fit, load_data, master_dtype, new_decoder, optimizer
 
-STRATEGIES = {"fsdp2": ("torch", "torchao"), "ddp": ("torch", "te")}
-"""Which backends each strategy runs: FP8 through torchao under FSDP2, through TE under DDP; the torch backend
-is the BF16 baseline of both."""
-
 
 def distributed_verdict(config, device) -> tuple[bool, str]:
-    """Can this machine run the distributed point (nproc > 1, or an FSDP2 option)? The planner records the
-    reason when not."""
-    t, b, fmt = config.workload.train, config.backend.name, config.format.name
+    """Can this machine run the distributed point (nproc > 1)? What each backend runs distributed is its own
+    declaration (`Backend.strategies`, `supports_train`); this is what every distributed run needs."""
+    t, fmt = config.workload.train, config.format.name
     if t.nproc == 1:
-        return False, "fp8_all_gather is an FSDP2 option: it needs workload.train.nproc > 1"
-    if b not in STRATEGIES[t.strategy]:
-        return False, f"strategy={t.strategy} runs backends {list(STRATEGIES[t.strategy])}, not {b}"
-    if b == "torch" and fmt != "bf16":
-        return False, "distributed torch-backend runs are the BF16 baseline; FP8 runs through torchao or te"
-    if t.fp8_all_gather and not (b == "torchao" and t.strategy == "fsdp2" and fmt != "bf16"
-                                 and config.scaling.name == "current"):
-        return False, "fp8_all_gather is torchao tensorwise float8 (hybrid/current) under FSDP2 only"
+        return True, ""
     if config.workload.batch % t.nproc:
         return False, f"workload.batch={config.workload.batch} must split evenly over nproc={t.nproc} ranks"
     if device.is_cuda:
@@ -86,7 +76,7 @@ def run(case: CaseInput) -> CaseOutput:
                                f"{failure_lines(proc.stderr or proc.stdout)}")
         res = json.loads(result.read_text())
     out = CaseOutput([Metric.of(k, v) for k, v in res["metrics"].items()], res["samples"],
-                     ran=case.backend.kernels("train", case.recipe, case.device))
+                     ran=case.backend.kernels("train", case.recipe, case.device), compiled=res.get("compiled", False))
     if res.get("diverged") is not None:
         raise Diverged(f"{res['diverged']} (the mean over {t.nproc} ranks)", out)
     return out
@@ -188,7 +178,7 @@ def _engine(case: CaseInput, rank: int, world: RankWorld) -> Engine:
     else:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        if t.fp8_all_gather:  # torchao tensorwise (distributed_verdict): scales precomputed after each step
+        if t.fp8_all_gather:  # torchao tensorwise (TorchaoBackend.supports_train): scales precomputed after each step
             from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
             setup = backend.prepare_training(new_decoder(case), recipe, fp8_all_gather=True)
@@ -215,7 +205,8 @@ def _engine(case: CaseInput, rank: int, world: RankWorld) -> Engine:
     rows = slice(rank * batch // world.size, (rank + 1) * batch // world.size)
     return Engine(model, opt, autocast=autocast, forward_context=setup.forward_context, after_step=after_step,
                   rows=rows, world=world, census=False, weights_and_state=False, state=state,
-                  load_state=load_state, writes_checkpoint=rank == 0, coverage_model=setup.model)
+                  load_state=load_state, writes_checkpoint=rank == 0, coverage_model=setup.model,
+                  compiled=is_compiled(setup.model))
 
 
 def train_rank(p: dict, rank: int, world_size: int, dev: torch.device) -> dict:
@@ -236,4 +227,5 @@ def train_rank(p: dict, rank: int, world_size: int, dev: torch.device) -> dict:
         out.metrics.append(Metric.of("tokens_per_s_per_rank", tokens_per_s / world_size))
     if dev.type == "cuda":
         out.samples["peak_mem_rank_bytes"] = world.gather(torch.cuda.max_memory_allocated(dev))
-    return {"metrics": {m.name: m.value for m in out.metrics}, "samples": out.samples, "diverged": diverged}
+    return {"metrics": {m.name: m.value for m in out.metrics}, "samples": out.samples, "diverged": diverged,
+            "compiled": out.compiled}

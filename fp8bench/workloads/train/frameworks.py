@@ -7,13 +7,14 @@ differs from the direct `te` / `torchao` row only by what the framework adds. Ac
 shared loop (`fit`) with Accelerate's backward and clipping; Lightning's run in `Trainer.fit`, timed from one
 step's start to the next on the GPU timeline, so the framework's work between steps is counted; validation
 is left out of it. Neither records the saved-tensor census (the memory record has weights, optimizer state
-and the peak); settings a framework's loop does not honour here are refused (`unsupported`).
+and the peak); settings a framework's loop does not honour are refused at plan time (`Backend.unsupported_train`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from fp8bench.backends.base import is_compiled
 from fp8bench.core.measure import reset_peak_memory
 from fp8bench.models.decoder import lm_loss
 from fp8bench.workloads.common import CaseInput, CaseOutput
@@ -30,27 +31,11 @@ from fp8bench.workloads.train.loop import (
     output,
 )
 
-UNSUPPORTED = {
-    "lightning": ("train.ckpt_every", "train.loss_scale", "train.dynamic_loss_scale"),
-    "accelerate": ("train.loss_scale", "train.dynamic_loss_scale"),
-}
-"""Settings each framework's loop runs without: Lightning checkpoints and scales losses its own way (not
-fp8bench's), and Accelerate's mixed precision owns the loss scaling."""
-
-
-def unsupported(loop: str, cfg) -> list[str]:
-    on = {"train.ckpt_every": bool(cfg.ckpt_every), "train.loss_scale": cfg.loss_scale != 1.0,
-          "train.dynamic_loss_scale": bool(cfg.dynamic_loss_scale)}
-    return [name for name in UNSUPPORTED[loop] if on[name]]
-
 
 def run(case: CaseInput) -> CaseOutput:
-    loop, cfg = case.backend.loop, case.config.workload.train
-    refused = unsupported(loop, cfg)
-    if refused:
-        raise ValueError(f"backend {case.backend.name!r} trains in {loop}'s loop, which fp8bench runs "
-                         f"without {', '.join(refused)}; unset them for this backend")
-    return {"lightning": _lightning, "accelerate": _accelerate}[loop](case)
+    """The case in its backend's framework loop; the settings that loop does not honour were refused when the
+    case was planned (`Backend.unsupported_train`)."""
+    return {"lightning": _lightning, "accelerate": _accelerate}[case.backend.loop](case)
 
 
 def _lightning(case: CaseInput) -> CaseOutput:
@@ -122,7 +107,7 @@ def _accelerate(case: CaseInput) -> CaseOutput:
     engine = Engine(model, opt, autocast=False, backward=accelerator.backward,
                     clip=accelerator.clip_grad_norm_,
                     step_context=lambda: case.backend.step_context(case.recipe, dev), census=False,
-                    coverage_model=model)
+                    coverage_model=model, compiled=is_compiled(model))
     try:
         return fit(case, engine, data)
     finally:

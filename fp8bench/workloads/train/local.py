@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fp8bench.backends.base import is_compiled
 from fp8bench.core.measure import reset_peak_memory
 from fp8bench.workloads.common import CaseInput, CaseOutput
 from fp8bench.workloads.train.loop import Engine, fit, load_data, new_decoder, optimizer
@@ -19,5 +20,6 @@ def run(case: CaseInput) -> CaseOutput:
     opt = optimizer(model, cfg, setup.make_optimizer, fused=dev.type == "cuda")
     # a replayed graph's saved tensors are its own, out of reach of the census's saved-tensor hooks
     engine = Engine(model, opt, autocast=autocast, forward_context=setup.forward_context,
-                    step_context=setup.step_context, census=setup.capture is None, replayed=setup.capture is not None)
+                    step_context=setup.step_context, census=setup.capture is None, replayed=setup.capture is not None,
+                    compiled=is_compiled(setup.model))
     return fit(case, engine, data)

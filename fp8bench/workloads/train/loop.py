@@ -123,8 +123,9 @@ class Progress:
     (`step_begins`), so the framework's work between steps counts."""
 
     def __init__(self, case: CaseInput, curve: Curve | None = None, memory: dict | None = None,
-                 on_diverge=None, world: World | None = None) -> None:
+                 on_diverge=None, world: World | None = None, graphs: bool = False, compiled: bool = False) -> None:
         self.case, self.cfg = case, case.config.workload.train
+        self.graphs, self.compiled = graphs, compiled  # what a diverged run's record states ran
         self.curve = curve if curve is not None else Curve()
         self.memory = memory if memory is not None else {}
         self.on_diverge = on_diverge
@@ -175,7 +176,8 @@ class Progress:
     def diverged(self, message: str, at: int) -> Diverged:
         if self.on_diverge is not None:
             self.on_diverge()
-        return Diverged(message, output(self.case, self.curve, self.memory, diverged_at=at, world=self.world))
+        return Diverged(message, output(self.case, self.curve, self.memory, diverged_at=at, world=self.world,
+                                        replayed=self.graphs, compiled=self.compiled))
 
 
 def optimizer(model: torch.nn.Module, cfg, make=None, **implementation) -> torch.optim.Optimizer:
@@ -287,6 +289,8 @@ class Engine:
     """The model whose linears `linear_coverage` counts (unwrapped); `model` when None."""
     replayed: bool = False
     """`model` replays CUDA graphs captured before the first step (TrainSetup.capture): the record says so."""
+    compiled: bool = False
+    """torch.compile runs `model` or its blocks (read from the model: the record's `ran.compiled`)."""
 
 
 def _checkpoint_state(engine: Engine, scaler, curve: Curve) -> dict:
@@ -382,7 +386,8 @@ def fit(case: CaseInput, engine: Engine, data: TrainData) -> CaseOutput:
         if ckpt is not None and engine.writes_checkpoint and ckpt.is_file():
             ckpt.unlink()
 
-    progress = Progress(case, curve, memory, on_diverge=forget_checkpoint, world=engine.world)
+    progress = Progress(case, curve, memory, on_diverge=forget_checkpoint, world=engine.world,
+                        graphs=engine.replayed, compiled=engine.compiled)
     census_step = min(curve.step + 1, steps - 1) if engine.census else -1
     while curve.step < steps:
         k = curve.step
@@ -405,7 +410,7 @@ def fit(case: CaseInput, engine: Engine, data: TrainData) -> CaseOutput:
         memory["optimizer"] = optimizer_state_bytes(engine.opt)
     if ckpt is not None and engine.writes_checkpoint and ckpt.is_file():
         ckpt.unlink()  # the record now holds the run; checkpoints of large models are GBs
-    out = output(case, curve, memory, world=engine.world, replayed=engine.replayed)
+    out = output(case, curve, memory, world=engine.world, replayed=engine.replayed, compiled=engine.compiled)
     out.metrics += linear_coverage(engine.coverage_model or engine.model, case.recipe)
     if case.backend.timed and curve.step_ms:
         # After the curve is recorded: a few more steps under the profiler, whose kernels say where a step's
@@ -432,7 +437,7 @@ def _begin_census(progress: Progress, params: list, memory: dict, dev: torch.dev
 
 
 def output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None = None,
-           world: World | None = None, replayed: bool = False) -> CaseOutput:
+           world: World | None = None, replayed: bool = False, compiled: bool = False) -> CaseOutput:
     """The record of a run from its curve: losses, validation points, steady step times and the speed and
     memory figures they give (peak memory: the largest process's)."""
     s, world = case.shape, world or World()
@@ -459,6 +464,4 @@ def output(case: CaseInput, curve: Curve, memory: dict, diverged_at: int | None 
     metrics += breakdown_metrics(memory, case.device)
     # a diverged run's record too (Diverged carries this output): what ran is part of every train record
     ran = case.backend.kernels("train", case.recipe, case.device)
-    if replayed:  # set where the capture ran, not from the config: a knob a backend ignored would not say this
-        ran = {**ran, "step": "replayed from CUDA graphs"}
-    return CaseOutput(metrics, samples, ran=ran, replayed=replayed)
+    return CaseOutput(metrics, samples, ran=ran, graphs=replayed, compiled=compiled)

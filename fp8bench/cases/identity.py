@@ -1,0 +1,155 @@
+"""A case's identity: every setting that can change what it measures, and the id derived from it.
+
+The identity is a flat mapping of dotted keys (`model.hidden`, `shape.m`, `scaling.margin`, `backend.compile`,
+`workload.train.lr`, ...) to values. What is left out is declared here, with why: keys that only move or name
+the output (`PRESENTATION`), the timer's settings, which say how precisely a case is timed and travel with every
+record in its `measurement` (`TIMER`), the test-only fault injections (`INJECTION`), and the keys that choose
+which shapes a point expands to, whose result, the shape itself, is in the identity (`EXPANSION`).
+
+The id keeps a readable prefix, `workload.model.shape.format.scaling.backend[+knobs]` (the knobs a case sets
+on its backend, by name), and adds `~` and eight hex digits of a hash of whatever else differs from the
+*reference* of that prefix: what `fp8bench run workload=W model=M format=F scaling=S backend=B` composes with
+nothing more (the presets in conf/ as they are). So the cases of the presets keep short ids, and two cases
+that differ in anything that can change a measurement never share one. Every record stores its identity in
+full (`params`), so a reader can see what a hash stands for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+
+from fp8bench.config.compose import preset_values, root_values
+from fp8bench.config.schema import (
+    Config,
+    MeasureConfig,
+    ModelConfig,
+    ScalingConfig,
+    TrainConfig,
+    WorkloadConfig,
+)
+from fp8bench.models import shapes as shapes_module
+
+PRESENTATION = ("results_dir", "run_id", "resume", "sweep_name", "job_group", "store", "device", "model.source")
+"""Keys that only say where output goes and what it is called. `device` too: the device a case ran on is a
+fact of its run (the environment travels with every run) and is stated in the record's `ran`."""
+TIMER = tuple(f"measure.{f.name}" for f in dataclasses.fields(MeasureConfig) if f.name not in ("flush_l2", "cuda_graph"))
+"""The timer's settings (warm-up, iterations, rounds, ...): how precisely a case is timed, not what it times.
+`measure.flush_l2` (a cold or a warm L2) and `measure.cuda_graph` (graph replays or launches) change what is
+timed and belong to the identity."""
+INJECTION = ("fail_on", "slowdown")
+"""Test-only faults (a raised error, a planted slowdown): a slowed case must keep its id, or a comparison could
+not see the slowdown."""
+EXPANSION = ("workload.linears", "workload.roles", "workload.shapes", "workload.tensors", "workload.train.bf16_seeds")
+"""Keys that choose the shapes (or the seeds) a point expands to; each case's shape is in its identity."""
+MODEL_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("name", "source"))
+TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f"workload.train.{f.name}" not in EXPANSION)
+SCALING_KEYS = tuple(f.name for f in dataclasses.fields(ScalingConfig) if f.name != "name")
+PREFIX_KEYS = ("workload", "model", "shape", "format", "scaling", "backend")
+HASH_CHARS = 8
+
+
+def identity(config: Config, knobs: dict[str, object], shape_name: str, shape: dict) -> dict[str, object]:
+    """The case's identity (see the module docstring). `knobs`: the backend's knobs, every one it declares,
+    typed (`Knobs.values()`)."""
+    c = config
+    out: dict[str, object] = {"workload": c.workload.name, "model": c.model.name, "shape": shape_name,
+                              "format": c.format.name, "scaling": c.scaling.name, "backend": c.backend_name}
+    out |= {f"model.{k}": getattr(c.model, k) for k in MODEL_KEYS}
+    out |= {f"shape.{k}": v for k, v in shape.items()}
+    if c.format.name != "bf16":  # BF16 has no scales: its knobs would only split one twin into several
+        out |= {f"scaling.{k}": getattr(c.scaling, k) for k in SCALING_KEYS}
+    out |= {f"backend.{k}": v for k, v in knobs.items()}
+    out |= {"measure.flush_l2": c.measure.flush_l2, "measure.cuda_graph": c.measure.cuda_graph}
+    if c.workload.name == "train":  # the seed is the shape's (one case per seed)
+        out |= {f"workload.train.{k}": _plain(getattr(c.workload.train, k)) for k in TRAIN_KEYS}
+    else:
+        out["seed"] = c.seed
+    return out
+
+
+def _plain(value: object) -> object:
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def prefix(ident: dict[str, object], variant: str) -> str:
+    """`workload.model.shape.format.scaling.backend[+variant]`: the readable part of an id and the label."""
+    base = ".".join(str(ident[k]) for k in PREFIX_KEYS)
+    return f"{base}+{variant}" if variant else base
+
+
+def case_id(ident: dict[str, object], variant: str) -> str:
+    """The readable prefix, plus `~hash` of what differs from the prefix's reference (module docstring)."""
+    ref = reference(ident)
+    delta = {k: v for k, v in ident.items() if not k.startswith("backend.") and ref.get(k, _MISSING) != v}
+    head = prefix(ident, variant)
+    return f"{head}~{digest(delta)}" if delta else head
+
+
+def digest(values: dict[str, object]) -> str:
+    text = json.dumps(values, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
+
+
+_MISSING = object()
+
+
+def reference(ident: dict[str, object]) -> dict[str, object]:
+    """The identity the same prefix has under the presets alone (conf/workload/W, conf/model/M, the scaling's
+    defaults, conf/config.yaml's measure and seed), for the same shape name; where the presets do not make that
+    shape (an explicit `workload.shapes` entry, a training run's own batch and steps), the shape is what its
+    name says and is its own reference."""
+    ref = dict(ident)
+    workload, model = str(ident["workload"]), str(ident["model"])
+    dims = preset_values("model", model)
+    if dims is not None:
+        ref |= {f"model.{k}": v for k, v in _model(model).items()}
+    ref_shape = _reference_shapes(workload, model).get(str(ident["shape"]))
+    if ref_shape is not None:
+        ref = {k: v for k, v in ref.items() if not k.startswith("shape.")} | {f"shape.{k}": v for k, v in ref_shape.items()}
+    if ident["format"] != "bf16":
+        ref |= {f"scaling.{k}": v for k, v in _scaling_defaults(str(ident["scaling"])).items()}
+    measure = root_values().get("measure", {})
+    ref |= {"measure.flush_l2": measure.get("flush_l2", True), "measure.cuda_graph": measure.get("cuda_graph", False)}
+    if workload == "train":
+        train = _workload(workload).train
+        ref |= {f"workload.train.{k}": _plain(getattr(train, k)) for k in TRAIN_KEYS}
+    else:
+        ref["seed"] = root_values().get("seed", 0)
+    return ref
+
+
+@functools.cache
+def _model(name: str) -> dict:
+    return {k: getattr(ModelConfig(**preset_values("model", name)), k) for k in MODEL_KEYS}
+
+
+@functools.cache
+def _workload(name: str) -> WorkloadConfig:
+    values = dict(preset_values("workload", name) or {"name": name})
+    if isinstance(values.get("train"), dict):
+        values["train"] = TrainConfig(**values["train"])
+    return WorkloadConfig(**values)
+
+
+@functools.cache
+def _scaling_defaults(name: str) -> dict:
+    sc = ScalingConfig(**(preset_values("scaling", name) or {"name": name}))
+    return {k: getattr(sc, k) for k in SCALING_KEYS}
+
+
+@functools.cache
+def _reference_shapes(workload: str, model: str) -> dict[str, dict]:
+    if preset_values("model", model) is None:
+        return {}
+    config = Config(workload=_workload(workload), model=ModelConfig(**preset_values("model", model)),
+                    format=_format_bf16(), scaling=ScalingConfig(name="none"))
+    return dict(shapes_module.shapes(config))
+
+
+def _format_bf16():
+    from fp8bench.config.schema import FormatConfig
+
+    return FormatConfig(name="bf16")
