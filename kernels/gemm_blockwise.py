@@ -38,8 +38,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._launch import Launcher, cdiv, sm_count
+from ._layout import m_major_empty
 from ._tune import INTERPRETING, steady_do_bench, tuning_configs
-from .quantize_blockwise import m_major_empty
 
 GROUP = 128
 

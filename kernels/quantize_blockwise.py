@@ -18,8 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
+from . import quantize_blockwise_gluon
 from ._fp8 import AMAX_EPS, E4M3_MAX, block_scale, exact_rcp, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv
+from ._layout import m_major_empty
+from ._sm90 import compile_cast_sm90
 from ._tune import INTERPRETING, steady_do_bench, tuning_configs
 
 GROUP = 128
@@ -140,13 +143,6 @@ _launch_1x128, _launch_128x128, _launch_128x128_both, _launch_along_m = map(
                _quantize_along_m_kernel))
 
 
-def m_major_empty(m: int, groups: int, device: torch.device) -> torch.Tensor:
-    """Room for 1x128 scales [m, groups] laid out M-major: a view of a [groups, m] buffer whose rows are padded to
-    16 bytes, so each starts aligned (TMA's rule)."""
-    # one allocation with the view's strides (a [groups, padded m] buffer sliced and transposed took three ops)
-    return torch.empty_strided((m, groups), (1, cdiv(m, 4) * 4), device=device, dtype=torch.float32)
-
-
 def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow2_scales: bool = False,
                        m_major_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(Y [M, K] E4M3, inverse scales float32) for block (1, 128) or (128, 128); launch shape autotuned.
@@ -207,8 +203,6 @@ def quantize_blockwise_both(x: torch.Tensor, weight: bool = False, pow2_scales: 
     if x.dim() != 2:
         raise ValueError(f"quantize_blockwise_both takes a 2-D tensor, got shape {tuple(x.shape)}")
     if x.is_cuda and x.stride(1) == 1 and not INTERPRETING:
-        from . import quantize_blockwise_gluon  # imported here: it imports this module
-
         return quantize_blockwise_gluon.quantize_both(x, weight, pow2_scales)
     if weight:
         m, k = x.shape
@@ -249,35 +243,6 @@ def bytes_moved(x: torch.Tensor, block: tuple[int, int] = (1, GROUP)) -> int:
     m, k = x.shape
     n_scales = m * cdiv(k, GROUP) if block == (1, GROUP) else cdiv(m, GROUP) * cdiv(k, GROUP)
     return x.numel() * x.element_size() + x.numel() + 4 * n_scales
-
-
-def compile_cast_sm90(fn, signature: dict, constants: dict, num_warps: int, gluon: bool = False, **options):
-    """A cast kernel (`fn`: a Triton or, `gluon`, a Gluon JIT function) compiled for sm_90 without a GPU
-    (tests/test_kernels.py runs ptxas on it), specialized as a launch specializes it: the unit strides in
-    `constants` are constexpr 1 and every other integer and pointer is 16-divisible (Triton's specializations).
-    Unspecialized, loads and stores are 1-2 bytes wide and ptxas reports about twice the registers (248 for the
-    weight kernel at 8 warps; specialized, 77 with the CPU machines' Triton, and Nsight Compute read 54-58 for
-    the launched kernel on the H200's)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    signature = {**signature, **dict.fromkeys(constants, "constexpr")}
-    aligned = [name for name, kind in signature.items() if kind != "constexpr"]
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    source = (GluonASTSource if gluon else ASTSource)(fn, signature, constants, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **options})
-
-
-def assemble_sm90(ptx: str):
-    """ptxas's verbose assembly of `ptx` for sm_90a with the ptxas Triton uses (a CompletedProcess: registers,
-    spills and warnings on its stderr). A launch's register cap travels in the PTX (`.maxnreg`)."""
-    import subprocess
-
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    return subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"], input=ptx,
-                          capture_output=True, text=True)
 
 
 def compile_along_m_sm90(block_k: int, num_warps: int):

@@ -43,7 +43,8 @@ from triton.experimental.gluon import language as gl
 
 from ._fp8 import block_scale, exact_rcp, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv
-from .quantize_blockwise import compile_cast_sm90, m_major_empty
+from ._layout import m_major_empty
+from ._sm90 import compile_cast_sm90
 
 TILE = 128
 WARPS = 8

@@ -517,7 +517,7 @@ def _compiled_elsewhere(script: str, stdin: str = "") -> dict:
 def _compiled_for_sm90(script: str) -> dict:
     """`_compiled_elsewhere(script)`, each kernel also assembled here by ptxas (`assemble_sm90`; "ptxas": its
     stderr, "rc")."""
-    from fp8bench_kernels.quantize_blockwise import assemble_sm90
+    from fp8bench_kernels._sm90 import assemble_sm90
 
     builds = _compiled_elsewhere(script)
     for build in builds.values():
@@ -549,7 +549,7 @@ def test_gluon_gemm_compiles_for_hopper_with_no_wgmma_serialized(config, sm90_bu
     half-tile width, and no wgmma that ptxas serializes or waits on behind the kernel's back (C7514/C7517:
     an accumulator register read while a wgmma is in flight, what held the Triton kernel back), no spills."""
     from fp8bench_kernels.gemm_blockwise_gluon import SMEM_LIMIT
-    from fp8bench_kernels.quantize_blockwise import assemble_sm90
+    from fp8bench_kernels._sm90 import assemble_sm90
 
     build = sm90_builds[repr(config)]
     ptx = build["ptx"]
