@@ -12,7 +12,7 @@ E4M3_MAX = 448.0
 AMAX_EPS = 1e-12
 """Floor for amax before dividing (torchao's EPS; fp8bench.core.numerics.AMAX_EPS)."""
 # The same numbers for @triton.jit code: compiled Triton reads only constexpr globals (its interpreter reads
-# any, which is why tests/test_kernels.py checks)
+# any, which is why tests/kernels/test_constexpr_globals.py checks)
 E4M3_MAX_C = tl.constexpr(E4M3_MAX)
 AMAX_EPS_C = tl.constexpr(AMAX_EPS)
 

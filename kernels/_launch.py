@@ -14,7 +14,7 @@ descriptor's dtype, alignment, shape, strides, block shape and layout, and every
 Under Triton's interpreter nothing is compiled and every call goes through Triton.
 
 What a direct launch does not redo: Triton's check that the kernel's globals have not changed (ours read only
-constexpr globals, which tests/test_kernels.py checks), its pre-run hooks (none are set), and the options it
+constexpr globals, which tests/kernels/test_constexpr_globals.py checks), its pre-run hooks (none are set), and the options it
 reads from `triton.knobs` on each call (debug, instrumentation): set those before a kernel's first call."""
 
 from __future__ import annotations

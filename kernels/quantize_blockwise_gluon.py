@@ -221,7 +221,7 @@ def bytes_moved(x: torch.Tensor, weight: bool) -> int:
 
 def compile_sm90(weight: bool, dtype: str = "bf16", **options):
     """The kernel compiled for sm_90 without a GPU, specialized as a launch specializes it (the scales' unit
-    strides constexpr), for tests/test_kernels.py's ptxas check; `options` are compile options (maxnreg)."""
+    strides constexpr), for the ptxas check of tests/kernels/test_quantize_blockwise_gluon.py; `options` are compile options (maxnreg)."""
     signature = {"x_ptr": f"*{dtype}", "y_ptr": "*fp8e4nv", "s_ptr": "*fp32", "yt_ptr": "*fp8e4nv",
                  "st_ptr": "*fp32", **dict.fromkeys(("M", "K", "stride_m", "s_sm", "s_sg", "st_sk", "st_sm"), "i32")}
     ones = ("s_sg", "st_sm") if weight else ("s_sm", "st_sk")  # the unit strides a launch passes

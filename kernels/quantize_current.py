@@ -241,7 +241,7 @@ def bytes_moved(x: torch.Tensor) -> int:
 
 def compile_sm90(config: dict):
     """The kernel at `config` compiled for sm_90 without a GPU, specialized as a launch specializes it (X with
-    unit stride along N), for tests/test_kernels.py's ptxas check."""
+    unit stride along N), for the ptxas check of tests/kernels/test_sm90.py."""
     from ._sm90 import compile_cast_sm90
 
     signature = {"x_ptr": "*bf16", "y_ptr": "*fp8e4nv", "yt_ptr": "*fp8e4nv", "inv_scale_ptr": "*fp32",
