@@ -71,15 +71,14 @@ def _quantize_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_gr
 BOTH_LAYOUTS_CONFIGS = tuning_configs(  # the chunks of a 128x128 block: amax pass [SUB_M, 128], store pass [128, SUB_K]
     [triton.Config({"SUB_M": sm, "SUB_K": sk}, num_warps=8) for sm, sk in [(64, 64), (32, 64)]],
     interpreter=triton.Config({"SUB_M": 32, "SUB_K": 64}, num_warps=4))
-"""The two fastest of research/cast_variant_probe.py on the H200 (results/h200-recipe-blockwise/
-cast_variant_probe_f5e8879.json): 64x64 chunks at 8 warps took 30.3-142.0 µs from 32 to 224 MB, where the whole
-block held in registers and stored with its transpose took 35.6-189.0 µs. At 4 warps the chunks spill."""
+"""The two fastest chunkings of the cast-structure probe (docs/kernels.md): 64x64 chunks at 8 warps take less
+time than the whole block held in registers and stored with its transpose. At 4 warps the chunks spill."""
 
 
 @triton.jit
 def block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M: tl.constexpr):
     """max|x| over the 128x128 block (pm, pk) of X, read in row chunks [SUB_M, 128] with only a running max held
-    (the first pass of the two-layout weight cast; research/ probes time other second passes after it)."""
+    (the first pass of the two-layout weight cast)."""
     cols = pk * 128 + tl.arange(0, 128)
     amax = tl.zeros((SUB_M, 128), dtype=tl.float32)
     for r in tl.range(0, 128, SUB_M):
@@ -111,7 +110,7 @@ def _quantize_128x128_both_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, s
     # a weight's 128x128 block into Y and Yᵀ [K, M] (the same block, so the same scale and values), in two
     # passes over it: its amax from row chunks (nothing kept but a running max), then X again, from L2, in
     # column chunks [128, SUB_K], each stored as is and transposed. The whole block in registers with its
-    # transposed store took 17-33% more time (at 4 warps it spilled).
+    # transposed store takes longer (at 4 warps it spills).
     pm, pk = tl.program_id(0), tl.program_id(1)
     scale = block_scale(block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M), POW2)
     store_block_both(x_ptr, y_ptr, yt_ptr, pm, pk, scale, M, K, stride_m, stride_k, SUB_K)
@@ -199,7 +198,7 @@ def quantize_blockwise_both(x: torch.Tensor, weight: bool = False, pow2_scales: 
     HBM once (`quantize_blockwise_gluon`). Elsewhere (Triton's interpreter) Triton kernels do: for activations
     the 1x128 cast and an along-M cast, X read once per layout; for a BF16 weight one kernel in two passes over
     each block; for an FP32 weight Y and then a transposing copy (compiled for sm_90, that kernel's transposed
-    store wrote a wrong Yᵀ from FP32 input on the H200 at 865b59e)."""
+    store has written a wrong Yᵀ from FP32 input: docs/kernels.md)."""
     if x.dim() != 2:
         raise ValueError(f"quantize_blockwise_both takes a 2-D tensor, got shape {tuple(x.shape)}")
     if x.is_cuda and x.stride(1) == 1 and not INTERPRETING:
