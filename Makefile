@@ -81,13 +81,13 @@ plan: $(STAMP)
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 
 test: $(STAMP)
-	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research asv_plugins
+	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts asv_plugins hydra_plugins
 	$(BIN)/lint-imports --no-cache
 	$(PYTEST) -q -m "not gpu" -n auto --dist loadfile
 
 # The edit-test loop: lint, layering and every test not marked slow (under half a minute on two cores).
 test-fast: $(STAMP)
-	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts research asv_plugins
+	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts asv_plugins hydra_plugins
 	$(BIN)/lint-imports --no-cache
 	$(PYTEST) -q -m "not gpu and not slow" -n auto --dist loadfile
 

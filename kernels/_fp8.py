@@ -12,7 +12,7 @@ E4M3_MAX = 448.0
 AMAX_EPS = 1e-12
 """Floor for amax before dividing (torchao's EPS; fp8bench.core.numerics.AMAX_EPS)."""
 # The same numbers for @triton.jit code: compiled Triton reads only constexpr globals (its interpreter reads
-# any, which is why tests/test_kernels.py checks)
+# any, which is why tests/kernels/test_constexpr_globals.py checks)
 E4M3_MAX_C = tl.constexpr(E4M3_MAX)
 AMAX_EPS_C = tl.constexpr(AMAX_EPS)
 
@@ -67,8 +67,8 @@ def scale_to_e4m3(x, scale):
     if SOFTWARE_ROUNDING:
         y = round_to_e4m3(tl.minimum(tl.maximum(y, -E4M3_MAX_C), E4M3_MAX_C))
     # compiled, the saturating cvt clamps (a NaN stays NaN, as in torch's clamp-then-cast; the interpreter's
-    # clamp, np.fmax, still makes it -448); an explicit clamp was two FMNMX per element, a sixth of the Gluon
-    # activation cast's instructions, which is issue-bound
+    # clamp, np.fmax, still makes it -448); an explicit clamp would add two FMNMX per element to the Gluon
+    # activation cast, which is bound by the instructions it issues
     return y.to(tl.float8e4nv)
 
 
@@ -82,10 +82,10 @@ def pow2_floor(s):
 def exact_rcp(b):
     """1 / b correctly rounded to float32 (IEEE division, `div.rn.f32`; numpy's under the interpreter). Triton's
     float32 `/` is an approximate division. Scales are then computed the way torch evaluates `448 / amax`
-    (reciprocal, then multiply), which fp8bench's emulator and torchao use. Before 8361432 this was a float64
-    reciprocal rounded once to float32: the same values (double rounding through 53 bits is harmless for a 24-bit
-    quotient, 53 >= 2*24 + 2), but a float64 division is ~10 DFMA with a slow-path call, 32 of them per thread in
-    the Gluon activation cast."""
+    (reciprocal, then multiply), which fp8bench's emulator and torchao use. A float64 reciprocal rounded once
+    to float32 would give the same values (double rounding through 53 bits is harmless for a 24-bit quotient,
+    53 >= 2*24 + 2), but a float64 division is about ten DFMA with a slow-path call, several per thread in the
+    Gluon activation cast, which is bound by the instructions it issues."""
     b = b.to(tl.float32)
     # a 1.0 shaped (and, in Gluon, laid out) as b: the integer product by zero folds to a constant
     one = (b.to(tl.int32, bitcast=True) * 0 + 0x3F800000).to(tl.float32, bitcast=True)

@@ -1,9 +1,9 @@
 """Launching a Triton kernel without Triton's per-call dispatch, once it has been compiled and tuned.
 
 `kernel[grid](...)` binds and specializes every argument, builds a cache key from them, looks the binary up,
-checks the kernel's globals and, for an autotuned kernel, looks its config up too: on the H200 box's host a
-one-kernel cast cost 42-47 µs a call and the Gluon GEMM 70 µs (cuBLAS's GEMM through torch 25 µs), where the
-kernels themselves take 5-40 µs at a training step's shapes (`scripts/recipe_bench.py --only host`). The first
+checks the kernel's globals and, for an autotuned kernel, looks its config up too: tens of microseconds of
+host time a call, as long as the kernels themselves take at a training step's shapes (`scripts/recipe_bench.py
+--only host` measures it; docs/kernels.md gives the figures). The first
 call with a new `launch_key` goes through Triton as before (compiling and tuning); `Launcher` keeps the
 compiled kernel it returns and the config the autotuner chose, and later calls with the same key launch that
 binary directly (`CompiledKernel[grid](*args)`), running the config's pre-hook as the autotuner would.
@@ -14,8 +14,9 @@ descriptor's dtype, alignment, shape, strides, block shape and layout, and every
 Under Triton's interpreter nothing is compiled and every call goes through Triton.
 
 What a direct launch does not redo: Triton's check that the kernel's globals have not changed (ours read only
-constexpr globals, which tests/test_kernels.py checks), its pre-run hooks (none are set), and the options it
-reads from `triton.knobs` on each call (debug, instrumentation): set those before a kernel's first call."""
+constexpr globals, which tests/kernels/test_constexpr_globals.py checks), its pre-run hooks (none are set),
+and the options it reads from `triton.knobs` on each call (debug, instrumentation): set those before a kernel's
+first call."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ from triton.runtime.autotuner import Autotuner
 
 
 def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) on the host: `triton.cdiv` is a constexpr function whose call costs ~2 µs of dispatch, and
-    a cast's launcher computes several."""
+    """ceil(a / b) on the host: `triton.cdiv` is a constexpr function whose every call goes through Triton's
+    dispatch, and a cast's launcher computes several."""
     return -(-a // b)
 
 
@@ -64,8 +65,8 @@ def _has_cuda() -> bool:
 
 def current_device() -> int:
     """The device Triton compiles and launches for (-1 without CUDA: the interpreter). Whether CUDA exists is
-    asked once: `torch.cuda.is_available()` reads the environment on each call, a few µs of every launch on
-    the H200 box's host (research/train_host_profile.py)."""
+    asked once: `torch.cuda.is_available()` reads the environment on each call, a few microseconds of every
+    launch."""
     return torch.cuda.current_device() if _has_cuda() else -1
 
 

@@ -1,8 +1,8 @@
 """How fp8bench's kernels are tuned. Under Triton's interpreter (CPU, tests) nothing can be timed, so each
 autotuner gets one config there; on a GPU a config is timed with `triton.testing.do_bench` after the GPU has
-been kept busy long enough to leave its idle clocks. The ramp is there because a ~60 µs cast, tuned first in
-its process, once kept a config about half as fast as the same case measured in another run (H200); that
-clock ramp-up is the cause is likely, not yet shown."""
+been kept busy long enough to leave its idle clocks. The ramp is there because a short kernel tuned first in
+its process, on a GPU still at its idle clocks, can keep a config far slower than the one the same case picks
+in another run (docs/kernels.md); that the clocks' ramp-up is the cause is likely, not shown."""
 
 from __future__ import annotations
 

@@ -11,21 +11,17 @@ descriptors; out-of-range tiles are zero-filled, so no masks). Scales are applie
   step is one `dot(a, b, acc * (s_prev / s))` into the same registers and the scales are applied once after
   the loop. Half the registers, but the sum stays in the tensor core's accumulation, which on Hopper keeps
   fewer bits than FP32 (DeepSeek-V3 reports ~14): like cuBLAS's fast accumulation. Against the exact product
-  its error on the H200 was 1.6x promote's at K=8192 and 2.8x at K=28672 (promote's is the BF16 output's
-  rounding; research/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json).
+  its error grows with K past promote's, which is the BF16 output's rounding (docs/kernels.md).
 Tiles are BLOCK_M x (NSUB x 128): each 128-column sub-tile has its own accumulator, so B's scale is a scalar
 per sub-tile and step. A's scales read fastest M-major (`m_major`); `PREFETCH` loads each group's scales one step
 ahead, and `PERSISTENT` runs one program per SM over the tiles.
-Every config is tested against the dequantized reference. On the H200 (research/gemm_variant_probe.py,
-results/h200-kernels/gemm_variant_probe.json) rescale 128x256 with M-major, prefetched scales on a persistent
-grid reached 985 / 968 / 998 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down (cuBLAS blockwise 1188 /
-1055 / 1090). Without scales in the K loop a persistent kernel of the same tiles reaches 1325 at 8192³, over
-cuBLAS tensorwise's 1280: the gap is the per-group scaling, which waits on each group's tensor-core product
-(`wgmma.wait_group 0`). `gemm_blockwise_gluon.py` overlaps the two across warpgroups and is what the `triton`
-backend runs on Hopper; this kernel serves other GPUs and Triton's interpreter. `WS` (off in every autotuned
-config) puts Triton's warp specialization on the K loop: with Triton 3.6 on the H200 it was slower than the
-best plain config (867 vs 922 TFLOPS at 8192³), several tiles failed to compile and 64x256 returned NaN
-(research/gemm_variant_probe.py --ws).
+Every config is tested against the dequantized reference. This kernel stays below cuBLAS blockwise while the
+same tiles without scales in the K loop match cuBLAS tensorwise: the gap is the per-group scaling, which waits
+on each group's tensor-core product (`wgmma.wait_group 0`; docs/kernels.md has the figures).
+`gemm_blockwise_gluon.py` overlaps the two across warpgroups and is what the `triton` backend runs on Hopper;
+this kernel serves other GPUs and Triton's interpreter. `WS` (off in every autotuned config) puts Triton's warp
+specialization on the K loop, which made the kernel slower than its best plain config, and some of its tiles
+fail to compile or return NaN (docs/kernels.md).
 
 `gemm_blockwise_reference`: dequantize both operands to FP32 and multiply.
 """
@@ -38,8 +34,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._launch import Launcher, cdiv, sm_count
+from ._layout import m_major_empty
 from ._tune import INTERPRETING, steady_do_bench, tuning_configs
-from .quantize_blockwise import m_major_empty
 
 GROUP = 128
 
@@ -63,8 +59,7 @@ def _configs() -> list[triton.Config]:
                  (True, 64, 2, 4, 4), (True, 64, 1, 4, 3), (True, 64, 1, 4, 5), (True, 64, 1, 4, 6),
                  (False, 128, 1, 4, 4), (False, 128, 1, 8, 4), (False, 128, 2, 8, 3), (False, 128, 2, 8, 4),
                  (False, 64, 2, 4, 4), (False, 256, 1, 8, 3)]
-        # the four fastest new configs of research/gemm_variant_probe.py at 8192³ on the H200
-        # (results/h200-kernels/gemm_variant_probe.json: 985/976, 959, 905, 888 TFLOPS)
+        # the four fastest configs of the variant probe at 8192³ (docs/kernels.md)
         probed = [(False, 128, 2, 8, 3, True, True), (False, 128, 2, 8, 3, False, True),
                   (True, 128, 1, 8, 4, True, False), (True, 128, 1, 8, 4, False, True)]
         grid = [(*c, False, False) for c in plain] + probed

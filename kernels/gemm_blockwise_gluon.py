@@ -3,8 +3,8 @@ scales, same result, with the tensor-core work and the per-group scaling overlap
 
 Why a second kernel: in the Triton kernel every K group's scaling waits for that group's tensor-core product
 (`wgmma.wait_group 0`), and all warps meet at CTA-wide barriers around each TMA refill, so the tensor cores idle
-while the CUDA cores scale. Without scales the same tiles reach 1325 TFLOPS at 8192³ on the H200; with them,
-985 (results/h200-kernels/gemm_variant_probe.json). Keeping one wgmma in flight while the same warpgroup scales
+while the CUDA cores scale, and the same tiles without scales run far faster (docs/kernels.md). Keeping one
+wgmma in flight while the same warpgroup scales
 another accumulator does not work either: ptxas then serializes every wgmma of the kernel (C7514), since it
 cannot tell that `wait_group 1` retired the accumulator being read.
 
@@ -20,10 +20,9 @@ The math warpgroups take turns issuing wgmmas (`pingpong`, two named barriers, a
 softmax and GEMM warpgroups): each issues its next wgmmas only after the other has issued its own, so its
 products queue behind the other's and it scales while those run. Run free, our reading (not shown directly) is
 that the two fall into step, since each SM sub-partition's tensor core takes both warpgroups' wgmmas as they
-come: both products finish together and both warpgroups scale while the tensor cores idle. On the H200
-(e8337d4, results/h200-kernels) promote ran 1083-1164 TFLOPS in the sweep kernels-gemm-s12, against cuBLAS
-blockwise's 1044-1136 (free-running, kernels-gemm-s11: 1039-1123), and sustained at 8192³ 758-761 TFLOPS per
-GHz of SM clock against 719-722 free-running (gemm_power_turns.json). The result is bit-identical either way.
+come: both products finish together and both warpgroups scale while the tensor cores idle. Taking turns runs
+faster than running free, in sweeps and per GHz of SM clock alike (docs/kernels.md), and the result is
+bit-identical either way.
 
 A tile is HALVES (1 or 2) column halves of SUB_N (64 or 128), so B's 128x128 scale is one scalar per half and
 group. Scaling, as in `gemm_blockwise` (`PROMOTE`):
@@ -34,22 +33,18 @@ group. Scaling, as in `gemm_blockwise` (`PROMOTE`):
   `acc = wgmma(a, b, acc · s_prev/s)` and s is applied once at the end: one FP32 tile per half (128x256 tiles).
   The sum then stays in the tensor core's accumulation, whose precision on Hopper is below FP32 (DeepSeek-V3
   reports ~14 bits): the numerics of cuBLAS's fast-accumulation mode rather than DeepSeek-V3's promotion
-  (research/gemm_variant_probe.py --gluon measures both against FP64).
+  (docs/kernels.md compares both against FP64).
 
-Before the turns (research/gemm_variant_probe.py --gluon, results/h200-kernels/gemm_gluon_probe.json at
-459d225) promote reached 1139 / 1089 / 1084 TFLOPS at 8192³ / Llama-2-7B gate_up / Llama-3-70B down and rescale
-1139 / 1026 / 1119, against cuBLAS blockwise's 1208 / 1089 / 1120; both on 128x256 tiles. Staging A's scales
-with the tiles, instead of each math warpgroup loading its rows' scales from global memory a group ahead, had
-taken promote at 8192³ from 683-691 to 702-716 TFLOPS per GHz of SM clock (sustained runs; cuBLAS blockwise:
-757-763 in research/gemm_power_probe.py's results/h200-kernels/gemm_power.json, where every FP8 GEMM runs at the
-700 W cap).
+A's scales are staged with the tiles rather than loaded by each math warpgroup from global memory a group ahead:
+it gives promote more TFLOPS per GHz of SM clock, which is what counts where every FP8 GEMM runs at the board's
+power cap (docs/kernels.md).
 Promote on 128x256 tiles needs 192 registers per thread for its two sums and the scratch, which the math
 warpgroups have (setmaxnreg 232; ptxas reports the kernel's 168, the cap of 12 warps, but allocates each region
-to its setmaxnreg). It spilled and ran at ~600 until `_settled` stopped an LLVM reordering that kept two scratch
-tiles live.
+to its setmaxnreg). It spills, and runs far slower, unless `_settled` stops an LLVM reordering that keeps two
+scratch tiles live.
 
 Triton's interpreter does not run Gluon: CI compiles the kernel for sm_90 and checks that ptxas serializes no
-wgmma and spills nothing; `pytest -m gpu` checks its results on the H200.
+wgmma and spills nothing; `pytest -m gpu` checks its results on a Hopper GPU.
 """
 
 from __future__ import annotations
@@ -76,8 +71,8 @@ from .gemm_blockwise import _tile, check_operands, m_major
 
 GROUP = gl.constexpr(BLOCK_K)  # K per scale group (one TMA box, one scaling step), readable inside the kernels
 
-# Triton 3.6 (the GPU box) names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later
-# releases (the CPU machines' wheel) renamed them async_load / async_store, same arguments.
+# Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later releases
+# renamed them async_load / async_store, same arguments: either works here.
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 
@@ -360,7 +355,7 @@ def _gemm_kernel(a_desc, b_desc, c_desc, sa_desc, sb, M, N, n_kgroups,
         sb_desc = sa_desc
         sb_ptr = sb
     # a producer warp loads; registers move from it to the math warpgroups (setmaxnreg). Loading from the first
-    # math warpgroup instead (8 warps, no reallocation) was 10-20% slower on the H200.
+    # math warpgroup instead (8 warps, no reallocation) is slower (docs/kernels.md).
     gl.warp_specialize([
         (_consumer, (a_smem, b_smem, sa_smem, sb_smem, c_smem, ready, empty, c_desc, sb_ptr, M, N, n_kgroups, 0,
                      BLOCK_M, SUB_N, HALVES, GROUP_M, STAGES, PROMOTE, PINGPONG, COL_SCALES)),
@@ -383,7 +378,7 @@ class Config(NamedTuple):
     """setmaxnreg of the second math warpgroup (the first gets what the producer warp leaves)"""
     pingpong: bool = True
     """the math warpgroups take turns issuing wgmmas (named barriers), so one scales while the other's run;
-    False: they run free, tied only by the ring's mbarriers (the kernel before e8337d4, for the probes)"""
+    False: they run free, tied only by the ring's mbarriers (the form the turns are compared against)"""
     col_scales: bool = False
     """the weight gradient's (`gemm_blockwise_gluon_wgrad`): B's scales per column, 1x128 along K (promote only)"""
 
@@ -405,22 +400,21 @@ CONFIGS = (Config(128, 128, 2, 3, False), Config(128, 128, 1, 5, False), Config(
 """Rescale on 128x256 tiles (per math warpgroup two 64x128 halves: 128 accumulator registers per thread) and
 128x128 (5 stages: with A's scales staged, a sixth no longer fits); promote on 128x256 tiles (two 64-register
 sums and one 64-register scratch per thread) and on 128x128, as one 128-wide half (DeepGEMM's tile) or two
-64-wide ones. These are the configs measured on the H200; the per-shape tuner picks among them."""
+64-wide ones. These are the configs timed on a Hopper GPU (docs/kernels.md); the per-shape tuner picks among
+them."""
 
 CANDIDATES: tuple[Config, ...] = ()
-"""Configs that compile cleanly for sm_90 (CI checks them as it checks CONFIGS) but have not been timed on the
-H200 yet, so the tuner leaves them out: `research/gemm_variant_probe.py --gluon` and `scripts/kernel_bench.py`
-time them next to CONFIGS. None now. The last were CONFIGS with the math warpgroups taking turns (`pingpong`),
-now the default: in an A/B on the H200 at e8337d4 (best of three do_bench, five shapes) the turns took promote
-on 128x256 tiles up 5-11% and rescale 2-5%, and moved the 128x128 configs by -1 to +6%."""
+"""Configs that compile cleanly for sm_90 (CI checks them as it checks CONFIGS) but have not been timed on a GPU
+yet, so the tuner leaves them out: `scripts/kernel_bench.py` times them next to CONFIGS. Empty once every
+config has been timed (docs/kernels.md: how the last candidates, the math warpgroups' turns, fared)."""
 
 WGRAD_CONFIGS = (Config(128, 128, 1, 4, True, col_scales=True), Config(128, 128, 1, 5, True, col_scales=True),
                  Config(128, 64, 2, 4, True, col_scales=True))
 """The weight gradient's kernel on CONFIGS' promote tiles of 128x128 (rescale cannot fold a scale per column into
-its accumulator; on 128x256 the column scales took promote's two sums and scratch past the registers: 656 bytes
-spilled). They compile cleanly for sm_90 (CI checks them as it checks CONFIGS); on the H200 at 7c8a8fb they
-matched the dequantized product and ran 1.19-1.22x the Triton `gemm_blockwise_wgrad` at Llama-2-7B's weight
-gradients (docs/kernels.md), and the `triton` backend runs them for wgrad on sm_90."""
+its accumulator; on 128x256 the column scales take promote's two sums and scratch past the registers, and it
+spills). They compile cleanly for sm_90 (CI checks them as it checks CONFIGS), match the dequantized product and
+run faster than the Triton `gemm_blockwise_wgrad` at Llama-2-7B's weight gradients (docs/kernels.md), and the
+`triton` backend runs them for wgrad on sm_90."""
 
 
 @functools.cache
@@ -442,9 +436,8 @@ class _Address:
 
 
 DESCRIPTORS_KEPT = 4096
-"""Descriptors kept by address: a gpt-125m training step's GEMMs use ~620 (48 linears, three GEMMs, four or
-five operands each), so the 256 kept at bda69de missed half of them on every step
-(research/train_host_profile.py)."""
+"""Descriptors kept by address: a gpt-125m training step's GEMMs use some six hundred (48 linears, three GEMMs,
+four or five operands each), and a cache smaller than one step's set misses on every step."""
 
 
 @functools.lru_cache(maxsize=DESCRIPTORS_KEPT)
@@ -456,8 +449,8 @@ def _cached_descriptor(address: int, dtype: torch.dtype, shape: tuple, strides: 
 
 def _descriptor(t: torch.Tensor, block: tuple[int, int], layout=None) -> TensorDescriptor:
     """`TensorDescriptor.from_tensor(t, block, layout)` (by default NVMMA's layout for t's dtype), kept by
-    address, shape and strides: building and validating four descriptors cost ~16 µs of a call's host time on a
-    CPU machine, and a training step's GEMMs meet the same addresses step after step (the caching allocator's
+    address, shape and strides: building and validating four descriptors is a large share of a call's host
+    time, and a training step's GEMMs meet the same addresses step after step (the caching allocator's
     blocks). Each descriptor is validated once, when built (alignment included: the address is its key)."""
     return _cached_descriptor(t.data_ptr(), t.dtype, t.shape, t.stride(), block, layout)
 
@@ -505,8 +498,8 @@ TUNING_ROUNDS = 3
 def _pick(key: tuple, configs, run) -> tuple[Config, bool]:
     """The fastest (config, persistent) of `configs` × both grid kinds for `key`, timed once per key through
     `run(config, persistent)`, as Triton's autotuner would: rounds over all options, each option's best time
-    (on the H200 one timing of the same kernel moves by a few percent with the power-capped clock, as much as
-    the top configs differ)."""
+    (on a power-capped GPU one timing of the same kernel moves with the clock by as much as the top configs
+    differ)."""
     if key not in _picked:
         from ._tune import steady_do_bench
 

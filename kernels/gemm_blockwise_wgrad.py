@@ -38,7 +38,7 @@ def _config(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
 
 CONFIGS = [_config(*c) for c in [(128, 128, 8, 3), (64, 128, 4, 4), (128, 64, 4, 4), (64, 64, 4, 5)]]
 """Tiles whose FP32 accumulator and scale tile fit the registers without spills, compiled for sm_90
-(tests/test_kernels.py; 128x128 on 4 warps spilled 160 bytes, so it is not here)."""
+(tests/kernels/test_sm90.py; 128x128 on 4 warps spills, so it is not here)."""
 INTERPRETER_CONFIG = _config(32, 64, 4, 1)
 
 
@@ -98,7 +98,7 @@ def gemm_blockwise_wgrad_reference(a: torch.Tensor, sa: torch.Tensor, b: torch.T
 
 
 def compile_sm90(config: triton.Config):
-    """Compile the kernel for sm_90 without a GPU (Triton's compiler; tests/test_kernels.py runs ptxas on it)."""
+    """Compile the kernel for sm_90 without a GPU (Triton's compiler; tests/kernels/test_sm90.py runs ptxas on it)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 

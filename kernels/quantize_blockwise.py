@@ -18,8 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
+from . import quantize_blockwise_gluon
 from ._fp8 import AMAX_EPS, E4M3_MAX, block_scale, exact_rcp, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv
+from ._layout import m_major_empty
+from ._sm90 import compile_cast_sm90
 from ._tune import INTERPRETING, steady_do_bench, tuning_configs
 
 GROUP = 128
@@ -68,15 +71,14 @@ def _quantize_128x128_kernel(x_ptr, y_ptr, s_ptr, M, K, stride_m, stride_k, n_gr
 BOTH_LAYOUTS_CONFIGS = tuning_configs(  # the chunks of a 128x128 block: amax pass [SUB_M, 128], store pass [128, SUB_K]
     [triton.Config({"SUB_M": sm, "SUB_K": sk}, num_warps=8) for sm, sk in [(64, 64), (32, 64)]],
     interpreter=triton.Config({"SUB_M": 32, "SUB_K": 64}, num_warps=4))
-"""The two fastest of research/cast_variant_probe.py on the H200 (results/h200-recipe-blockwise/
-cast_variant_probe_f5e8879.json): 64x64 chunks at 8 warps took 30.3-142.0 µs from 32 to 224 MB, where the whole
-block held in registers and stored with its transpose took 35.6-189.0 µs. At 4 warps the chunks spill."""
+"""The two fastest chunkings of the cast-structure probe (docs/kernels.md): 64x64 chunks at 8 warps take less
+time than the whole block held in registers and stored with its transpose. At 4 warps the chunks spill."""
 
 
 @triton.jit
 def block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M: tl.constexpr):
     """max|x| over the 128x128 block (pm, pk) of X, read in row chunks [SUB_M, 128] with only a running max held
-    (the first pass of the two-layout weight cast; research/ probes time other second passes after it)."""
+    (the first pass of the two-layout weight cast)."""
     cols = pk * 128 + tl.arange(0, 128)
     amax = tl.zeros((SUB_M, 128), dtype=tl.float32)
     for r in tl.range(0, 128, SUB_M):
@@ -108,7 +110,7 @@ def _quantize_128x128_both_kernel(x_ptr, y_ptr, yt_ptr, s_ptr, M, K, stride_m, s
     # a weight's 128x128 block into Y and Yᵀ [K, M] (the same block, so the same scale and values), in two
     # passes over it: its amax from row chunks (nothing kept but a running max), then X again, from L2, in
     # column chunks [128, SUB_K], each stored as is and transposed. The whole block in registers with its
-    # transposed store took 17-33% more time (at 4 warps it spilled).
+    # transposed store takes longer (at 4 warps it spills).
     pm, pk = tl.program_id(0), tl.program_id(1)
     scale = block_scale(block_amax_by_rows(x_ptr, pm, pk, M, K, stride_m, stride_k, SUB_M), POW2)
     store_block_both(x_ptr, y_ptr, yt_ptr, pm, pk, scale, M, K, stride_m, stride_k, SUB_K)
@@ -138,13 +140,6 @@ def _quantize_along_m_kernel(x_ptr, yt_ptr, st_ptr, M, K, stride_m, stride_k, st
 _launch_1x128, _launch_128x128, _launch_128x128_both, _launch_along_m = map(
     Launcher, (_quantize_1x128_kernel, _quantize_128x128_kernel, _quantize_128x128_both_kernel,
                _quantize_along_m_kernel))
-
-
-def m_major_empty(m: int, groups: int, device: torch.device) -> torch.Tensor:
-    """Room for 1x128 scales [m, groups] laid out M-major: a view of a [groups, m] buffer whose rows are padded to
-    16 bytes, so each starts aligned (TMA's rule)."""
-    # one allocation with the view's strides (a [groups, padded m] buffer sliced and transposed took three ops)
-    return torch.empty_strided((m, groups), (1, cdiv(m, 4) * 4), device=device, dtype=torch.float32)
 
 
 def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, GROUP), pow2_scales: bool = False,
@@ -203,12 +198,10 @@ def quantize_blockwise_both(x: torch.Tensor, weight: bool = False, pow2_scales: 
     HBM once (`quantize_blockwise_gluon`). Elsewhere (Triton's interpreter) Triton kernels do: for activations
     the 1x128 cast and an along-M cast, X read once per layout; for a BF16 weight one kernel in two passes over
     each block; for an FP32 weight Y and then a transposing copy (compiled for sm_90, that kernel's transposed
-    store wrote a wrong Yᵀ from FP32 input on the H200 at 865b59e)."""
+    store has written a wrong Yᵀ from FP32 input: docs/kernels.md)."""
     if x.dim() != 2:
         raise ValueError(f"quantize_blockwise_both takes a 2-D tensor, got shape {tuple(x.shape)}")
     if x.is_cuda and x.stride(1) == 1 and not INTERPRETING:
-        from . import quantize_blockwise_gluon  # imported here: it imports this module
-
         return quantize_blockwise_gluon.quantize_both(x, weight, pow2_scales)
     if weight:
         m, k = x.shape
@@ -249,35 +242,6 @@ def bytes_moved(x: torch.Tensor, block: tuple[int, int] = (1, GROUP)) -> int:
     m, k = x.shape
     n_scales = m * cdiv(k, GROUP) if block == (1, GROUP) else cdiv(m, GROUP) * cdiv(k, GROUP)
     return x.numel() * x.element_size() + x.numel() + 4 * n_scales
-
-
-def compile_cast_sm90(fn, signature: dict, constants: dict, num_warps: int, gluon: bool = False, **options):
-    """A cast kernel (`fn`: a Triton or, `gluon`, a Gluon JIT function) compiled for sm_90 without a GPU
-    (tests/test_kernels.py runs ptxas on it), specialized as a launch specializes it: the unit strides in
-    `constants` are constexpr 1 and every other integer and pointer is 16-divisible (Triton's specializations).
-    Unspecialized, loads and stores are 1-2 bytes wide and ptxas reports about twice the registers (248 for the
-    weight kernel at 8 warps; specialized, 77 with the CPU machines' Triton, and Nsight Compute read 54-58 for
-    the launched kernel on the H200's)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    signature = {**signature, **dict.fromkeys(constants, "constexpr")}
-    aligned = [name for name, kind in signature.items() if kind != "constexpr"]
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    source = (GluonASTSource if gluon else ASTSource)(fn, signature, constants, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **options})
-
-
-def assemble_sm90(ptx: str):
-    """ptxas's verbose assembly of `ptx` for sm_90a with the ptxas Triton uses (a CompletedProcess: registers,
-    spills and warnings on its stderr). A launch's register cap travels in the PTX (`.maxnreg`)."""
-    import subprocess
-
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    return subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", "-o", "/dev/null", "-"], input=ptx,
-                          capture_output=True, text=True)
 
 
 def compile_along_m_sm90(block_k: int, num_warps: int):

@@ -1,11 +1,10 @@
 """The two-layout blockwise casts (`quantize_blockwise_both`) in Gluon: each 128x128 tile of X read from HBM once,
 written as Y and as Yᵀ with no shared-memory transpose.
 
-Why: Nsight Compute on the H200 (`research/cast_ncu.py`, results/h200-recipe-blockwise/cast_ncu_bac616a.txt)
-showed the Triton along-M cast (an activation's Yᵀ) at 31% of DRAM throughput and 58% of L1/shared-memory
-throughput, with ~0.9 million shared-memory bank conflicts per 32 MB cast, where the 1x128 cast that reads the
-same bytes ran at 55%: Triton transposes the E4M3 bytes through shared memory one byte per access. The weight's
-two-layout cast read each block twice (the second time from L2) to keep its registers low.
+Why: Triton transposes the E4M3 bytes of the along-M cast (an activation's Yᵀ) through shared memory one byte
+per access, so that cast spends its time in shared-memory bank conflicts, far below the DRAM throughput of the
+1x128 cast that reads the same bytes (Nsight Compute's counters: docs/kernels.md). The Triton weight cast reads
+each block twice (the second time from L2) to keep its registers low.
 
 Here the layout is chosen, not inferred. A program holds one 128x128 tile, 8 warps, each thread an 8x8 patch:
 8 rows of 8 consecutive columns. `ALONG_K` numbers a thread's registers along K first, so X loads in 16-byte
@@ -15,15 +14,14 @@ cover a 32-byte sector). Converting between the two moves registers within each 
 barrier. Both scales come from the same registers: a row's max crosses 8 lanes and 2 warps, a column's 4 lanes
 and 4 warps (1-3 KB of shared memory).
 
-The activation kernel is bound by the instructions it issues, not by HBM: without its amax reductions it ran at
-~90% of a same-bytes copy on the H200, with them ~78% (results/h200-recipe-blockwise/
-act_cast_probe_variants_47785cf.json). So its tile is held as [kw, mw, r, c] = [2, 4, 32, 64] (`ACT_ALONG_K`,
+The activation kernel is bound by the instructions it issues, not by HBM: without its amax reductions it runs
+much closer to a same-bytes copy (docs/kernels.md). So its tile is held as [kw, mw, r, c] = [2, 4, 32, 64] (`ACT_ALONG_K`,
 `ACT_ALONG_M`: the same elements in the same threads, the warp bits given dimensions of their own). A row's and a
 column's maxes then reduce within each warp (registers, then shuffles), and only the step across warps goes
 through shared memory, written out: both sets of partial maxes in one exchange, read back so that one thread owns
 each row (`ROW_OWNED`) and each column (`COL_OWNED`) and divides out its scale and inverse there, and the scales
-back in one more. Per thread, for BF16 input under Triton 3.6: 904 SASS instructions and 3 barriers, where
-Triton's cross-warp reductions and layout conversions of the [128, 128] tile gave 1040 and 13.
+back in one more: 3 barriers per thread, where Triton's own cross-warp reductions and layout conversions of the
+[128, 128] tile take 13, and fewer instructions (docs/kernels.md counts them).
 
 - activations and gradients (`WEIGHT=False`): 1x128 groups along K for Y (one scale per row) and along M for Yᵀ
   (one per column), both scale tensors M-major as the GEMMs read them;
@@ -43,7 +41,8 @@ from triton.experimental.gluon import language as gl
 
 from ._fp8 import block_scale, exact_rcp, scale_to_e4m3
 from ._launch import Launcher, cast_key, cdiv
-from .quantize_blockwise import compile_cast_sm90, m_major_empty
+from ._layout import m_major_empty
+from ._sm90 import compile_cast_sm90
 
 TILE = 128
 WARPS = 8
@@ -180,12 +179,10 @@ def _cast_both_kernel(x_ptr, y_ptr, s_ptr, yt_ptr, st_ptr, M, K, stride_m, s_sm,
 _launch_both = Launcher(_cast_both_kernel)
 
 MAXNREG = 128
-"""Registers per thread ptxas may use: at most 128 lets two 8-warp programs share an SM (without the cap the
-activation kernel took 147 on the H200 at 9623be8 and ran one program per SM, 30-50% slower). Since 2b05fcd
-ptxas needs 99 uncapped for the activation kernel and 119 for the weight's (Triton 3.6,
-results/h200-recipe-blockwise/cast_sass_2b05fcd.txt); given 128 it uses up to 127 for scheduling. A cap of 80,
-which lets three programs share an SM, spills a little and ran 4-9% slower from 64 MB (`act_cast_probe.py
---gluon`, act_cast_probe_gluon_9553b93.json)."""
+"""Registers per thread ptxas may use: at most 128 lets two 8-warp programs share an SM, where a kernel that
+takes more runs one program per SM, much slower; given 128, ptxas uses what the kernels do not need for
+scheduling. A cap of 80, which lets three programs share an SM, spills a little and runs slower
+(docs/kernels.md)."""
 
 
 def kernel_args(x: torch.Tensor, weight: bool) -> tuple:
@@ -220,7 +217,7 @@ def bytes_moved(x: torch.Tensor, weight: bool) -> int:
 
 def compile_sm90(weight: bool, dtype: str = "bf16", **options):
     """The kernel compiled for sm_90 without a GPU, specialized as a launch specializes it (the scales' unit
-    strides constexpr), for tests/test_kernels.py's ptxas check; `options` are compile options (maxnreg)."""
+    strides constexpr), for the ptxas check of tests/kernels/test_quantize_blockwise_gluon.py; `options` are compile options (maxnreg)."""
     signature = {"x_ptr": f"*{dtype}", "y_ptr": "*fp8e4nv", "s_ptr": "*fp32", "yt_ptr": "*fp8e4nv",
                  "st_ptr": "*fp32", **dict.fromkeys(("M", "K", "stride_m", "s_sm", "s_sg", "st_sk", "st_sm"), "i32")}
     ones = ("s_sg", "st_sm") if weight else ("s_sm", "st_sk")  # the unit strides a launch passes

@@ -12,12 +12,10 @@ one persistent kernel (`_current_cast_kernel`) whose programs all run at once:
    the inverse scale; the last program to finish zeroes the barrier's scratch for the next launch.
 Bytes moved: read X twice (2 x 2 bytes/element), write Y and Yᵀ (2 x 1 byte).
 
-Why one launch: until 12387a7 the call was two kernels (an amax pass writing per-program partial maxes, then the
-cast) plus four allocations, 49-83 µs of host time a call on the H200 boxes (the cast line's host tables from
-722218f on, research/current_cast_probe.py), more than both kernels take at 32 MB. So an eager 32 MB call ran at
-the host's pace: 33-72% of copy bandwidth in the committed cast lines up to 6ff10d9
-(`results/h200-recipe-blockwise/recipe_bench_casts_*.json`), where its kernels replayed from a CUDA graph read
-70-75%. Now a call is one launch and three allocations (Y, Yᵀ, the inverse scale); the barrier's three counters
+Why one launch: as two kernels (an amax pass writing per-program partial maxes, then the cast) plus four
+allocations, a call costs the host more time than both kernels take at a training step's sizes, so an eager
+call runs at the host's pace, well below what the same kernels replayed from a CUDA graph reach
+(docs/kernels.md). One launch is one call of three allocations (Y, Yᵀ, the inverse scale); the barrier's three counters
 live in a scratch buffer kept per device and stream, zeroed once when made (under CUDA-graph capture, one per
 captured call, zeroed in the graph).
 
@@ -51,12 +49,9 @@ CONFIGS = [
 ]
 """The tile, warps, programs per SM (at most: fewer where the binary's registers or shared memory do not let
 that many share an SM) and the order of the second pass (`reverse`: each program's tiles last to first, so the
-tiles it read last in the first pass, the likeliest still in the L2, come first). CONFIGS[0] is the default.
-On the H200 at 507f609 (research/current_cast_probe.py: results/h200-recipe-blockwise/
-current_cast_probe_507f609.json) it took 31.2-145.4 µs device-only at the cast line's four shapes from 32 to
-172 MB: the least of every config and form at three of them, 0.3% more than the reversed 64x256 config at
-8192x4096, 2.0-7.7% less than the same config in forward order, and less than the two-launch form (32.8-146.9
-µs). At 224 MB it took 187.6 µs against the two-launch form's 186.5."""
+tiles it read last in the first pass, the likeliest still in the L2, come first). CONFIGS[0] is the default:
+timed device-only, the fastest or within a hair of it at the cast line's shapes, faster than the same config
+in forward order and than the two-launch form up to the largest shapes (docs/kernels.md)."""
 
 SYNC_WORDS = 4
 """The barrier's scratch (int32): the amax's bits, programs arrived, programs done, padding."""
@@ -166,8 +161,8 @@ def programs_resident(compiled, num_warps: int, device: torch.device) -> int:
 def _capacity(key: tuple, config: dict, args: tuple, constants: dict) -> int:
     """How many programs of a key's binary the GPU holds at once (found on the key's first call, from the
     compiled registers and shared memory): the largest grid the barrier can wait on. The binary depends on the
-    call's specialization: at shapes whose M or N is not a multiple of 16 ptxas used 255 registers for
-    CONFIGS[0] against 122 where both are (sm_90), one 8-warp program per SM instead of two."""
+    call's specialization: at shapes whose M or N is not a multiple of 16 ptxas gives CONFIGS[0] about twice
+    the registers it gives where both are (sm_90), one 8-warp program per SM instead of two."""
     capacity = _capacities.get(key)
     if capacity is None:
         compiled = _current_cast_kernel.warmup(*args, grid=(1,), **constants)
@@ -241,8 +236,8 @@ def bytes_moved(x: torch.Tensor) -> int:
 
 def compile_sm90(config: dict):
     """The kernel at `config` compiled for sm_90 without a GPU, specialized as a launch specializes it (X with
-    unit stride along N), for tests/test_kernels.py's ptxas check."""
-    from .quantize_blockwise import compile_cast_sm90
+    unit stride along N), for the ptxas check of tests/kernels/test_sm90.py."""
+    from ._sm90 import compile_cast_sm90
 
     signature = {"x_ptr": "*bf16", "y_ptr": "*fp8e4nv", "yt_ptr": "*fp8e4nv", "inv_scale_ptr": "*fp32",
                  "sync_ptr": "*i32", **dict.fromkeys(("M", "N", "stride_m", "stride_n"), "i32")}

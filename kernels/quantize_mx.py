@@ -49,9 +49,8 @@ _launch_mx = Launcher(_quantize_mx_kernel)
 
 def quantize_mx(x: torch.Tensor, block_m: int = 8, blocks_per_prog: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """(elements [M, K] E4M3, E8M0 biased exponents [M, ceil(K/32)] uint8). Each program takes `block_m` rows of
-    `blocks_per_prog` 32-element blocks: 8 x 16 (512 columns) was the fastest tile of research/cast_variant_probe.py
-    at every shape from 32 to 224 MB on the H200, 5-10% faster than 16 x 4 (results/h200-recipe-blockwise/
-    cast_variant_probe_f5e8879.json)."""
+    `blocks_per_prog` 32-element blocks: 8 x 16 (512 columns), the fastest tile of the cast-structure probe at
+    every size it tried (docs/kernels.md)."""
     if x.dim() != 2:
         raise ValueError(f"quantize_mx takes a 2-D tensor, got shape {tuple(x.shape)}")
     m, k = x.shape

@@ -2,8 +2,8 @@
 test-only `slowdown` knob (fp8bench.core.measure).
 
 Why not an idle wait (`torch.cuda._sleep`): under a board power limit the clocks rise while the GPU idles, so
-the work around the wait runs faster and part of the injected delay disappears. On the H200, a 10% wait after
-each BF16 linear step (power-capped) moved the median by ~5%. A filler that keeps every SM's tensor cores
+the work around the wait runs faster and part of the injected delay disappears: on a power-capped GPU an idle
+wait moves the median by only part of its length (docs/regression.md). A filler that keeps every SM's tensor cores
 busy draws power more like the GEMMs it extends; not exactly, so fp8bench.core.measure sizes it by feedback.
 
 Each program loads one BLOCK x BLOCK FP16 tile once and accumulates `iters` products of it with itself in

@@ -17,26 +17,13 @@ import torch
 from triton.testing import do_bench
 
 from fp8bench.analysis.calibrate import copy_gbps
-from fp8bench.backends import Recipe, get_backend, make_recipe
+from fp8bench.backends import get_backend
 from fp8bench.core.types import GemmRole
-
-GEMMS = {  # name: (M, N, K), tokens 8192
-    "8192^3": (8192, 8192, 8192),
-    "llama2-7b fprop_qkv": (8192, 12288, 4096), "llama2-7b fprop_o": (8192, 4096, 4096),
-    "llama2-7b fprop_gate_up": (8192, 22016, 4096), "llama2-7b fprop_down": (8192, 4096, 11008),
-    "llama2-7b dgrad_gate_up": (8192, 4096, 22016),
-    "llama3-70b fprop_qkv": (8192, 10240, 8192), "llama3-70b fprop_o": (8192, 8192, 8192),
-    "llama3-70b fprop_gate_up": (8192, 57344, 8192), "llama3-70b fprop_down": (8192, 8192, 28672),
-    "llama3-70b dgrad_gate_up": (8192, 8192, 57344),
-}
+from fp8bench.workloads.kernel_bench import GEMMS, e4m3_recipe
 
 
 def ms(fn) -> float:
     return do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def recipe(backend: str, scaling: str) -> Recipe:
-    return make_recipe(backend, "e4m3", scaling)
 
 
 def quantize_table(copy: float) -> list[dict]:
@@ -57,7 +44,7 @@ def quantize_table(copy: float) -> list[dict]:
         add("current+transpose", label + (", reversed" if config["reverse"] else ""), cur,
             lambda c=config: qc.quantize_current(x, config=c))
     for name, be in [("te", "te"), ("torch eager", "torch")]:
-        op = get_backend(be).quantize(x, recipe(be, "current"), False)
+        op = get_backend(be).quantize(x, e4m3_recipe(be, "current"), False)
         add("current+transpose" if be == "te" else "current (no transpose)", name, op.bytes_moved, op.run)
     for block in [(1, 128), (128, 128)]:
         nb = qb.bytes_moved(x, block)
@@ -65,7 +52,7 @@ def quantize_table(copy: float) -> list[dict]:
         tuned = qb._quantize_1x128_kernel if block == (1, 128) else qb._quantize_128x128_kernel
         rows[-1]["variant"] += f" {tuned.best_config}"
         for be in ("te", "torch"):
-            op = get_backend(be).quantize(x, recipe(be, "blockwise"), block == (128, 128))
+            op = get_backend(be).quantize(x, e4m3_recipe(be, "blockwise"), block == (128, 128))
             add(f"blockwise {block[0]}x{block[1]}", be, op.bytes_moved, op.run)
     return rows
 
@@ -87,10 +74,10 @@ def gemm_row(name: str, m: int, n: int, k: int) -> dict:
     qb, sb = quantize_blockwise(b, (128, 128))
     flops = 2.0 * m * n * k
     row: dict = {"shape": name, "mnk": [m, n, k]}
-    op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("torch", "blockwise"))
+    op = get_backend("torch").gemm(a, b, GemmRole.FPROP, e4m3_recipe("torch", "blockwise"))
     want = op.kernel_only().float()
     row["cublas_blockwise"] = flops / ms(op.kernel_only) / 1e9
-    op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("torch", "current"))
+    op = get_backend("torch").gemm(a, b, GemmRole.FPROP, e4m3_recipe("torch", "current"))
     row["cublas_tensorwise"] = flops / ms(op.kernel_only) / 1e9
 
     def timed(label, fn, rescale):

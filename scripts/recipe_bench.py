@@ -1,6 +1,6 @@
 """The blockwise recipe's kernels as a training step pays them, on a GPU, printed and written as JSON:
 
-1. GEMM rounds: per shape (the Llama shapes of `kernel_bench.GEMMS`, 8192³, 4096³ and 2048³), ROUNDS
+1. GEMM rounds: per shape (the Llama shapes of `fp8bench.workloads.kernel_bench.GEMMS`, 8192³, 4096³ and 2048³), ROUNDS
    interleaved rounds of the `triton` backend's blockwise GEMM (the Gluon kernel on sm_90, as the sweeps run it)
    and cuBLAS's (torch._scaled_mm with 1x128 / 128x128 scales), their order alternating between rounds; each
    round is one `do_bench` median with the L2 flushed, and the same op timed device-only right after it (its
@@ -48,9 +48,8 @@ from fp8bench.analysis.calibrate import copy_gbps, copy_op
 from fp8bench.backends import get_backend
 from fp8bench.core.measure import DEVICE_ONLY_BATCH, L2Flusher, time_device_only, time_fn
 from fp8bench.core.types import GemmRole
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_bench import GEMMS, recipe  # noqa: E402 - the Llama shape set and E4M3 recipes, one definition
+from fp8bench.report.kernel_tables import HOST_PACED, device_only_summary, markdown
+from fp8bench.workloads.kernel_bench import GEMMS, e4m3_recipe, wgrad_shapes
 
 SHAPES = {**GEMMS, "4096^3": (4096, 4096, 4096), "2048^3": (2048, 2048, 2048)}
 CAST_SHAPES = [(4096, 4096), (8192, 4096), (8192, 8192), (8192, 11008), (8192, 14336)]
@@ -62,7 +61,7 @@ def gemm_rounds(rounds: int) -> list[dict]:
     for name, (m, n, k) in SHAPES.items():
         a = torch.randn(m, k, device="cuda").bfloat16()
         b = torch.randn(n, k, device="cuda").bfloat16()
-        ops = {impl: get_backend(impl).gemm(a, b, GemmRole.FPROP, recipe(impl, "blockwise"))
+        ops = {impl: get_backend(impl).gemm(a, b, GemmRole.FPROP, e4m3_recipe(impl, "blockwise"))
                for impl in ("triton", "torch")}
         ops["triton"].kernel_only()  # the Gluon kernel's per-shape tuning, before any timing
         times, dev = _rounds({impl: op.kernel_only for impl, op in ops.items()}, rounds, device_only=True)
@@ -100,37 +99,9 @@ def gemm_rounds(rounds: int) -> list[dict]:
     return rows
 
 
-def wgrad_shapes() -> dict[str, tuple[int, int, int]]:
-    """dW = dYᵀ·X as the gemm workload shapes it (M output features, N input features, K tokens): every linear
-    of Llama-2-7B at 8192 tokens (batch 2 × 4096), gpt-125m's qkv at 4096."""
-    from fp8bench.config.compose import expand
-    from fp8bench.models.shapes import shapes
-
-    out = {}
-    for model, tokens, linears in (("llama2-7b", 8192, "[qkv,o,gate_up,down]"), ("gpt-125m", 4096, "[qkv]")):
-        [point], _ = expand(["workload=gemm", f"model={model}", "workload.roles=[wgrad]",
-                             f"workload.tokens={tokens}", f"workload.linears={linears}"])
-        out.update({f"{model} {name}": (s["m"], s["n"], s["k"]) for name, s in shapes(point)})
-    return out
-
-
 ROUND_MS = 100.0
 """GPU time of one device-only round per op, as do_bench's `rep`, at most DEVICE_ONLY_BATCH iterations: a shape
 under 2 ms a call gets less (about 1 ms of iterations at 2048³, 6 ms at 4096³)."""
-
-
-def _measured(rounds_ms: list) -> list[float]:
-    return [t for t in rounds_ms if t is not None]
-
-
-def device_only_summary(rounds_ms: list, flops: float) -> dict:
-    """One side's device-only rounds (None where the host could not get ahead): the median and spread over
-    the measured rounds, None where none was, and how many were not."""
-    done = _measured(rounds_ms)
-    med = statistics.median(done) if done else None
-    return {"device_only_rounds_ms": rounds_ms, "device_only_rounds_not_measured": len(rounds_ms) - len(done),
-            "device_only_median_tflops": flops / med / 1e9 if med else None,
-            "device_only_median_over_best": med / min(done) if med else None}
 
 
 def _rounds(ops: dict, rounds: int, device_only: bool = False) -> tuple[dict[str, list[float]], dict | None]:
@@ -221,15 +192,7 @@ def cast_calls(x: torch.Tensor) -> dict:
 
 CAST_TIMER = dict(device=torch.device("cuda"), warmup=10, iters=5000, min_samples=100, max_time_s=0.3, flush_l2=True)
 PACE_ITERATIONS = 1000
-HOST_PACED = 0.98
-"""A loop whose host took at least this share of the GPU's time per iteration kept the GPU waiting: when the
-host is the slower, the two spans are equal (the GPU finishes right after the host's last enqueue). When the GPU
-is the slower, the host blocks once CUDA's launch queue is full and finishes a queue's worth of iterations (some
-200-250 on the H200 box) before the GPU: over `PACE_ITERATIONS` its time read 75-80% of the GPU's wherever the
-GPU was clearly the slower at 722218f, and a figure between that and this one means the host paced part of the
-loop. The mark is the loop's, on that host."""
-
-
+"""Iterations of the loop `eager_pace` times (`HOST_PACED` says how its two spans are read)."""
 def eager_pace(fn, flush: L2Flusher, iterations: int = PACE_ITERATIONS) -> tuple[float, float]:
     """(host µs, GPU µs) per iteration of the eager timing's loop (`time_fn`'s: the L2 flushed, events around
     `fn`, no sync between iterations): the host's wall time to enqueue them, the GPU's from the first start
@@ -342,7 +305,7 @@ def host_cost(calls: int = 300, rounds: int = 4, profile: tuple[str, ...] = ()) 
     x = torch.randn(256, 256, device="cuda").bfloat16()
     ops = dict((name, fn) for name, (fn, _) in cast_calls(x).items())
     for impl in ("triton", "torch"):
-        op = get_backend(impl).gemm(x, x, GemmRole.FPROP, recipe(impl, "blockwise"))
+        op = get_backend(impl).gemm(x, x, GemmRole.FPROP, e4m3_recipe(impl, "blockwise"))
         ops[f"gemm blockwise {impl}"] = op.kernel_only
 
     for name, fn in ops.items():
@@ -364,114 +327,6 @@ def host_cost(calls: int = 300, rounds: int = 4, profile: tuple[str, ...] = ()) 
             prof.runcall(lambda fn=fn: [fn() for _ in range(calls)])
             pstats.Stats(prof).sort_stats("tottime").print_stats(14)
     return rows
-
-
-def device_only_table(rows: list[dict], shapes: list[tuple], kernels: list[str]) -> list[str]:
-    """The casts timed device-only (the host ahead of the GPU): a table and its 80% count."""
-    cell = {(r["kernel"], tuple(r["shape"])): r for r in rows}
-
-    def text(r: dict) -> str:
-        if r["device_only_gbps"] is None:
-            return "host not ahead"
-        if r["device_only_pct_of_same_bytes_copy"] is None:
-            return f"{r['device_only_gbps']:.0f} GB/s, copy not measured"
-        return f"{r['device_only_gbps']:.0f} GB/s, {r['device_only_pct_of_same_bytes_copy']:.0f}%"
-
-    out = ["", "| cast, device-only (GB/s, % of a same-bytes copy timed so) | " + " | ".join(
-        f"{m}×{k}" for m, k in shapes) + " |", "|---" * (len(shapes) + 1) + "|"]
-    out += [f"| {kern} | " + " | ".join(text(cell[kern, s]) for s in shapes) + " |" for kern in kernels]
-    measured = [r for r in rows if r["device_only_pct_of_same_bytes_copy"] is not None]
-    lowest = min(measured, key=lambda r: r["device_only_pct_of_same_bytes_copy"], default=None)
-    out += ["", f"Device-only cells at 80% or more of a same-bytes copy timed so: "
-            f"{sum(r['device_only_pct_of_same_bytes_copy'] >= 80 for r in measured)} of {len(rows)}"
-            + (f"; lowest {lowest['device_only_pct_of_same_bytes_copy']:.1f}% ({lowest['kernel']} at "
-               f"{'×'.join(map(str, lowest['shape']))})" if lowest else "")
-            + (f"; {len(rows) - len(measured)} without a figure (the host could not get ahead of the cast or "
-               f"of its copy)."
-               if len(measured) < len(rows) else ".")]
-    return out
-
-
-def markdown(recorded: dict) -> str:
-    """The tables docs/kernels.md shows, from a file this script wrote."""
-    out = []
-    if "gemm" in recorded:
-        rows = recorded["gemm"]
-        out += ["| shape (M×N×K) | ours: median TFLOPS | best | median / best | cuBLAS blockwise: median | "
-                "cuBLAS / ours (medians) |", "|---|---|---|---|---|---|"]
-        out += [f"| {r['shape']} ({'×'.join(map(str, r['mnk']))}) | {r['ours']['median_tflops']:.0f} | "
-                f"{r['ours']['best_tflops']:.0f} | {r['ours']['median_over_best']:.3f} | "
-                f"{r['cublas']['median_tflops']:.0f} | {r['ratio_to_cublas']:.3f} |" for r in rows]
-        ratios = [r["ratio_to_cublas"] for r in rows]
-        out += ["", f"Median ratio over the {len(rows)} shapes {statistics.median(ratios):.3f}, lowest "
-                f"{min(ratios):.3f}; widest median / best {max(r['ours']['median_over_best'] for r in rows):.3f}.", ""]
-        if "device_only_ratio_to_cublas" in rows[0]:  # files since the rounds were also timed device-only
-            out += ["| shape, device-only rounds | ours: median TFLOPS | median / best | cuBLAS blockwise: median | "
-                    "median / best | cuBLAS / ours (medians) |", "|---|---|---|---|---|---|"]
-            def side(d: dict) -> str:
-                if d["device_only_median_tflops"] is None:
-                    return "host not ahead | |"
-                return f"{d['device_only_median_tflops']:.0f} | {d['device_only_median_over_best']:.3f} |"
-            out += [f"| {r['shape']} | {side(r['ours'])} {side(r['cublas'])} "
-                    + (f"{r['device_only_ratio_to_cublas']:.3f} |" if r["device_only_ratio_to_cublas"] else "— |")
-                    for r in rows]
-            measured = [r for r in rows if r["device_only_ratio_to_cublas"]]
-            dev = [r["device_only_ratio_to_cublas"] for r in measured]
-            if measured:
-                out += ["", f"Device-only: median ratio over the {len(measured)} shapes {statistics.median(dev):.3f}, "
-                        f"lowest {min(dev):.3f}; widest median / best "
-                        f"{max(r['ours']['device_only_median_over_best'] for r in measured):.3f}"
-                        + (f"; {len(rows) - len(measured)} shapes not measured (the host could not get ahead)."
-                           if len(measured) < len(rows) else "."), ""]
-    if "casts" in recorded:
-        shapes = list(dict.fromkeys(tuple(r["shape"]) for r in recorded["casts"]))
-        kernels = list(dict.fromkeys(r["kernel"] for r in recorded["casts"]))
-        cell = {(r["kernel"], tuple(r["shape"])): r for r in recorded["casts"]}
-        same = any("same_bytes_copy_gbps" in r for r in recorded["casts"])  # f5e8879's file and earlier: no same-bytes copy
-        head = "eager % of copy; of a same-bytes copy; CUDA graph" if same else "eager % of copy; CUDA graph"
-        out += [f"| cast ({head}) | " + " | ".join(
-            f"{m}×{k} ({m * k * 2 // 2**20} MB)" for m, k in shapes) + " |", "|---" * (len(shapes) + 1) + "|"]
-        out += [f"| {kern} | " + " | ".join(
-            f"{cell[kern, s]['eager_pct_of_copy']:.0f}%; "
-            + (f"{cell[kern, s]['eager_pct_of_same_bytes_copy']:.0f}%; " if same else "")
-            + f"{cell[kern, s]['graph_pct_of_copy']:.0f}%" + (" (host-paced)" if cell[kern, s].get("host_paced") else "")
-            for s in shapes) + " |" for kern in kernels]
-        out += ["", f"Copy bandwidth {recorded['copy_gbps']:.0f} GB/s."]
-        if same:
-            rows = recorded["casts"]
-            of_copy, of_same = (sum(r[key] >= 80 for r in rows)
-                                for key in ("eager_pct_of_copy", "eager_pct_of_same_bytes_copy"))
-            out.append(f"Eager cells at 80% or more: {of_copy} of {len(rows)} of the 2 GB copy's bandwidth, "
-                       f"{of_same} of {len(rows)} of a same-bytes copy's.")
-            if any("host_paced" in r for r in rows):  # files since 722218f record the loop's pace
-                paced = [r for r in rows if r["host_paced"]]
-                kept = [r for r in rows if not r["host_paced"]]
-                out.append(f"Host-paced (the eager loop's host as slow as its GPU, so the eager figure may hold host "
-                           f"time): {len(paced)} of {len(rows)} cells. Of the {len(kept)} others, "
-                           f"{sum(r['eager_pct_of_same_bytes_copy'] >= 80 for r in kept)} reach 80% of a same-bytes "
-                           f"copy; lowest {min((r['eager_pct_of_same_bytes_copy'] for r in kept), default=0):.1f}%.")
-        if any("device_only_gbps" in r for r in recorded["casts"]):  # files since this column was added
-            out += device_only_table(recorded["casts"], shapes, kernels)
-        out.append("")
-    if "wgrad" in recorded:
-        out += ["| wgrad shape (M×N×K) | Gluon: median TFLOPS | median / best | SQNR dB | Triton: median TFLOPS | "
-                "SQNR dB | Triton / Gluon (medians) |", "|---|---|---|---|---|---|---|"]
-        for r in recorded["wgrad"]:
-            head = f"| {r['shape']} ({'×'.join(map(str, r['mnk']))}) |"
-            if "error" in r:
-                out.append(head + f" failed: {r['error'][:120]} | | | | | |")
-                continue
-            g, t = r["gluon"], r["triton"]
-            out.append(head + f" {g['median_tflops']:.0f} | {g['median_over_best']:.3f} | {g['sqnr_db']:.1f} | "
-                       f"{t['median_tflops']:.0f} | {t['sqnr_db']:.1f} | {r['ratio_to_triton']:.3f} |")
-        out.append("")
-    if "host" in recorded:
-        via = "host_us_per_call_via_triton" in recorded["host"][0]  # older files: one column
-        out += ["| call at 256×256 | host µs per call" + (" | through Triton's dispatch |" if via else " |"),
-                "|---|---|" + ("---|" if via else "")]
-        out += [f"| {r['op']} | {r['host_us_per_call']:.0f} |"
-                + (f" {r['host_us_per_call_via_triton']:.0f} |" if via else "") for r in recorded["host"]]
-    return "\n".join(out)
 
 
 def main() -> int:

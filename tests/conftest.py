@@ -126,7 +126,7 @@ def page_text():
         yield read
 
 
-SLOWEST_FIRST = ["test_asv.py", "test_train_modes.py", "test_report.py", "test_kernels.py", "test_cli.py",
+SLOWEST_FIRST = ["test_asv.py", "test_train_modes.py", "test_report.py", "test_triton_backend.py", "test_cli.py",
                  "test_compare.py", "test_train_presets.py", "test_train.py", "test_runner.py", "test_launch.py",
                  "test_te_reference.py", "test_integrations.py"]
 """Test files by their CPU time in `make test` (`--durations=0` summed per file at 91a5d91, 88 s down to 16 s),

@@ -100,9 +100,9 @@ def test_torchao_has_no_e4m3_tensorwise_label():
 
 
 def test_unavailable_backends_say_why():
+    from fp8bench.cases import cases_of
     from fp8bench.config.compose import expand
     from fp8bench.core.hardware import detect_device
-    from fp8bench.cases import cases_of
     from fp8bench.run.plan import verdict
 
     if not torch.cuda.is_available():

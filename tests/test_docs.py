@@ -26,13 +26,12 @@ def generated_block(doc: str, command: str = "") -> str:
 
 @pytest.mark.parametrize("result_set,runs", [("h200-hopper", ("hopper-a", "hopper-b")),
                                              ("h200-hopper-labelled", ("hopper-c", "hopper-e"))])
-def test_the_reproducibility_table_is_the_committed_runs(tmp_path, result_set, runs, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import reproducibility
+def test_the_reproducibility_table_is_the_committed_runs(tmp_path, result_set, runs):
+    from fp8bench.analysis import reproducibility
 
     con = store.connect(tmp_path / "db.duckdb")
     store.ingest(con, [ROOT / "results" / result_set, ROOT / "results" / "spread"])
-    rows = reproducibility.tally(reproducibility._metrics(con, runs[0]), reproducibility._metrics(con, runs[1]))
+    rows = reproducibility.tally(reproducibility.run_metrics(con, runs[0]), reproducibility.run_metrics(con, runs[1]))
     assert generated_block("reproducibility.md", " ".join(runs)) == reproducibility.markdown(rows, runs)
 
 
@@ -110,14 +109,13 @@ def _kernel_tables(doc: str = "kernels.md") -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("doc,command", [(doc, c) for doc in ("kernels.md", "regression.md") for c in _kernel_tables(doc)])
+@pytest.mark.parametrize("doc,command", [(doc, c) for doc in ("kernels.md",) for c in _kernel_tables(doc)])
 def test_the_kernel_tables_are_the_committed_measurements(doc, command, monkeypatch, capsys):
     # the command as its header gives it, run as __main__ in this process (a new interpreter per table
     # cost ~3 s of importing torch each)
     script, *args = command.split()
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(sys, "argv", [script, *args])
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts put their own folder first
     try:
         runpy.run_path(str(ROOT / script), run_name="__main__")
     except SystemExit as exc:
@@ -126,53 +124,52 @@ def test_the_kernel_tables_are_the_committed_measurements(doc, command, monkeypa
 
 
 def test_every_kernel_table_is_checked():
+    """Every generated block of kernels.md is a script's `--markdown` table, regenerated above; regression.md's
+    one generated block is the trials table its own test regenerates. Tables printed by probes that left the
+    tree stand as printed (docs/probes.md), each naming its file and the probe at its last commit."""
     assert len(_kernel_tables()) == (ROOT / "docs" / "kernels.md").read_text().count("<!-- generated:") >= 3
-    # regression.md: the probe tables, beside the trials table its own test regenerates
-    assert len(_kernel_tables("regression.md")) == (ROOT / "docs" / "regression.md").read_text().count(
-        "<!-- generated:") - 1 >= 2
+    assert not _kernel_tables("regression.md")
+    assert (ROOT / "docs" / "regression.md").read_text().count("<!-- generated:") == 1
 
 
-def test_a_failed_wgrad_shape_is_a_row_of_its_own(monkeypatch):
-    """recipe_bench records a weight-gradient shape whose kernel failed with its error; its table says so and
+def test_a_failed_wgrad_shape_is_a_row_of_its_own():
+    """The recipe bench records a weight-gradient shape whose kernel failed with its error; its table says so and
     still lists the shapes that ran."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import recipe_bench
+    from fp8bench.report import kernel_tables
 
     ran = {"shape": "llama2-7b wgrad_o", "mnk": [4096, 4096, 8192], "ratio_to_triton": 1.5,
            "gluon": {"median_tflops": 900.0, "median_over_best": 1.01, "sqnr_db": 55.2},
            "triton": {"median_tflops": 600.0, "sqnr_db": 55.0}}
     failed = {"shape": "gpt-125m wgrad_qkv", "mnk": [2304, 768, 4096], "error": "RuntimeError: out of resources"}
-    rows = recipe_bench.markdown({"wgrad": [ran, failed]}).splitlines()
+    rows = kernel_tables.markdown({"wgrad": [ran, failed]}).splitlines()
     assert rows[2] == "| llama2-7b wgrad_o (4096×4096×8192) | 900 | 1.010 | 55.2 | 600 | 55.0 | 1.500 |"
     assert rows[3].startswith("| gpt-125m wgrad_qkv (2304×768×4096) | failed: RuntimeError: out of resources |")
 
 
-def test_a_host_paced_cast_cell_is_marked_and_counted_apart(monkeypatch):
+def test_a_host_paced_cast_cell_is_marked_and_counted_apart():
     """A cast cell whose eager loop the host paced (its time per iteration as long as the GPU's) is marked in
     the table, and the 80% count is given again over the cells the host did not pace."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import recipe_bench
+    from fp8bench.report import kernel_tables
 
     def cell(shape, eager_same, host_us, gpu_us):
         return {"kernel": "blockwise 1x128 both", "shape": shape, "eager_pct_of_copy": eager_same * 0.8,
                 "eager_pct_of_same_bytes_copy": eager_same, "graph_pct_of_copy": 70.0, "same_bytes_copy_gbps": 3000.0,
                 "loop_host_us": host_us, "loop_gpu_us": gpu_us,
-                "host_paced": host_us >= recipe_bench.HOST_PACED * gpu_us}
+                "host_paced": host_us >= kernel_tables.HOST_PACED * gpu_us}
 
     casts = [cell([4096, 4096], 58.2, 91.7, 91.7), cell([8192, 4096], 86.9, 76.5, 104.6),
              cell([8192, 8192], 79.0, 120.0, 160.0)]
     assert [c["host_paced"] for c in casts] == [True, False, False]
-    lines = recipe_bench.markdown({"casts": casts, "copy_gbps": 4248.0}).splitlines()
+    lines = kernel_tables.markdown({"casts": casts, "copy_gbps": 4248.0}).splitlines()
     assert lines[2] == "| blockwise 1x128 both | 47%; 58%; 70% (host-paced) | 70%; 87%; 70% | 63%; 79%; 70% |"
     assert lines[-1] == ("Host-paced (the eager loop's host as slow as its GPU, so the eager figure may hold host time): "
                          "1 of 3 cells. Of the 2 others, 1 reach 80% of a same-bytes copy; lowest 79.0%.")
 
 
-def test_the_casts_device_only_table_counts_its_cells_and_names_those_not_measured(monkeypatch):
+def test_the_casts_device_only_table_counts_its_cells_and_names_those_not_measured():
     """A file with device-only timings gets a second table: GB/s and % of a same-bytes copy timed the same way
     per cell, a cell where the host could not get ahead said so in words, and the 80% count over them all."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import recipe_bench
+    from fp8bench.report import kernel_tables
 
     def cell(kernel, shape, gbps, pct):
         return {"kernel": kernel, "shape": shape, "eager_pct_of_copy": 60.0, "eager_pct_of_same_bytes_copy": 75.0,
@@ -182,7 +179,7 @@ def test_the_casts_device_only_table_counts_its_cells_and_names_those_not_measur
 
     casts = [cell("current+transpose", [4096, 4096], 2600.0, 81.3), cell("current+transpose", [8192, 4096], 3100.0, 79.6),
              cell("mx", [4096, 4096], None, None), cell("mx", [8192, 4096], 3500.0, 90.2)]
-    lines = recipe_bench.markdown({"casts": casts, "copy_gbps": 4248.0}).splitlines()
+    lines = kernel_tables.markdown({"casts": casts, "copy_gbps": 4248.0}).splitlines()
     head = lines.index("| cast, device-only (GB/s, % of a same-bytes copy timed so) | 4096×4096 | 8192×4096 |")
     assert lines[head + 2:head + 4] == ["| current+transpose | 2600 GB/s, 81% | 3100 GB/s, 80% |",
                                         "| mx | host not ahead | 3500 GB/s, 90% |"]
@@ -191,11 +188,10 @@ def test_the_casts_device_only_table_counts_its_cells_and_names_those_not_measur
                                "of the cast or of its copy).")
 
 
-def test_the_gemm_rounds_timed_device_only_get_a_table_of_their_own(monkeypatch):
+def test_the_gemm_rounds_timed_device_only_get_a_table_of_their_own():
     """A GEMM file whose rounds were also timed device-only lists them in a second table with their own median
     ratio, lowest shape and widest spread; the do_bench table above it is unchanged."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import recipe_bench
+    from fp8bench.report import kernel_tables
 
     def row(shape, ours_ms, cublas_ms, dev_ours_ms, dev_cublas_ms):
         flops = 2.0 * 2048**3
@@ -212,7 +208,7 @@ def test_the_gemm_rounds_timed_device_only_get_a_table_of_their_own(monkeypatch)
 
     rows = [row("a", [0.060, 0.055, 0.058], [0.030, 0.028, 0.029], [0.020, 0.0202, 0.0205], [0.0205, 0.021, 0.0208]),
             row("b", [0.020, 0.020, 0.020], [0.021, 0.021, 0.021], [0.020, 0.0206, 0.020], [0.0212, 0.021, 0.0211])]
-    lines = recipe_bench.markdown({"gemm": rows}).splitlines()
+    lines = kernel_tables.markdown({"gemm": rows}).splitlines()
     assert lines[5] == "Median ratio over the 2 shapes 0.775, lowest 0.500; widest median / best 1.055."
     head = lines.index("| shape, device-only rounds | ours: median TFLOPS | median / best | cuBLAS blockwise: median | "
                        "median / best | cuBLAS / ours (medians) |")
@@ -223,35 +219,33 @@ def test_the_gemm_rounds_timed_device_only_get_a_table_of_their_own(monkeypatch)
     failed = row("c", [0.020, 0.020, 0.020], [0.021, 0.021, 0.021], [0.020, 0.020, 0.020], [0.021, 0.021, 0.021])
     failed["ours"] |= {"device_only_median_tflops": None, "device_only_median_over_best": None}
     failed["device_only_ratio_to_cublas"] = None
-    lines = recipe_bench.markdown({"gemm": [*rows, failed]}).splitlines()
+    lines = kernel_tables.markdown({"gemm": [*rows, failed]}).splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("| shape, device-only rounds"))
     assert lines[head + 4] == "| c | host not ahead | | 818 | 1.000 | — |"
     assert lines[head + 6] == ("Device-only: median ratio over the 2 shapes 1.042, lowest 1.030; widest median / best "
                                "1.010; 1 shapes not measured (the host could not get ahead).")
 
 
-def test_a_gemm_side_whose_device_only_rounds_partly_failed_is_summarized_over_the_rest(monkeypatch):
+def test_a_gemm_side_whose_device_only_rounds_partly_failed_is_summarized_over_the_rest():
     """Rounds where the host could not get ahead are None: the median and spread come from the others (a NaN
     in statistics.median gave an order-dependent answer), and a side with none measured has no figure."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import recipe_bench
+    from fp8bench.report import kernel_tables
 
     flops = 2.0e12  # 2 TFLOP a call: 1 ms is 2000 TFLOPS
-    summary = recipe_bench.device_only_summary([None, 1.0, 2.0, None, 1.6], flops)
+    summary = kernel_tables.device_only_summary([None, 1.0, 2.0, None, 1.6], flops)
     assert summary["device_only_rounds_not_measured"] == 2
     assert summary["device_only_median_tflops"] == pytest.approx(1250.0)
     assert summary["device_only_median_over_best"] == 1.6
-    none = recipe_bench.device_only_summary([None, None], flops)
+    none = kernel_tables.device_only_summary([None, None], flops)
     assert none["device_only_median_tflops"] is None and none["device_only_median_over_best"] is None
 
 
-def test_recipe_bench_times_the_weight_gradients_it_recorded(monkeypatch):
-    """recipe_bench's weight-gradient shapes come from the gemm workload's own shape rules: a run now measures
+def test_recipe_bench_times_the_weight_gradients_it_recorded():
+    """The recipe bench's weight-gradient shapes come from the gemm workload's own shape rules: a run now measures
     what the committed file measured (the same names and M×N×K)."""
     import json
 
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import recipe_bench
+    from fp8bench.workloads.kernel_bench import wgrad_shapes
 
     recorded = json.loads((ROOT / "results" / "h200-recipe-blockwise" / "recipe_bench_wgrad_7c8a8fb.json").read_text())
-    assert {r["shape"]: tuple(r["mnk"]) for r in recorded["wgrad"]} == recipe_bench.wgrad_shapes()
+    assert {r["shape"]: tuple(r["mnk"]) for r in recorded["wgrad"]} == wgrad_shapes()

@@ -54,11 +54,7 @@ def test_fast_accumulation_stays_within_tolerance():
 
 
 def test_timer_matches_triton_do_bench_within_2_percent():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from gpu_checks import compare_timers
+    from fp8bench.analysis.fidelity import compare_timers
 
     a, b = operands(8192, 8192, 8192)
     op = get_backend("torch").gemm(a, b, GemmRole.FPROP, recipe("e4m3", "current"))

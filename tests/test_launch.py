@@ -162,15 +162,14 @@ def test_local_gpus_launcher_hands_out_the_longest_job_first(cli, tmp_path):
 
 
 def test_job_seconds_come_from_each_cases_latest_run_and_skip_a_torn_line(tmp_path):
-    from omegaconf import OmegaConf
-
-    from fp8bench.core.records import CaseRecord, ShardWriter
-    from fp8bench.run.launch import job_seconds_from_history
-
     import dataclasses
     import json
 
+    from omegaconf import OmegaConf
+
     from fp8bench.config.compose import expand
+    from fp8bench.core.records import CaseRecord, ShardWriter
+    from fp8bench.run.launch import job_seconds_from_history
 
     groups = [[dataclasses.asdict(p) for p in expand(["workload=gemm", "model=tiny", f"format={fmt}",
                                                       f"scaling={sc}", "backend=torch"])[0]]

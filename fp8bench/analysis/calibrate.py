@@ -47,10 +47,10 @@ class Ceilings:
 
 
 def _timer(device: torch.device, budget_s: float) -> dict:
-    """The hopper preset's sample budget (up to 50 iterations in ~0.15 s, L2 flushed) without settling: the
-    ceiling is the best the chip reaches before its power limit pulls the clocks down. Cases are timed after
-    `measure.settle_ms` (MEASUREMENT_VERSION 3), at the level the board holds under sustained load, so they
-    sit below it by that much (on the H200, FP8 ~1300 sustained vs ~1450 TFLOPS at 8192-class shapes)."""
+    """The hopper preset's sample budget (up to 50 iterations in a fraction of a second, L2 flushed) without
+    settling: the ceiling is the best the chip reaches before its power limit pulls the clocks down. Cases are
+    timed after `measure.settle_ms` (MEASUREMENT_VERSION 3), at the level the board holds under sustained load,
+    so on a power-capped GPU they sit below it by that much (docs/why-not-2x.md)."""
     return dict(device=device, warmup=5 if device.type == "cuda" else 1, iters=50,
                 min_samples=10 if device.type == "cuda" else 3, max_time_s=budget_s, flush_l2=device.type == "cuda")
 

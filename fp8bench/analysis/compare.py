@@ -6,7 +6,7 @@ between processes by itself. That spread comes from the case's history on the sa
 before the head, never after: a later run must not decide an earlier verdict) or, without enough history,
 from repeated runs of the base or head commit. With neither, a change the samples show is answered
 "insufficient data", not "regression": the spread within one process is far smaller than between processes
-(two identical CPU runs once differed by 12% against a 7.5% in-run floor). Where the base commit has several
+(docs/regression.md says by how much). Where the base commit has several
 runs on the same GPU, the change must also hold against that commit's usual level ("usual").
 
 Runs timed by different measurement versions (records.MEASUREMENT_VERSION) are not compared unless asked to,
@@ -28,9 +28,9 @@ from fp8bench.core.records import METRICS, StoreError
 ALPHA = 0.01
 """Two-sided significance level of the Mann-Whitney U test."""
 MIN_FLOOR = 0.015
-"""No timed change under 1.5% is called. Calibrated on 23 A/A pairs of separate processes on one H200
-(results/h200-checks/regression_trials.json): the largest move of a stable case between two runs of the same
-commit on the same GPU was 1.1%, while its samples within a run agree to ~0.1%."""
+"""No timed change under 1.5% is called: just above the largest move of a stable case between two
+processes of the same commit on the same GPU, where its samples within one run agree far more closely (the
+A/A trials of docs/regression.md)."""
 NOISE_MULTIPLE = 2.0
 """The within-run part of the floor: NOISE_MULTIPLE x the case's robust relative spread (1.4826·MAD/median, the
 larger of both runs'). It alone never calls a change (see the module docstring)."""
@@ -40,18 +40,17 @@ relative range of one commit's run medians (max - min over their median)."""
 MIN_SAMPLES = 3
 BETWEEN_MULTIPLE = 3.0
 """With a history: floor = BETWEEN_MULTIPLE x the case's run-to-run spread. Within-run and run-to-run noise
-differ in both directions on an H200: over 80 ms a BF16 GEMM's samples agreed to 0.1% while its median moved
-~7% between processes (clock steps); sampled over ~1 s after settling, its samples spread 1-2.6% while the
-medians agreed to ~0.5%. Only the run-to-run spread says how far a median moves by itself."""
+differ in both directions on a power-capped GPU: a short window of samples can agree closely while the median
+moves between processes with the clock steps, and a long settled window can spread over several clock levels
+while the medians agree. Only the run-to-run spread says how far a median moves by itself."""
 JUMP_QUANTILE = 0.9
 JUMP_MARGIN = 1.2
 """With a history the floor also covers the case's rare levels: JUMP_MARGIN x the JUMP_QUANTILE quantile of
-its consecutive run-to-run moves. On an H200 a BF16 linear's median sat 1.7% above its usual level in 2 of 11
-runs of one commit; the robust spread (a median of moves) does not see a level that rare, and 3x it (0.5%)
-let one such run be called a regression (results/h200-checks/regression_trials_settled.json). The 90th
-percentile ignores the one large move a real step in the history makes, and so also a level seen once in ~40
-runs: on the out-of-sample trials (regression_trials_s6.json) a base run 2% under the BF16 linear's usual
-level still made the next, usual run a false regression (1 of 34 A/A pairs)."""
+its consecutive run-to-run moves. A case can sit on a level it reaches in a few runs of many; the robust spread
+(a median of moves) does not see a level that rare, and a multiple of it lets one such run be called a
+regression. The 90th percentile ignores the one large move a real step in the history makes, and so also a
+level seen only once in a long history: that case is what the usual level (`usual_level`) catches. The trials
+behind these numbers: docs/regression.md."""
 MIN_HISTORY = 5
 """Runs of the case (same device and environment, no injected slowdown) needed to estimate run-to-run noise."""
 MIN_LEVEL_RUNS = 3
@@ -244,9 +243,9 @@ def judge_samples(base: list[float], head: list[float], direction: str, between:
     rel = (mh - mb) / mb if mb else float("inf")
     if len(base) < MIN_SAMPLES or len(head) < MIN_SAMPLES:
         return rel, None, None, "insufficient data"
-    # With a history, the case's own run-to-run spread is its noise: on a power-capped GPU a ~1 s window of
-    # samples spans several clock levels (a 1-2.6% spread within the run) while the medians of repeated
-    # runs agree to ~0.5%, so the within-run spread would hide real changes. Without one, it is all we have.
+    # With a history, the case's own run-to-run spread is its noise: on a power-capped GPU a long window of
+    # samples spans several clock levels while the medians of repeated runs agree more closely, so the
+    # within-run spread would hide real changes. Without one, it is all we have.
     noise = between if between else NOISE_MULTIPLE * max(robust_rel_spread(base), robust_rel_spread(head))
     floor = max(MIN_FLOOR, noise)
     p = float(mannwhitneyu(base, head, alternative="two-sided").pvalue)
@@ -254,9 +253,8 @@ def judge_samples(base: list[float], head: list[float], direction: str, between:
         return rel, p, floor, "unchanged"
     if not between:  # only the spread within one process is known: it cannot tell a change from a new process
         return rel, p, floor, "insufficient data"
-    # A base run that landed on one of its commit's rare levels makes the next, usual run look changed (an
-    # H200 BF16 linear: a base 2% under its usual level, regression_trials_s6.json). The head must also
-    # differ from where that commit usually runs.
+    # A base run that landed on one of its commit's rare levels makes the next, usual run look changed. The
+    # head must also differ from where that commit usually runs.
     if level and ((mh - level) / level * (1 if rel > 0 else -1)) < floor:
         return rel, p, floor, "unchanged"
     worse = rel > 0 if direction == "lower" else rel < 0

@@ -22,8 +22,8 @@ def derive_train_host_bound(records: list[CaseRecord]) -> list[tuple[CaseRecord,
     """`host_bound` for training steps, whose speedups are formed here rather than in the run: 1 when the
     recipe's step or its BF16 twin's kept the GPU busy for less than HOST_BOUND_BUSY_PCT of the step, as the
     one-step workloads judge their timings in the run (fp8bench.run.groups). A host-bound training speedup
-    compares the two recipes' Python and launch costs as much as their kernels (gpt-125m at 8x512 on the H200:
-    12.6 ms of kernels in a 35-48 ms BF16 step)."""
+    compares the two recipes' Python and launch costs as much as their kernels: a small model's step can hold
+    a fraction of its time in kernels and the rest in the host's launch path (docs/training.md)."""
     out = []
     for r, twin in pairs(records):
         if r.workload != "train" or r.measurement.get("method") == "once" or r.metric("host_bound") is not None:

@@ -46,8 +46,8 @@ def _implementation(r: CaseRecord) -> tuple[str, str]:
 
 def _band(by_implementation: dict[tuple, dict[int, CaseRecord]], own: tuple) -> dict[int, CaseRecord]:
     """The BF16 seeds a case is judged against: its own implementation's when it trained MIN_SEEDS of them,
-    else those of the implementation with the most seeds. Never a mix: on the H200, seed 0's BF16 final loss
-    differed by 0.07 nats across five implementations, three times the spread of one implementation's seeds."""
+    else those of the implementation with the most seeds. Never a mix: one seed's BF16 final loss can differ
+    across implementations by more than the spread of one implementation's seeds (docs/training.md)."""
     if len(by_implementation.get(own, {})) >= MIN_SEEDS:
         return by_implementation[own]
     if not by_implementation:

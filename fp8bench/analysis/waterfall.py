@@ -64,10 +64,9 @@ class Waterfall:
 
 def waterfall(bf16: Step, fp8: Step) -> Waterfall:
     # The kernel stages start from the BF16 step as the profiler saw it when its kernels add up to more than
-    # the separately timed step, so no stage promises more than 2x. That happened on the H200 while the timed
-    # steps ran before the clocks had settled (MEASUREMENT_VERSION 2: TE Current/Block layers' kernels summed
-    # to 109-115% of the step); the tracing itself does not lengthen kernels there
-    # (results/h200-checks/profiler_overhead.json).
+    # the separately timed step, so no stage promises more than 2x. That happens where the timed steps ran
+    # before the clocks had settled (measurement version 2), not from the tracing, which does not lengthen the
+    # kernels it records (docs/why-not-2x.md).
     t16 = max(bf16.time_ms, bf16.busy)
     after_gemm = t16 - bf16.gemm + fp8.gemm
     after_casts = after_gemm + fp8.quantize - bf16.quantize

@@ -186,7 +186,7 @@ def cpu_model() -> str:
 def git_state(cwd: str | None = None) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the repository at `cwd`, or (None, None) outside git. FP8BENCH_GIT_COMMIT (and
     FP8BENCH_GIT_DIRTY=0|1) override it: a GPU box that receives a copy of the working tree can hold stale git
-    metadata (the H200 box once reported the first commit it was sent, dirty, for every later tree it was sent)."""
+    metadata, and would report the first commit it was sent, dirty, for every later tree."""
     if os.environ.get("FP8BENCH_GIT_COMMIT"):
         return os.environ["FP8BENCH_GIT_COMMIT"], os.environ.get("FP8BENCH_GIT_DIRTY", "0") == "1"
     try:

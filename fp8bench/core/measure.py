@@ -96,8 +96,8 @@ def _event_ms(fn: Callable[[], object], n: int) -> float:
 
 
 FEEDBACK_ROUNDS = 8
-"""At most this many feedback rounds (~0.8 s each on a 2 ms GEMM): on some H200 boxes 5 left one slowed run in
-three more than a tenth off the set fraction (results/h200-checks/pytest_gpu_ad83aea.log)."""
+"""At most this many feedback rounds (each under a second on a millisecond GEMM): fewer leave some slowed runs
+more than a tenth off the set fraction on a power-capped GPU (docs/regression.md)."""
 
 
 def _slowed_cuda(fn: Callable[[], object], fraction: float,
@@ -107,12 +107,12 @@ def _slowed_cuda(fn: Callable[[], object], fraction: float,
 
     Busy work rather than an idle wait: under a power limit an idle GPU's clocks rise and the work around
     the wait speeds up. But busy work has its own power draw, so no length computed from the filler's speed
-    alone adds the intended fraction to every workload (on the H200 a 3% filler sized that way added 1.4%
-    to a BF16 GEMM and 5-6% to a BF16 transformer block). The length is therefore corrected by feedback:
-    blocks of fn alone and fn + filler alternate (2 x ~200 ms each per round) until their medians differ by
-    the fraction within a tenth of it, FEEDBACK_ROUNDS rounds at most. Only each block's second half is
-    timed: timed from its first sample, a block measured the clocks' transition between the two loads, and
-    on a power-capped H200 a filler sized that way added -1.7% to 11.5% to a GEMM, set to 10% (README)."""
+    alone adds the intended fraction to every workload (it adds less to a GEMM and more to a block of many
+    small kernels). The length is therefore corrected by feedback: blocks of fn alone and fn + filler
+    alternate (two blocks of a few hundred milliseconds per round) until their medians differ by the
+    fraction within a tenth of it, FEEDBACK_ROUNDS rounds at most. Only each block's second half is timed:
+    timed from its first sample, a block measures the clocks' transition between the two loads, and the
+    length it sets misses the fraction widely on a power-capped GPU (docs/regression.md)."""
     from fp8bench_kernels.tensor_core_load import make_operand, tensor_core_load
 
     a = make_operand(device)
@@ -143,7 +143,7 @@ def _slowed_cuda(fn: Callable[[], object], fraction: float,
         if abs(added - fraction) <= 0.1 * fraction:
             break
         # scale the filler by what it should add over what it added, at most 2x either way: a noisy
-        # round must not send the length far off (an unbounded step once made a 3% filler add 15x)
+        # round must not send the length far off (an unbounded step can overshoot the fraction many times)
         factor = fraction * b / (s - b) if s > b else 2.0
         iters = max(1, round(iters * min(2.0, max(0.5, factor))))
     # without a round within a tenth, the length that came closest, not the last (untried) correction. The
@@ -170,10 +170,10 @@ def _time_cuda(fn: Callable[[], object], warmup: int, iters: int, min_samples: i
                flush_l2: bool, cuda_graph: bool, settle_ms: float, slowdown: float) -> Timing:
     """Events around each iteration, queued back to back and read after one final sync (as
     triton.testing.do_bench does): a sync per iteration would let the GPU idle and re-boost its clocks
-    between kernels, timing burst rather than sustained speed (12% apart for an FP8 8192³ GEMM on H200).
+    between kernels, timing burst rather than sustained speed (docs/regression.md: how far apart).
 
-    Settling: a power-limited GPU steps its clocks down over the first tens of milliseconds of load (an H200
-    BF16 GEMM went 1.86 → 2.04 → 2.17 ms within 40 iterations), so samples taken straight after warm-up
+    Settling: a power-limited GPU steps its clocks down over the first tens of milliseconds of load (a large
+    GEMM's iterations lengthen step by step within its first few dozen), so samples taken straight after warm-up
     straddle the steps and their median moves between runs. `settle_ms` of untimed iterations, queued with
     no sync before the samples, lets the clocks reach the level they hold under sustained load first."""
     run = fn
@@ -330,8 +330,8 @@ _SLEEP_CYCLES_PER_MS: list[float] = []
 
 def _sleep_cycles_per_ms() -> float:
     """GPU clock cycles per millisecond of torch.cuda._sleep: a first measurement, then the rate of the latest
-    sleep (`_queued_behind_sleep`, for _device_only_ms and time_device_only): the clock moves with the load, and a sleep sized at an idle GPU's clock ran four
-    times shorter than meant once the clocks had risen (H200, run hopper-a at 1cd5fc6)."""
+    sleep (`_queued_behind_sleep`, for _device_only_ms and time_device_only): the clock moves with the load,
+    and a sleep sized at an idle GPU's clock runs several times shorter than meant once the clocks have risen."""
     if not _SLEEP_CYCLES_PER_MS:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -386,8 +386,8 @@ def _queued_behind_sleep(fn: Callable[[], object], flush: L2Flusher | None, n: i
 
 DEVICE_ONLY_BATCH = 50
 """Iterations queued behind one sleep by `time_device_only`: each takes four to six entries of CUDA's launch
-queue (the flush, two events, the call's kernels), and the host blocks once some 1000 are pending (200-250
-iterations of a one-kernel loop on the H200 box, scripts/recipe_bench.py's HOST_PACED), which no sleep can
+queue (the flush, two events, the call's kernels), and the host blocks once about a thousand are pending (a
+few hundred iterations of a one-kernel loop; fp8bench.report.kernel_tables.HOST_PACED), which no sleep can
 hide."""
 
 

@@ -134,7 +134,7 @@ def committed_result_sets(results: Path) -> list[Path]:
 
 CALIBRATION_DIR = "calibration"
 SPREAD_DIR = "spread"
-"""results/spread/<device>.json: how far speedups move between boxes of one GPU model (scripts/speedup_spread.py)."""
+"""results/spread/<device>.json: how far speedups move between boxes of one GPU model (fp8bench.analysis.spread)."""
 
 
 def _is_calibration(p: Path) -> bool:

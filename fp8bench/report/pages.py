@@ -1,4 +1,5 @@
-"""The pages of the site, each answering one of DESIGN.md's five questions from the wide case table."""
+"""The pages of the site, each answering one of the users' five questions (README.md: how much faster, does it
+keep accuracy, does it save memory, which recipe, did this commit regress) from the wide case table."""
 
 from __future__ import annotations
 
@@ -506,7 +507,8 @@ def integration_overhead(t: pd.DataFrame) -> pd.DataFrame:
 
 def integration_summary(fw: pd.DataFrame) -> pd.DataFrame:
     """integration_overhead over repeated runs: a small model's training step is host-bound and its tokens/s
-    moves by 10-20% from one run to the next, so one pair of runs says little; the median and range do."""
+    moves from one run to the next by more than most integrations cost (docs/integrations.md), so one pair of
+    runs says little; the median and range do."""
     fw = fw.assign(passes=fw["verdict"] == "pass", judged=fw["verdict"].isin(["pass", "FAIL"]))
     g = fw.groupby(["device", "model", "integration", "direct"]).agg(
         runs=("run_id", "nunique"), overhead_median_pct=("overhead_pct", "median"),

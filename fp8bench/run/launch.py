@@ -46,8 +46,9 @@ def pin_worker_gpu() -> str | None:
 def keep_worker_alive() -> None:
     """loky (joblib's default backend) measures a worker's memory after its first task and restarts the worker
     once it has grown by 300 MB, taking it for a leak. A CUDA context and the caching allocator grow a worker
-    by more than that on its first GPU job (on the H200 x2 a restart cost ~16 s of a 76 s sweep), so in our
-    workers growth is expected: raise the threshold (loky reads this module global at every check)."""
+    by more than that on its first GPU job, and a restart costs the sweep a new CUDA context and imports
+    (docs/launchers.md), so in our workers growth is expected: raise the threshold (loky reads this module
+    global at every check)."""
     try:
         from joblib.externals.loky import process_executor
     except ImportError:

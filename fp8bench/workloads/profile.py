@@ -37,8 +37,8 @@ CATEGORIES: list[tuple[str, re.Pattern]] = [
 INDUCTOR_KERNEL = re.compile(r"^triton_(poi|red|per|tem)_")
 """Kernels torch.compile's inductor generates, named after the aten ops fused into them
 (`triton_poi_fused_clone_transpose_view_0`): a view op's name says nothing of FP8, so for these the cast
-category takes only an FP8 cast's own steps (H200, e8025a8: the RoPE and attention-reshape kernels of a compiled
-BF16 block, `..._transpose_view_N`, had landed under quantize)."""
+category takes only an FP8 cast's own steps: otherwise the RoPE and attention-reshape kernels of a compiled
+BF16 block (`..._transpose_view_N`) land under quantize."""
 INDUCTOR_CAST = re.compile(r"clamp|amax|abs_max|fp8|float8|e4m3|e5m2", re.I)
 """An inductor kernel that casts to FP8: the saturating clamp, the amax reduction, an FP8 dtype. torchao's
 tensorwise linear under torch.compile fused its casts into `cpp_fused__to_copy_abs_clamp_clone_max_mul_reciprocal_t_0`

@@ -6,8 +6,8 @@ editable install and the GPU box's PYTHONPATH alike.
 
 Why the order: the joblib workers (one per GPU) take jobs as they free up, in the order given. Hydra gives
 them in declaration order, so a sweep whose heaviest points come last ends with one GPU busy and the other
-idle: on the H200 x2 a 24-job GEMM sweep's two GPUs had 94.8 and 79.9 s of work (1.68x instead of ~1.8x).
-Longest first (LPT scheduling) ends with the short jobs, which fill the gaps.
+idle (docs/launchers.md: what that cost a two-GPU sweep). Longest first (LPT scheduling) ends with the short
+jobs, which fill the gaps.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 GPUs of the `fp8bench run` that launched it.
 
 hydra-submitit's local launcher submits a sweep's jobs as one array, and submitit's local executor starts every
-job of an array at once: the jobs timed their kernels side by side, each one's figures slowed by the others.
+job of an array at once: the jobs would time their kernels side by side, each one's figures slowed by the others.
 It also sets each job's CUDA_VISIBLE_DEVICES from `gpus_per_node` (the preset's 0: no GPU at all, so a GPU
-sweep ran on the CPU). This launcher submits the jobs one after another, waiting for each to finish, and
+sweep would run on the CPU). This launcher submits the jobs one after another, waiting for each to finish, and
 gives each the launching process's CUDA_VISIBLE_DEVICES (unset where it was unset: every GPU). A job whose
-process dies does not stop the others; the sweep then fails with the first such error, as the one array did.
+process dies does not stop the others; the sweep then fails with the first such error, as the one array does.
 Parallel jobs are `local-gpus`'s work (one worker per GPU).
 
 submitit pickles the launcher as each job's callable, and Hydra accepts launcher classes only from the

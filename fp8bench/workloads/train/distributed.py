@@ -215,7 +215,7 @@ def train_rank(p: dict, rank: int, world_size: int, dev: torch.device) -> dict:
                      backend=get_backend(p["backend"]), device=dev, work_dir=p["work_dir"])
     world = RankWorld(world_size, dev)
     data = load_data(case.config.workload.train, case.shape, dev)
-    engine = _engine(case, rank, world)  # built, wrapped and sharded before the peak is reset, as it always was:
+    engine = _engine(case, rank, world)  # built, wrapped and sharded before the peak is reset, as in one process:
     reset_peak_memory(dev)  # under FSDP2 each rank first builds the whole model, which training never holds
     diverged = None
     try:

@@ -2,10 +2,10 @@
 milliseconds per step behind the `gpu_*_ms` categories a sweep records (fp8bench.workloads.profile), largest
 first. Used to find which of the blockwise recipe's casts and GEMMs hold the `triton` backend's layer back.
 
-Usage on the GPU box: python3 research/kernel_breakdown.py workload=layer model=llama2-7b workload.batch=2 \
+Usage on the GPU box: python3 scripts/kernel_breakdown.py workload=layer model=llama2-7b workload.batch=2 \
     workload.seq=4096 backend=triton format=e4m3 scaling=blockwise [--out FILE.json]
 Anywhere, recorded files side by side as a Markdown table (each kernel's category by today's rules):
-    python3 research/kernel_breakdown.py --markdown FILE.json [FILE.json ...]
+    python3 scripts/kernel_breakdown.py --markdown FILE.json [FILE.json ...]
 """
 
 from __future__ import annotations
