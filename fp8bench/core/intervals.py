@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import digamma, polygamma, stdtrit
+from scipy.special import chdtri, digamma, fdtrc, fdtri, polygamma, stdtrit
 
 from fp8bench.core.speedup import CONFIDENCE, RatioEstimate
 
@@ -89,6 +89,50 @@ def fit_prior(s2: Sequence[float], df: Sequence[float] | float, source: str = "r
         d0 = pooled
     s0 = math.exp(float(np.mean(e)) + float(digamma(d0 / 2)) - math.log(d0 / 2))
     return VariancePrior(s0, d0, len(s2), source)
+
+
+def _log_f_quantiles(k: float, d0: float, qs=(0.25, 0.5, 0.75)) -> np.ndarray:
+    """Quantiles of log(s^2 / s0^2) when s^2 has k degrees of freedom and its true variance a scaled
+    inverse-chi-square prior with d0 (an F(k, d0) variable; chi-square / k for d0 = inf)."""
+    if math.isinf(d0):
+        return np.log(chdtri(k, 1 - np.asarray(qs)) / k)
+    return np.log(fdtri(k, d0, np.asarray(qs)))
+
+
+def fit_prior_robust(s2: Sequence[float], df: Sequence[float] | float,
+                     source: str = "history") -> tuple[VariancePrior, np.ndarray] | None:
+    """As fit_prior, but by quantiles (the median and interquartile range of log s^2 matched to those of a
+    scaled F(k, d0)), so that a few series far noisier than their class (a case that flips between host-
+    and device-bound, a step in its history) do not drag the prior's df to nothing; those series, whose s^2
+    the fitted prior makes improbable (upper tail p < 0.001), are returned as outliers, to stand on their own
+    variance. k is the series' median df. None with fewer than MIN_PRIOR_SERIES positive variances."""
+    s2 = np.asarray(s2, dtype=float)
+    d = np.broadcast_to(np.asarray(df, dtype=float), s2.shape)
+    keep = (s2 > 0) & np.isfinite(s2) & (d > 0)
+    if keep.sum() < MIN_PRIOR_SERIES:
+        return None
+    z = np.log(s2[keep])
+    k = float(np.median(d[keep]))
+    q25, q50, q75 = np.percentile(z, [25, 50, 75])
+    pooled = float(d[keep].sum())
+
+    def iqr(d0: float) -> float:
+        lo, _, hi = _log_f_quantiles(k, d0)
+        return float(hi - lo)
+    if q75 - q25 <= iqr(math.inf):
+        d0 = pooled
+    elif q75 - q25 >= iqr(0.05):
+        d0 = 0.05
+    else:  # the IQR falls as d0 grows: bisect on log d0
+        lo, hi = math.log(0.05), math.log(pooled)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if iqr(math.exp(mid)) > q75 - q25 else (lo, mid)
+        d0 = min(math.exp(hi), pooled)
+    var = math.exp(q50 - float(_log_f_quantiles(k, d0)[1]))
+    outlier = np.zeros(len(s2), bool)
+    outlier[keep] = fdtrc(k, d0, s2[keep] / var) < 1e-3
+    return VariancePrior(var, d0, int(keep.sum()), source), outlier
 
 
 def moderate(s2, df, prior: VariancePrior | None):
