@@ -42,8 +42,9 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
   compare BASE HEAD [--db DB] [--markdown FILE]
                                judge two runs (each a run id, git commit or 'latest') against the
                                variance between runs; exit 1 if anything regressed
-  asv-compare BASE HEAD [--machine M] [--threshold 0.05] [--results results/asv]
-                               two commits recorded by asv, direction-aware; exit 1 if anything regressed
+  asv-compare BASE HEAD [--machine M] [--results results/asv]
+                               two commits recorded by asv, judged as compare judges runs;
+                               exit 1 if anything regressed
   history [--db DB]            change points of every tracked series, with the commit that made them
   calibrate [--out DIR] [--budget S]
                                measure this machine's BF16/FP8 GEMM and copy ceilings (results/calibration)
@@ -407,33 +408,44 @@ def cmd_waterfall(args: list[str]) -> int:
 
 
 def cmd_asv_compare(args: list[str]) -> int:
-    from fp8bench.data.asv_results import compare_commits
+    from fp8bench.data.asv_results import NOT_JUDGED, compare_commits
 
-    p = _Parser(prog="fp8bench asv-compare")
-    p.add_argument("base")
-    p.add_argument("head")
+    p = _Parser(prog="fp8bench asv-compare", description="Judge every series two commits recorded by asv share on "
+                "a machine, direction-aware, against the variance between runs (the machine's earlier commits, "
+                "else the spread of like series), all at once (Benjamini-Hochberg); memory and SQNR by value. "
+                "The CPU suite on a GPU machine, host-bound and unsettled series are listed as not judged. "
+                "Exit 1 if anything regressed.")
+    p.add_argument("base", metavar="BASE", help="a commit (a prefix of its hash) with results on the machine")
+    p.add_argument("head", metavar="HEAD", help="a commit (a prefix of its hash) with results on the machine")
     p.add_argument("--machine", default="h200")
     p.add_argument("--results", type=Path, default=Path("results/asv"))
-    p.add_argument("--threshold", type=float, default=0.05, help="relative change that counts (default 0.05)")
-    p.add_argument("--all", action="store_true", help="list unchanged series too")
+    p.add_argument("--threshold", type=float, default=0.01,
+                   help="the smallest relative change called, however significant (default 0.01)")
+    p.add_argument("--all", action="store_true", help="list unchanged and not judged series too")
     p.add_argument("--across-versions", action="store_true",
-                   help="compare results of different measurement versions (every row is labelled)")
+                   help="list the changes between results of different measurement versions (not judged)")
     ns = p.parse_args(args)
     if not 0 < ns.threshold < 1:
-        raise UsageError(f"--threshold={ns.threshold!r} must be between 0 and 1 (e.g. 0.05 for 5%)")
-    changes = compare_commits(ns.results, ns.machine, ns.base, ns.head, ns.threshold, ns.across_versions)
-    across = any(c.versions for c in changes)
-    table = Table(title=f"asv {ns.base} → {ns.head} on {ns.machine} (threshold {ns.threshold:.0%})")
-    for col in ("series", "case", "base", "head", "change", "verdict") + (("versions",) if across else ()):
+        raise UsageError(f"--threshold={ns.threshold!r} must be between 0 and 1 (e.g. 0.01 for 1%)")
+    cmp = compare_commits(ns.results, ns.machine, ns.base, ns.head, ns.threshold, ns.across_versions)
+    across = any(c.versions for c in cmp.changes)
+    table = Table(title=f"asv {ns.base} → {ns.head} on {ns.machine}")
+    for col in ("series", "case", "bound", "base", "head", "change", "p", "detectable", "verdict",
+                "variance / reason") + (("versions",) if across else ()):
         table.add_column(col, overflow="fold")
-    for c in changes:
-        if ns.all or c.verdict != "unchanged":
-            table.add_row(c.benchmark, c.case_id, f"{c.base:.4g}", f"{c.head:.4g}", f"{c.rel_change:+.1%}", c.verdict,
+    for c in cmp.changes:
+        if ns.all or c.verdict in ("regression", "improvement"):
+            table.add_row(c.benchmark, c.case_id, c.bound, f"{c.base:.4g}", f"{c.head:.4g}", f"{c.rel_change:+.1%}",
+                          "" if c.p_value is None else f"{c.p_value:.2g}", _pct(c.detectable), c.verdict, c.reason,
                           *((c.versions,) if across else ()))
     out.print(table)
-    counts = {v: sum(c.verdict == v for c in changes) for v in ("regression", "improvement", "unchanged")}
-    out.print(", ".join(f"{n} {v}" for v, n in counts.items()))
-    return 1 if counts["regression"] else 0
+    for name, members, shift, verdict in cmp.class_changes:
+        if verdict in ("regression", "improvement"):
+            out.print(f"class {name} ({members} series) moved {shift:+.2%} together: {verdict}", markup=False)
+    out.print(cmp.summary(), highlight=False, markup=False)
+    if any(c.verdict == NOT_JUDGED for c in cmp.changes) and not ns.all:
+        out.print("--all lists the series not judged, each with its reason", highlight=False)
+    return 1 if cmp.regressions else 0
 
 
 def _pct(x: float | None) -> str:
