@@ -2,7 +2,8 @@
 once against the variance between runs (fp8bench.core.judging), numerics by value.
 
 A series is one case x metric: its change is log(head / base), judged beyond the shift its whole class made
-(its class: the same metric, bound label, workload and model), against its own run-to-run variance from
+(its class: the same metric, bound label, workload, model, backend and precision, or the nearest coarser class
+with enough series), against its own run-to-run variance from
 history (earlier runs of the same GPU model and measurement version, never a run started after the head),
 or where it has none against its class's spread in this comparison; the class's shift is judged against
 its history. All are judged together by Benjamini-Hochberg, so thousands of series do not make every A/A
@@ -166,7 +167,8 @@ class _RunData:
     """What one run holds for a comparison: ok cases' (workload, model, method) and label, and the values of
     the series compared."""
 
-    cases: dict[str, tuple[str, str, str]]
+    cases: dict[str, tuple[str, str, str, str, str]]
+    """case -> (workload, model, backend, format, how it was timed)."""
     labels: dict[str, Bound | None]
     speedup_labels: dict[str, Bound | None]
     values: dict[tuple[str, str], float]
@@ -181,11 +183,11 @@ def _timed_metrics(con, base: str, head: str) -> list[str]:
 
 def _run_data(con, run_id: str, metrics: list[str], is_cuda: bool) -> _RunData:
     cases, measurement = {}, {}
-    for case_id, workload, model, m in con.execute(
-            "SELECT case_id, workload, model, measurement FROM cases WHERE run_id = ? AND status = 'ok'",
-            [run_id]).fetchall():
+    for case_id, workload, model, backend, fmt, m in con.execute(
+            "SELECT case_id, workload, model, backend, format, measurement FROM cases WHERE run_id = ? AND "
+            "status = 'ok'", [run_id]).fetchall():
         measurement[case_id] = json.loads(m or "{}")
-        cases[case_id] = (workload, model, measurement[case_id].get("method", ""))
+        cases[case_id] = (workload, model, backend, fmt, measurement[case_id].get("method", ""))
     blocks: dict[str, dict[str, list[float]]] = {}
     for case_id, name, value in con.execute(
             "SELECT case_id, metric, value FROM samples WHERE run_id = ? AND metric LIKE '%block_%_ms' "
@@ -239,7 +241,7 @@ def _not_comparable(case: str, metric: str, b: _RunData, h: _RunData, versions: 
         return bound, f"measurement versions {versions}"
     if Bound.UNSETTLED.value == bound:
         return bound, "unsettled"
-    if metric not in SPEEDUPS and "once" in (b.cases[case][2], h.cases[case][2]):
+    if metric not in SPEEDUPS and "once" in (b.cases[case][4], h.cases[case][4]):
         return bound, "timed once (the emulator runs for its numerics)"
     return bound, ""
 
@@ -253,9 +255,10 @@ def _judge_series(con, base: str, head: str, b: _RunData, h: _RunData, versions:
     info = {k: _not_comparable(*k, b, h, versions) for k in keys}
     judged = [k for k in keys if not info[k][1]]
     d = [math.log(h.values[k] / b.values[k]) for k in judged]
-    classes = [(m, info[(c, m)][0], *b.cases[c][:2]) for c, m in judged]
-    result = judge_comparison(d, _history(con, base, head, judged), [classes, [x[:3] for x in classes],
-                                                                     [x[:2] for x in classes]],
+    # like series, most alike first: the same backend and precision, then backend, model, workload
+    classes = [(m, info[(c, m)][0], *b.cases[c][:3], "bf16" if b.cases[c][3] == "bf16" else "fp8") for c, m in judged]
+    levels = [classes] + [[x[:n] for x in classes] for n in (5, 4, 3, 2)]
+    result = judge_comparison(d, _history(con, base, head, judged), levels,
                               [METRICS[m][1] == "higher" for _, m in judged])
     where = {k: i for i, k in enumerate(judged)}
     for k in keys:

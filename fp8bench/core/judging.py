@@ -95,11 +95,11 @@ class Judged:
 
 
 def assign_classes(levels: Sequence[Sequence], present: Sequence[bool]) -> list:
-    """Each series' class: (depth, key) at the most specific level whose key has MIN_CLASS `present` series in
-    the comparison, else None (a lone series)."""
+    """Each series' class: (depth, key) at the most specific level where its key still has MIN_CLASS `present`
+    series not placed at a finer level, else None (a lone series). A class is the series placed in it."""
     out: list = [None] * (len(levels[0]) if levels else 0)
     for depth, keys in enumerate(levels):
-        counts = Counter(k for k, ok in zip(keys, present, strict=True) if ok)
+        counts = Counter(k for i, (k, ok) in enumerate(zip(keys, present, strict=True)) if ok and out[i] is None)
         for i, k in enumerate(keys):
             if out[i] is None and counts[k] >= MIN_CLASS:
                 out[i] = (depth, k)
