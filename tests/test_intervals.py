@@ -13,8 +13,10 @@ from fp8bench.core.intervals import (
     moderate,
     process_interval,
     process_log_ratios,
+    run_prior,
     sandwich,
     sandwich_logs,
+    speedup_of_rounds,
     training_interval,
 )
 from fp8bench.core.repetitions import plan_repetitions
@@ -162,3 +164,20 @@ def test_the_planner_buys_processes_when_they_vary_more_than_rounds():
     assert noisy_rounds.rounds > plan.rounds / 4 and noisy_rounds.processes >= 2
     with pytest.raises(ValueError, match="buys no plan"):
         plan_repetitions(1e-4, 1e-4, 20.0, 0.05, 10.0)
+
+
+def test_a_record_s_rounds_give_its_published_speedup_and_what_it_rests_on():
+    """What the runner stores per process (per-round medians of twin and recipe) is all the published interval
+    needs; a run's like cases give the prior."""
+    rng = np.random.default_rng(4)
+    cases = [[np.log(1.5) + rng.normal(0, 0.006, 3)] for _ in range(12)]
+    prior = run_prior([c[0] for c in cases])
+    assert prior is not None and prior.series == 12
+    twin = [list(2.0 * rng.lognormal(0, 0.01, 10)) for _ in range(3)]
+    recipe = [[t / 1.5 for t in rounds] for rounds in twin]
+    est = speedup_of_rounds(twin, recipe, prior=prior)
+    assert est.value == pytest.approx(1.5) and est.lo < 1.5 < est.hi and est.unit == "processes + run prior"
+    assert set(est.metrics()) == {"speedup_vs_bf16", "speedup_vs_bf16_lo", "speedup_vs_bf16_hi",
+                                  "speedup_vs_bf16_processes"}
+    assert est.to_measurement()["processes"] == 3 and len(est.to_measurement()["per_process"]) == 3
+    assert run_prior([[0.4]] * 20) is None  # one process each: nothing to pool

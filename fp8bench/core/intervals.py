@@ -186,6 +186,17 @@ class SpeedupInterval:
     def half_width_log(self) -> float:
         return max(math.log(self.hi / self.value), math.log(self.value / self.lo))
 
+    def metrics(self, name: str = "speedup_vs_bf16") -> dict[str, float]:
+        """The record's metrics: `name`, `name_lo`, `name_hi` and `name_processes` (the count it rests on)."""
+        return {name: self.value, f"{name}_lo": self.lo, f"{name}_hi": self.hi,
+                f"{name}_processes": float(self.processes)}
+
+    def to_measurement(self) -> dict:
+        """What a record's `measurement["interval"]` holds: what the interval rests on."""
+        return {"unit": self.unit, "processes": self.processes, "boxes": self.boxes,
+                "df": None if self.df is None else round(self.df, 2),
+                "per_process": [round(x, 6) for x in self.per_process]}
+
 
 def process_interval(per_process_log: Sequence[float], *, prior: VariancePrior | None = None,
                      within: RatioEstimate | None = None, box: VariancePrior | None = None,
@@ -214,6 +225,25 @@ def process_interval(per_process_log: Sequence[float], *, prior: VariancePrior |
     mean, half = float(np.mean(x)), float(t_quantile(df, confidence)) * math.sqrt(se2)
     return SpeedupInterval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), p, unit, float(df), per,
                            boxes if box is not None else 1)
+
+
+def run_prior(per_process_logs: Sequence[Sequence[float]], source: str = "run") -> VariancePrior | None:
+    """The prior over one run's like speedups (a class: one workload, kernel-only or not, one bound label), from
+    each case's per-process log speedups; cases measured in one process add nothing. None with fewer than
+    MIN_PRIOR_SERIES cases of two processes or more."""
+    s2 = [float(np.var(x, ddof=1)) for x in per_process_logs if len(x) >= 2]
+    df = [len(x) - 1.0 for x in per_process_logs if len(x) >= 2]
+    return fit_prior(s2, df, source) if s2 else None
+
+
+def speedup_of_rounds(twin_rounds: Sequence[Sequence[float]], recipe_rounds: Sequence[Sequence[float]], *,
+                      prior: VariancePrior | None = None, within: RatioEstimate | None = None,
+                      box: VariancePrior | None = None, boxes: int = 1) -> SpeedupInterval | None:
+    """A published speedup from what a record stores: per process, the per-round medians of the twin and of
+    the recipe (`twin_time_ms_round`, `time_ms_round`, split by process). `within`: the single process's
+    sign-test interval (fp8bench.core.speedup.ratio_interval), used when there is one process and no prior."""
+    logs = [log_ratio_of_rounds(t, r) for t, r in zip(twin_rounds, recipe_rounds, strict=True)]
+    return process_interval(logs, prior=prior, within=within, box=box, boxes=boxes)
 
 
 def box_variance(run_logs: Sequence[float], boxes: Sequence[str]) -> VariancePrior | None:
