@@ -50,7 +50,8 @@ class BoundRule:
     device_min: float = 0.92
     """A block with busy >= this is device-bound. Below 1 by a margin: a replay follows a GPU sleep, during
     which a power-capped GPU's clocks rise, so its device time can read a few percent short of the wall
-    time of a block that never waited; stored H200 busy fractions also read up to 101% (event overheads)."""
+    time of a block that never waited, and event overheads make busy fractions read a little over 1
+    (docs/measurement.md has the figures)."""
     host_max: float = 0.85
     """A block with busy < this is host-bound: the GPU idled for more than 15% of it. Between the two
     thresholds a block is in the noise band and supports neither label."""

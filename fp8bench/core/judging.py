@@ -3,7 +3,7 @@ asv gate. Vectorised over all series of one comparison; no torch, no duckdb.
 
 A series is one case x metric; its change is d = log(head) - log(base), a difference of two runs. Runs differ
 in two ways: each series by its own noise, and whole classes of like series together (another box, another
-day: every Llama GEMM 1.5% faster on one H200 than on the next). So each series is put in a class (the most
+day: every large GEMM a little faster on one box than on the next). So each series is put in a class (the most
 specific of the given class levels with MIN_CLASS series in the comparison), and:
 
 - **a series** is judged on its change beyond its class's shared shift, e = d - median(d over the class)
@@ -40,11 +40,11 @@ FDR = 0.01
 many series really change (a new torch, a driver) it keeps the power to see them, and where none does (an A/A
 pair) its false discovery rate is its family-wise rate, so an A/A comparison calls anything at all in about
 1% of pairs, a regression in about half of those. 1% and not 5%: the p-values rest on a model of the
-variances (a scaled inverse-chi-square prior) that real series only approximate, and in seeded trials with
-series whose noise differs by 30% within a class the realised rate ran up to twice the nominal one."""
+variances (a scaled inverse-chi-square prior) that real series only approximate, where a class's series
+differ in noise the realised rate runs above the nominal one (docs/regression.md)."""
 MIN_CHANGE = 0.01
-"""No change under 1% is called, however significant: between two processes on one H200 a device-bound median
-moves by about 0.5%, and a change smaller than twice that is not one a user acts on."""
+"""No change under 1% is called, however significant: about twice what a device-bound median moves between two
+processes on one box (docs/regression.md), and below what a user acts on."""
 MIN_CLASS = MIN_PRIOR_SERIES
 """Series a class needs in a comparison to have a shared shift, a prior and a cross-section."""
 MIN_HISTORY = 5
