@@ -100,15 +100,14 @@ asv: $(STAMP)
 
 # The CI gate: build BASE and HEAD into their own environments (asv_plugins/fp8bench_env.py: no package index
 # needed), run the suite's lower-is-better series on both and fail on a regression asv calls, then judge every
-# recorded series by its direction with fp8bench asv-compare. asv reads every series as lower-is-better, so
-# the gate runs only those (TFLOPS, speedup and SQNR are tracked as time, time_vs_bf16 and noise_power).
+# recorded series with fp8bench asv-compare (the rule of fp8bench compare). asv reads every series as
+# lower-is-better, so the gate runs only those (TFLOPS, speedup and SQNR are tracked as time, time_vs_bf16 and
+# noise_power). scripts/asv_gate.py keeps asv's results in a temporary folder: the clone is left as it was.
 BASE ?= HEAD~1
 HEAD ?= HEAD
 ASV_GATE := track_(time_ms|time_vs_bf16|noise_power|peak_mem_bytes)
 asv-gate: $(STAMP)
-	$(BIN)/asv machine --yes --machine $(ASV_MACHINE)
-	$(BIN)/asv continuous --machine $(ASV_MACHINE) --bench '$(ASV_GATE)' --factor 1.1 --show-stderr $(BASE) $(HEAD)
-	$(BIN)/fp8bench asv-compare $$(git rev-parse $(BASE)) $$(git rev-parse $(HEAD)) --machine $(ASV_MACHINE)
+	$(BIN)/python scripts/asv_gate.py --machine $(ASV_MACHINE) --bench '$(ASV_GATE)' $(BASE) $(HEAD)
 
 # A history in one command: every commit of RANGE (e.g. v1..main), each in its own environment.
 RANGE ?= HEAD~3..HEAD

@@ -53,6 +53,24 @@ def _tracked_case_ids() -> list[str]:
 CASE_IDS = _tracked_case_ids()
 
 
+def _bound_codes(records, is_cuda: bool) -> dict:
+    """{case_id: code} of the bound label the rule gives each ok record (a recipe's with its twin's), from the
+    block times it stored (fp8bench.core.bound); none on a CPU."""
+    from fp8bench.core.bound import Bound, combine, label_of_record
+    from fp8bench.data.asv_results import BOUND_CODES
+
+    codes = {label: code for code, label in BOUND_CODES.items()}
+    own = {r.case_id: label_of_record(r.samples, r.measurement, is_cuda=is_cuda) for r in records if r.status == "ok"}
+    out = {}
+    for r in records:
+        if r.status != "ok" or own[r.case_id] is None:
+            continue
+        twin = (label_of_record(r.samples, r.measurement, is_cuda=True, prefix="twin_")
+                if r.samples.get("twin_block_wall_ms") else own.get(r.measurement.get("twin"), own[r.case_id]))
+        out[r.case_id] = codes[combine(own[r.case_id], twin or Bound.UNKNOWN)]
+    return out
+
+
 class FP8Cases:
     params = [CASE_IDS]
     param_names = ["case_id"]
@@ -75,6 +93,8 @@ class FP8Cases:
                for r in records}
         for rec, metrics, _ in derived_metrics(records):
             out[rec.case_id].update({m.name: m.value for m in metrics})
+        for case_id, code in _bound_codes(records, device.is_cuda).items():
+            out[case_id]["bound_code"] = code
         return out
 
     def setup(self, results, case_id):
@@ -129,3 +149,10 @@ class FP8Cases:
         return 10.0 ** (-sqnr / 10.0) if sqnr == sqnr else float("nan")
 
     track_noise_power.unit = "1"
+
+    def track_bound(self, results, case_id):
+        """The case's bound label as a code (fp8bench.data.asv_results.BOUND_CODES: 0 device-bound, 1 host-bound,
+        2 unsettled, 3 unknown; NaN on a CPU): which series the gate judges. A label, not a figure to track."""
+        return self._metric(results, case_id, "bound_code")
+
+    track_bound.unit = "1"

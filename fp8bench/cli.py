@@ -40,10 +40,11 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
   report [--db DB] [--out DIR] build the static site (plotly, offline) from DuckDB
   report --markdown FILE...     rewrite the generated results tables of Markdown files (make results-page)
   compare BASE HEAD [--db DB] [--markdown FILE]
-                               statistical A/B of two runs (run id, git commit or 'latest');
+                               judge two runs (each a run id, git commit or 'latest') against the
+                               variance between runs; exit 1 if anything regressed
+  asv-compare BASE HEAD [--machine M] [--results results/asv]
+                               two commits recorded by asv, judged as compare judges runs;
                                exit 1 if anything regressed
-  asv-compare BASE HEAD [--machine M] [--threshold 0.05] [--results results/asv]
-                               two commits recorded by asv, direction-aware; exit 1 if anything regressed
   history [--db DB]            change points of every tracked series, with the commit that made them
   calibrate [--out DIR] [--budget S]
                                measure this machine's BF16/FP8 GEMM and copy ceilings (results/calibration)
@@ -445,93 +446,127 @@ def cmd_waterfall(args: list[str]) -> int:
 
 
 def cmd_asv_compare(args: list[str]) -> int:
-    from fp8bench.data.asv_results import compare_commits
+    from fp8bench.data.asv_results import NOT_JUDGED, compare_commits
 
-    p = _Parser(prog="fp8bench asv-compare")
-    p.add_argument("base")
-    p.add_argument("head")
+    p = _Parser(prog="fp8bench asv-compare", description="Judge every series two commits recorded by asv share on "
+                "a machine, direction-aware, against the variance between runs (the machine's earlier commits, "
+                "else the spread of like series), all at once (Benjamini-Hochberg); memory and SQNR by value. "
+                "The CPU suite on a GPU machine, host-bound and unsettled series are listed as not judged. "
+                "Exit 1 if anything regressed.")
+    p.add_argument("base", metavar="BASE", help="a commit (a prefix of its hash) with results on the machine")
+    p.add_argument("head", metavar="HEAD", help="a commit (a prefix of its hash) with results on the machine")
     p.add_argument("--machine", default="h200")
     p.add_argument("--results", type=Path, default=Path("results/asv"))
-    p.add_argument("--threshold", type=float, default=0.05, help="relative change that counts (default 0.05)")
-    p.add_argument("--all", action="store_true", help="list unchanged series too")
+    p.add_argument("--threshold", type=float, default=0.01,
+                   help="the smallest relative change called, however significant (default 0.01)")
+    p.add_argument("--all", action="store_true", help="list unchanged and not judged series too")
     p.add_argument("--across-versions", action="store_true",
-                   help="compare results of different measurement versions (every row is labelled)")
+                   help="list the changes between results of different measurement versions (not judged)")
     ns = p.parse_args(args)
     if not 0 < ns.threshold < 1:
-        raise UsageError(f"--threshold={ns.threshold!r} must be between 0 and 1 (e.g. 0.05 for 5%)")
-    changes = compare_commits(ns.results, ns.machine, ns.base, ns.head, ns.threshold, ns.across_versions)
-    across = any(c.versions for c in changes)
-    table = Table(title=f"asv {ns.base} → {ns.head} on {ns.machine} (threshold {ns.threshold:.0%})")
-    for col in ("series", "case", "base", "head", "change", "verdict") + (("versions",) if across else ()):
+        raise UsageError(f"--threshold={ns.threshold!r} must be between 0 and 1 (e.g. 0.01 for 1%)")
+    cmp = compare_commits(ns.results, ns.machine, ns.base, ns.head, ns.threshold, ns.across_versions)
+    across = any(c.versions for c in cmp.changes)
+    table = Table(title=f"asv {ns.base} → {ns.head} on {ns.machine}")
+    for col in ("series", "case", "bound", "base", "head", "change", "p", "detectable", "verdict",
+                "variance / reason") + (("versions",) if across else ()):
         table.add_column(col, overflow="fold")
-    for c in changes:
-        if ns.all or c.verdict != "unchanged":
-            table.add_row(c.benchmark, c.case_id, f"{c.base:.4g}", f"{c.head:.4g}", f"{c.rel_change:+.1%}", c.verdict,
+    for c in cmp.changes:
+        if ns.all or c.verdict in ("regression", "improvement"):
+            table.add_row(c.benchmark, c.case_id, c.bound, f"{c.base:.4g}", f"{c.head:.4g}", f"{c.rel_change:+.1%}",
+                          "" if c.p_value is None else f"{c.p_value:.2g}", _pct(c.detectable), c.verdict, c.reason,
                           *((c.versions,) if across else ()))
     out.print(table)
-    counts = {v: sum(c.verdict == v for c in changes) for v in ("regression", "improvement", "unchanged")}
-    out.print(", ".join(f"{n} {v}" for v, n in counts.items()))
-    return 1 if counts["regression"] else 0
+    for name, members, shift, verdict in cmp.class_changes:
+        if verdict in ("regression", "improvement"):
+            out.print(f"class {name} ({members} series) moved {shift:+.2%} together: {verdict}", markup=False)
+    out.print(cmp.summary(), highlight=False, markup=False)
+    if any(c.verdict == NOT_JUDGED for c in cmp.changes) and not ns.all:
+        out.print("--all lists the series not judged, each with its reason", highlight=False)
+    return 1 if cmp.regressions else 0
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None or x != x else (">100%" if x > 1 else f"{x:.1%}")
+
+
+COMPARE_WHAT = """Judge every timing and speedup two runs share, at once, against the variance between runs (earlier runs
+of the same GPU model and measurement version; never a run started after HEAD), Benjamini-Hochberg over all of
+them; numerics by value. BASE and HEAD are each a run id, a git commit (a prefix: its latest run) or 'latest'.
+Exit 1 if anything regressed (host-bound regressions included), 2 on bad input. docs/regression.md says how."""
 
 
 def cmd_compare(args: list[str]) -> int:
-    from fp8bench.analysis.compare import compare_runs, to_markdown
+    from fp8bench.analysis.compare import NOT_COMPARABLE, compare_runs, to_markdown
 
-    p = _Parser(prog="fp8bench compare")
-    p.add_argument("base")
-    p.add_argument("head")
-    p.add_argument("--db", default=None)
-    p.add_argument("--markdown", type=Path, default=None)
-    p.add_argument("--all", action="store_true", help="list unchanged series too")
+    p = _Parser(prog="fp8bench compare", description=COMPARE_WHAT)
+    p.add_argument("base", metavar="BASE", help="a run id, a git commit (prefix; its latest run) or 'latest'")
+    p.add_argument("head", metavar="HEAD", help="a run id, a git commit (prefix; its latest run) or 'latest'")
+    p.add_argument("--db", default=None, help="the DuckDB file (default results/fp8bench.duckdb)")
+    p.add_argument("--markdown", type=Path, default=None, help="also write the verdicts as Markdown here")
+    p.add_argument("--all", action="store_true", help="list unchanged and not comparable series too")
     p.add_argument("--across-versions", action="store_true",
-                   help="compare runs timed by different measurement versions (every row is labelled)")
+                   help="list the changes between runs of different measurement versions (not judged)")
     ns = p.parse_args(args)
     with _reading(ns.db) as con:
         cmp = compare_runs(con, ns.base, ns.head, across_versions=ns.across_versions)
     across = cmp.base_version != cmp.head_version
     table = Table(title=f"{cmp.base_run} → {cmp.head_run} on {cmp.device}")
-    for col in ("case", "metric", "base", "usual", "head", "change", "p", "floor", "verdict") + (("versions",) if across else ()):
+    for col in ("case", "metric", "bound", "base", "head", "change", "beyond class", "p", "detectable", "verdict",
+                "variance / reason") + (("versions",) if across else ()):
         table.add_column(col)
     style = {"regression": "red", "improvement": "green"}
     for c in cmp.changes:
         if ns.all or c.verdict in style:
-            table.add_row(c.case_id, c.metric, f"{c.base:.4g}", "" if c.level is None else f"{c.level:.4g}",
-                          f"{c.head:.4g}", f"{c.rel_change:+.2%}",
-                          "" if c.p_value is None else f"{c.p_value:.2g}",
-                          "" if c.floor is None else f"{c.floor:.1%}", f"[{style.get(c.verdict, '')}]{c.verdict}"
-                          if c.verdict in style else c.verdict, *((c.versions,) if across else ()))
+            verdict = f"[{style[c.verdict]}]{c.verdict}[/]" if c.verdict in style else c.verdict
+            table.add_row(c.case_id, c.metric, c.bound, f"{c.base:.4g}", f"{c.head:.4g}", f"{c.rel_change:+.2%}",
+                          "" if c.beyond_class is None else f"{c.beyond_class:+.2%}",
+                          "" if c.p_value is None else f"{c.p_value:.2g}", _pct(c.detectable), verdict, c.reason,
+                          *((c.versions,) if across else ()))
     out.print(table)
+    for c in cmp.class_changes:
+        if c.verdict in style or (ns.all and abs(c.rel_change) >= 0.01):
+            out.print(f"class {c.name} ({c.members} series) moved {c.rel_change:+.2%} together: "
+                      + (c.verdict or "not judged (no history of this class's shifts: a box's difference or a "
+                                       "change)"), highlight=False, markup=False)
     if across:
-        out.print(f"across measurement versions {cmp.base_version} → {cmp.head_version}: a change can be the "
-                  "timing method's", highlight=False)
+        out.print(f"across measurement versions {cmp.base_version} → {cmp.head_version}: changes listed, not judged",
+                  highlight=False)
     if cmp.env_changes:
-        out.print("environment changed (likely cause): " + "; ".join(cmp.env_changes))
-    out.print(cmp.summary())
-    if any(c.verdict == "insufficient data" for c in cmp.changes):
-        out.print("insufficient data: the samples moved, but with one run per side and under 5 earlier runs of "
-                  "the case on this device the spread between processes is unknown; record the base or head commit "
-                  "twice (or keep a history) to judge them", highlight=False)
+        out.print("environment changed (likely cause): " + "; ".join(cmp.env_changes), markup=False)
+    out.print(cmp.summary(), highlight=False, markup=False)
+    by_bound: dict[str, list[float]] = defaultdict(list)
+    for c in cmp.changes:
+        if c.detectable is not None and c.verdict != NOT_COMPARABLE:
+            by_bound[c.bound or "cpu"].append(c.detectable)
+    if by_bound:
+        out.print("smallest change caught with 80% power (median over the judged series): " + ", ".join(
+            f"{_pct(sorted(v)[len(v) // 2])} {b} ({len(v)})" for b, v in sorted(by_bound.items())), highlight=False)
     if ns.markdown:
         ns.markdown.write_text(to_markdown(cmp))
     return 1 if cmp.regressions else 0
 
 
 def cmd_history(args: list[str]) -> int:
-    from fp8bench.analysis.compare import history_steps
+    from fp8bench.analysis.history import judge_history
 
-    p = _Parser(prog="fp8bench history")
-    p.add_argument("--db", default=None)
+    p = _Parser(prog="fp8bench history", description="Persistent steps in every case's series of runs, each "
+                "tested against the series' own run-to-run spread, all at once (Benjamini-Hochberg).")
+    p.add_argument("--db", default=None, help="the DuckDB file (default results/fp8bench.duckdb)")
     p.add_argument("--metric", default="time_ms")
     p.add_argument("--across-versions", action="store_true",
                    help="let a series span measurement versions (each step says which it joins)")
     ns = p.parse_args(args)
     with _reading(ns.db) as con:
-        steps = history_steps(con, ns.metric, across_versions=ns.across_versions)
-    for s in steps:
-        out.print(f"{s.series}: {s.before:.4g} → {s.after:.4g} ({s.rel_change:+.1%}) at commit {s.commit} "
-                  f"(run {s.run_id})" + (f" [across versions {s.versions}]" if s.versions else ""),
-                  highlight=False, markup=False)
-    out.print(f"{len(steps)} change point(s) in {ns.metric}")
+        found = judge_history(con, ns.metric, across_versions=ns.across_versions)
+    for s in found.steps:
+        out.print(f"{s.series}: {s.before:.4g} → {s.after:.4g} ({s.rel_change:+.1%}, p {s.p_value:.2g}"
+                  + (f", {s.bound}" if s.bound else "") + f") at commit {s.commit} (run {s.run_id})"
+                  + (f" [across versions {s.versions}]" if s.versions else ""), highlight=False, markup=False)
+    out.print(f"{len(found.steps)} change point(s) in {ns.metric}: {len(found.steps)} of {found.candidates} candidate "
+              f"steps in {found.series} series held (Benjamini-Hochberg at 1%)"
+              + (f"; {found.unsettled_points} unsettled run(s) left out of their series" if found.unsettled_points
+                 else ""), highlight=False)
     return 0
 
 
@@ -614,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_third_party()
     if not argv or argv[0] in ("-h", "--help", "help"):
-        out.print(USAGE, highlight=False)
+        out.print(USAGE, highlight=False, markup=False)  # markup would eat "[hydra overrides]"
         return 0
     if "--version" in argv or argv[0] == "-V":
         from fp8bench import __version__

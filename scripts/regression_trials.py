@@ -104,8 +104,9 @@ def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
             case(c)["aa_pairs"] += 1
             case(c)["aa_false_regressions"] += c.verdict == "regression"
             case(c)["aa_false_improvements"] += c.verdict == "improvement"
-            case(c)["aa_insufficient_data"] += c.verdict == "insufficient data"
-            case(c)["floors_pct"].append(100 * c.floor)
+            case(c)["aa_insufficient_data"] += c.verdict == "not comparable"
+            if c.detectable is not None:  # the smallest change this comparison could catch for the case
+                case(c)["floors_pct"].append(100 * c.detectable)
     for level in ("slow3", "slow10"):
         whole = 0
         for a, b in pairs:
@@ -117,14 +118,14 @@ def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
                 if c.case_id in injected:  # what the filler added, measured in the slowed run's own process
                     case(c).setdefault(f"injected_{level}_pct", []).append(round(injected[c.case_id], 2))
                 case(c)[f"detected_{level}"] += c.verdict == "regression"
-                case(c)[f"insufficient_{level}"] += c.verdict == "insufficient data"
+                case(c)[f"insufficient_{level}"] += c.verdict == "not comparable"
                 case(c)[f"compared_{level}"] = case(c).get(f"compared_{level}", 0) + 1
                 case(c)[f"changes_{level}_pct"] = case(c).get(f"changes_{level}_pct", []) + [round(100 * c.rel_change, 2)]
             whole += bool(timed) and all(c.verdict == "regression" for c in timed)
         result["trials_all_cases_detected"][level] = whole
     for c in per_case.values():
         floors = c.pop("floors_pct")
-        c["median_floor_pct"] = round(statistics.median(floors), 2)
+        c["median_floor_pct"] = round(statistics.median(floors), 2) if floors else None
     print(json.dumps(result, indent=1))
     if json_out:
         json_out.write_text(json.dumps(result, indent=1) + "\n")

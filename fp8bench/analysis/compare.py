@@ -1,63 +1,43 @@
-"""Statistical A/B comparison of two runs and change-point detection over a run history.
+"""Statistical comparison of two runs (`fp8bench compare`): every timing and speedup the runs share, judged at
+once against the variance between runs (fp8bench.core.judging), numerics by value.
 
-Direction-aware (a higher `time_ms` is worse, a higher `sqnr_db` better). Timed metrics are compared on their
-per-iteration samples with a Mann-Whitney U test and an effect-size floor: how far the case's median moves
-between processes by itself. That spread comes from the case's history on the same GPU (runs that started
-before the head, never after: a later run must not decide an earlier verdict) or, without enough history,
-from repeated runs of the base or head commit. With neither, a change the samples show is answered
-"insufficient data", not "regression": the spread within one process is far smaller than between processes
-(docs/regression.md says by how much). Where the base commit has several
-runs on the same GPU, the change must also hold against that commit's usual level ("usual").
+A series is one case x metric: its change is log(head / base), judged beyond the shift its whole class made
+(its class: the same metric, bound label, workload, model, backend and precision, or the nearest coarser class
+with enough series), against its own run-to-run variance from
+history (earlier runs of the same GPU model and measurement version, never a run started after the head),
+or where it has none against its class's spread in this comparison; the class's shift is judged against
+its history. All are judged together by Benjamini-Hochberg, so thousands of series do not make every A/A
+pair a regression, and each row states the smallest change it could have caught.
 
-Runs timed by different measurement versions (records.MEASUREMENT_VERSION) are not compared unless asked to,
-and then every row says which versions it joins. Numerics are deterministic for a fixed seed and are compared
-by value. No duckdb import: queries go through the store connection.
+Bound labels come from each run's stored block times (fp8bench.core.bound): host-bound series form classes
+of their own, judged on their own (wider) variance and reported as host-bound changes; series from before the
+rule are `unknown` and form theirs. Only `unsettled` series, series across measurement versions (with
+--across-versions), timings made once (the emulator) and series without any variance are not comparable,
+each counted with its reason. Numerics are deterministic for a fixed seed and are compared by value. No
+duckdb import: queries go through the store connection.
 """
 
 from __future__ import annotations
 
-import statistics
+import json
+import math
+from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy
-from scipy.stats import mannwhitneyu
+import numpy as np
 
+from fp8bench.analysis.history import StepChange, change_points, history_steps  # noqa: F401  (re-exported)
 from fp8bench.core import markdown
+from fp8bench.core.bound import Bound, combine, label_of_record
+from fp8bench.core.judging import FDR, IMPROVEMENT, REGRESSION, UNCHANGED, judge_comparison
 from fp8bench.core.records import METRICS, StoreError
 
-ALPHA = 0.01
-"""Two-sided significance level of the Mann-Whitney U test."""
-MIN_FLOOR = 0.015
-"""No timed change under 1.5% is called: just above the largest move of a stable case between two
-processes of the same commit on the same GPU, where its samples within one run agree far more closely (the
-A/A trials of docs/regression.md)."""
-NOISE_MULTIPLE = 2.0
-"""The within-run part of the floor: NOISE_MULTIPLE x the case's robust relative spread (1.4826·MAD/median, the
-larger of both runs'). It alone never calls a change (see the module docstring)."""
-REPEAT_MULTIPLE = 3.0
-"""Without a history but with repeated runs of the base or head commit: floor = REPEAT_MULTIPLE x the largest
-relative range of one commit's run medians (max - min over their median)."""
-MIN_SAMPLES = 3
-BETWEEN_MULTIPLE = 3.0
-"""With a history: floor = BETWEEN_MULTIPLE x the case's run-to-run spread. Within-run and run-to-run noise
-differ in both directions on a power-capped GPU: a short window of samples can agree closely while the median
-moves between processes with the clock steps, and a long settled window can spread over several clock levels
-while the medians agree. Only the run-to-run spread says how far a median moves by itself."""
-JUMP_QUANTILE = 0.9
-JUMP_MARGIN = 1.2
-"""With a history the floor also covers the case's rare levels: JUMP_MARGIN x the JUMP_QUANTILE quantile of
-its consecutive run-to-run moves. A case can sit on a level it reaches in a few runs of many; the robust spread
-(a median of moves) does not see a level that rare, and a multiple of it lets one such run be called a
-regression. The 90th percentile ignores the one large move a real step in the history makes, and so also a
-level seen only once in a long history: that case is what the usual level (`usual_level`) catches. The trials
-behind these numbers: docs/regression.md."""
-MIN_HISTORY = 5
-"""Runs of the case (same device and environment, no injected slowdown) needed to estimate run-to-run noise."""
-MIN_LEVEL_RUNS = 3
-"""Runs of the base commit on the same GPU needed before its usual level is judged against too (below)."""
+SPEEDUPS = ("speedup_vs_bf16", "speedup_vs_bf16_kernel")
+NUMERICS = ("sqnr_db", "reference_sqnr_db")
 SQNR_TOLERANCE_DB = 0.5
 """Numerics change by more than this many dB is a verdict (they are deterministic for a fixed seed)."""
 ENV_KEYS = ("torch", "cuda", "driver", "transformer_engine", "torchao", "triton", "python")
+NOT_COMPARABLE = "not comparable"
 
 
 @dataclass(frozen=True)
@@ -69,13 +49,32 @@ class Change:
     rel_change: float
     """(head - base) / base."""
     p_value: float | None
-    floor: float | None
+    detectable: float | None
+    """The smallest relative change this series could be caught at with 80% power (NaN/None: not judged)."""
     verdict: str
-    """regression | improvement | unchanged | insufficient data"""
-    level: float | None = None
-    """The base commit's usual value on this GPU (median over its runs), when it has MIN_LEVEL_RUNS runs."""
+    """regression | improvement | unchanged | not comparable"""
+    bound: str = ""
+    """The series' bound label over both runs ('device-bound', 'host-bound', 'unknown', 'unsettled'; '' on a
+    CPU or for numerics)."""
+    reason: str = ""
+    """Why a series is not comparable; for a judged one, where its variance came from."""
+    beyond_class: float | None = None
+    """The relative change beyond its class's shared shift (what the verdict is on)."""
     versions: str = ""
     """'v2 → v4' when the two runs were timed by different measurement versions (compare --across-versions)."""
+
+
+@dataclass(frozen=True)
+class ClassChange:
+    """A shift shared by a whole class of series (another box, another day, or a change to all of them)."""
+
+    name: str
+    members: int
+    rel_change: float
+    p_value: float | None
+    verdict: str
+    """regression | improvement | unchanged, or '' where the class has no history of shifts to judge by."""
+    detectable: float | None
 
 
 @dataclass
@@ -87,20 +86,41 @@ class Comparison:
     head_version: int | None = None
     env_changes: list[str] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
+    class_changes: list[ClassChange] = field(default_factory=list)
+    """Shifts shared by whole classes of series (judged where the class has a history of shifts)."""
 
     @property
-    def regressions(self) -> list[Change]:
-        return [c for c in self.changes if c.verdict == "regression"]
+    def regressions(self) -> list:
+        """Series and class shifts called regressions (exit code 1)."""
+        return [c for c in self.changes + self.class_changes if c.verdict == REGRESSION]
+
+    def judged(self) -> list[Change]:
+        return [c for c in self.changes if c.verdict in (REGRESSION, IMPROVEMENT, UNCHANGED)]
+
+    def not_comparable(self) -> Counter:
+        """Series not judged, by reason."""
+        return Counter(c.reason for c in self.changes if c.verdict == NOT_COMPARABLE)
 
     def summary(self) -> str:
-        """e.g. '2 regression, 0 improvement, 78 unchanged, 0 insufficient data'."""
-        verdicts = ("regression", "improvement", "unchanged", "insufficient data") + (
-            ("host-bound",) if any(c.verdict == "host-bound" for c in self.changes) else ())
-        return ", ".join(f"{sum(c.verdict == v for c in self.changes)} {v}" for v in verdicts)
+        """e.g. '2 regression (1 host-bound), 0 improvement, 78 unchanged; 3 not comparable: unsettled 3'."""
+        parts = []
+        for v in (REGRESSION, IMPROVEMENT, UNCHANGED):
+            hits = [c for c in self.changes if c.verdict == v]
+            host = sum(c.bound == Bound.HOST.value for c in hits)
+            parts.append(f"{len(hits)} {v}" + (f" ({host} host-bound)" if host and v != UNCHANGED else ""))
+        cases = len({c.case_id for c in self.judged()})
+        nc = self.not_comparable()
+        tail = f"; {sum(nc.values())} not comparable" + (": " + ", ".join(f"{r} {n}" for r, n in sorted(nc.items()))
+                                                         if nc else "")
+        return ", ".join(parts) + f" ({len(self.judged())} series of {cases} cases judged, BH at {FDR:.0%})" + tail
 
 
 def resolve_run(con, spec: str) -> str:
     """A run id, a git commit (prefix; its latest run), or 'latest'."""
+    if not con.execute("SELECT count(*) FROM runs").fetchone()[0]:
+        where = con.execute("SELECT path FROM duckdb_databases() WHERE NOT internal AND path IS NOT NULL").fetchone()
+        raise StoreError(f"no runs in {where[0] if where else 'the database'}; record one (fp8bench run) or load "
+                         "some (fp8bench ingest results)")
     if spec == "latest":
         row = con.execute("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1").fetchone()
     else:
@@ -130,135 +150,143 @@ def check_versions(base: str, vb: int | None, head: str, vh: int | None, across:
         raise VersionMismatch(
             f"refusing to compare runs of different measurement versions: {base} was timed by version {vb}, "
             f"{head} by version {vh} (records.MEASUREMENT_VERSION says what changed); a change between them can "
-            "be the method's, not the code's. Re-run the base, or pass --across-versions to compare anyway "
-            "(every row is labelled)")
+            "be the method's, not the code's. Re-run the base, or pass --across-versions to see the changes "
+            "(listed, not judged)")
     return f"v{vb} → v{vh}"
 
 
 def _env(con, run_id: str) -> dict:
     cols = ", ".join(f"e.{k}" for k in ENV_KEYS)
-    row = con.execute(f"SELECT r.device_name, {cols} FROM runs r LEFT JOIN environments e USING (env_id) "
-                      "WHERE r.run_id = ?", [run_id]).fetchone()
-    return dict(zip(("device_name", *ENV_KEYS), row, strict=True))
+    row = con.execute(f"SELECT r.device_name, e.device_kind, r.started_at, {cols} FROM runs r "
+                      "LEFT JOIN environments e USING (env_id) WHERE r.run_id = ?", [run_id]).fetchone()
+    return dict(zip(("device_name", "device_kind", "started_at", *ENV_KEYS), row, strict=True))
 
 
-def _samples(con, run_id: str) -> dict[tuple[str, str], list[float]]:
-    out: dict[tuple[str, str], list[float]] = {}
-    for case_id, metric, value in con.execute(
-            "SELECT s.case_id, s.metric, s.value FROM samples s JOIN cases c USING (run_id, case_id) "
-            "WHERE s.run_id = ? AND c.status = 'ok' ORDER BY s.case_id, s.metric, s.i", [run_id]).fetchall():
-        out.setdefault((case_id, metric), []).append(value)
-    return out
+@dataclass(frozen=True)
+class _RunData:
+    """What one run holds for a comparison: ok cases' (workload, model, method) and label, and the values of
+    the series compared."""
+
+    cases: dict[str, tuple[str, str, str, str, str]]
+    """case -> (workload, model, backend, format, how it was timed)."""
+    labels: dict[str, Bound | None]
+    speedup_labels: dict[str, Bound | None]
+    values: dict[tuple[str, str], float]
 
 
-def _values(con, run_id: str, metrics: list[str]) -> dict[str, dict[str, float | None]]:
-    """{case: {metric: value, None where the case lacks it}} of the run's ok cases that have any of `metrics`."""
-    out: dict[str, dict[str, float | None]] = {}
-    for case_id, metric, value in con.execute(
-            "SELECT m.case_id, m.metric, m.value FROM measurements m JOIN cases c USING (run_id, case_id) "
-            "WHERE m.run_id = ? AND list_contains(?, m.metric) AND c.status = 'ok'", [run_id, metrics]).fetchall():
-        out.setdefault(case_id, dict.fromkeys(metrics))[metric] = value
-    return out
+def _timed_metrics(con, base: str, head: str) -> list[str]:
+    """Metrics with per-iteration samples in both runs: the timings (loss curves and block times are not)."""
+    rows = con.execute("SELECT metric FROM samples WHERE run_id = ? INTERSECT SELECT metric FROM samples "
+                       "WHERE run_id = ?", [base, head]).fetchall()
+    return sorted(m for (m,) in rows if m in METRICS and METRICS[m][0] == "ms")
 
 
-def _history(con, base: str, head: str) -> dict[tuple[str, str], list[tuple[str | None, float]]]:
-    """Per (case, metric): (git commit, median) of the runs on the base run's device and environment (which
-    holds the physical GPU) and measurement version, in start order, that started before the head run (so a
-    later run never changes a verdict), leaving out the head and runs with an injected slowdown (the
-    test-only knob)."""
+def _run_data(con, run_id: str, metrics: list[str], is_cuda: bool) -> _RunData:
+    cases, measurement = {}, {}
+    for case_id, workload, model, backend, fmt, m in con.execute(
+            "SELECT case_id, workload, model, backend, format, measurement FROM cases WHERE run_id = ? AND "
+            "status = 'ok'", [run_id]).fetchall():
+        measurement[case_id] = json.loads(m or "{}")
+        cases[case_id] = (workload, model, backend, fmt, measurement[case_id].get("method", ""))
+    blocks: dict[str, dict[str, list[float]]] = {}
+    for case_id, name, value in con.execute(
+            "SELECT case_id, metric, value FROM samples WHERE run_id = ? AND metric LIKE '%block_%_ms' "
+            "ORDER BY case_id, metric, i", [run_id]).fetchall():
+        blocks.setdefault(case_id, {}).setdefault(name, []).append(value)
+    labels = {c: label_of_record(blocks.get(c, {}), measurement[c], is_cuda=is_cuda) for c in cases}
+    speedup_labels = {}
+    for c in cases:
+        twin = measurement[c].get("twin")
+        if blocks.get(c, {}).get("twin_block_wall_ms"):
+            other = label_of_record(blocks[c], measurement[c], is_cuda=is_cuda, prefix="twin_")
+        else:  # the twin's own record, where the run recorded it
+            other = labels.get(twin, Bound.UNKNOWN if is_cuda else None)
+        speedup_labels[c] = None if labels[c] is None and other is None else combine(
+            *(x for x in (labels[c], other) if x is not None))
+    values = {(c, m): v for c, m, v in con.execute(
+        "SELECT case_id, metric, value FROM measurements WHERE run_id = ? AND list_contains(?, metric)",
+        [run_id, metrics + list(SPEEDUPS) + list(NUMERICS)]).fetchall() if c in cases and v is not None}
+    return _RunData(cases, labels, speedup_labels, values)
+
+
+def _history(con, base: str, head: str, keys: list[tuple[str, str]]) -> np.ndarray:
+    """Values of each series (rows, in `keys` order) in the earlier runs (columns, in start order): same GPU
+    model and measurement version as the base, started before the head, neither base nor head, no injected
+    slowdown (the test-only knob). NaN where a run lacks the series."""
     rows = con.execute("""
-        SELECT m.case_id, m.metric, r.git_commit, m.value FROM measurements m JOIN runs r USING (run_id)
-        JOIN cases c USING (run_id, case_id)
-        WHERE c.status = 'ok' AND NOT m.derived AND r.run_id != ?
+        SELECT r.run_id, m.case_id, m.metric, m.value FROM measurements m JOIN runs r USING (run_id)
+        JOIN cases c USING (run_id, case_id), (SELECT * FROM runs WHERE run_id = ?) b
+        WHERE c.status = 'ok' AND r.run_id NOT IN (?, ?)
           AND r.started_at < (SELECT started_at FROM runs WHERE run_id = ?)
-          AND r.device_name = (SELECT device_name FROM runs WHERE run_id = ?)
-          AND r.env_id IS NOT DISTINCT FROM (SELECT env_id FROM runs WHERE run_id = ?)
-          AND r.measurement_version IS NOT DISTINCT FROM (SELECT measurement_version FROM runs WHERE run_id = ?)
+          AND r.device_name = b.device_name
+          AND r.measurement_version IS NOT DISTINCT FROM b.measurement_version
           AND coalesce(json_extract_string(r.config, '$.base.slowdown'), '') = ''
-        ORDER BY r.started_at""", [head, head, base, base, base]).fetchall()
-    out: dict[tuple[str, str], list[tuple[str | None, float]]] = {}
-    for case_id, metric, commit, value in rows:
-        out.setdefault((case_id, metric), []).append((commit, value))
+          AND list_contains(?, m.metric)
+        ORDER BY r.started_at""", [base, base, head, head, sorted({m for _, m in keys})]).fetchall()
+    runs = list(dict.fromkeys(r for r, _, _, _ in rows))
+    col, row = {r: j for j, r in enumerate(runs)}, {k: i for i, k in enumerate(keys)}
+    out = np.full((len(keys), len(runs)), np.nan)
+    for run_id, case_id, metric, value in rows:
+        i = row.get((case_id, metric))
+        if i is not None and value is not None:
+            out[i, col[run_id]] = value
     return out
 
 
-def _repeats(con, run_id: str, head: str) -> dict[tuple[str, str], list[float]]:
-    """Per (case, metric): the medians of every run of `run_id`'s commit on its device, environment and
-    measurement version that started no later than the head run: the commit's repeats, which show how far a
-    median moves between processes without a history."""
-    rows = con.execute("""
-        SELECT m.case_id, m.metric, m.value FROM measurements m JOIN runs r USING (run_id)
-        JOIN cases c USING (run_id, case_id), (SELECT * FROM runs WHERE run_id = ?) x
-        WHERE c.status = 'ok' AND NOT m.derived
-          AND r.git_commit = x.git_commit AND r.device_name = x.device_name
-          AND r.env_id IS NOT DISTINCT FROM x.env_id
-          AND r.measurement_version IS NOT DISTINCT FROM x.measurement_version
-          AND r.started_at <= (SELECT started_at FROM runs WHERE run_id = ?)
-          AND coalesce(json_extract_string(r.config, '$.base.slowdown'), '') = ''""", [run_id, head]).fetchall()
-    out: dict[tuple[str, str], list[float]] = {}
-    for case_id, metric, value in rows:
-        out.setdefault((case_id, metric), []).append(value)
-    return out
+def _not_comparable(case: str, metric: str, b: _RunData, h: _RunData, versions: str) -> tuple[str, str]:
+    """(bound label, reason it is not comparable or '')."""
+    labels = [x.speedup_labels[case] if metric in SPEEDUPS else x.labels[case] for x in (b, h)]
+    bound = "" if None in labels else combine(*labels).value
+    if versions:
+        return bound, f"measurement versions {versions}"
+    if Bound.UNSETTLED.value == bound:
+        return bound, "unsettled"
+    if metric not in SPEEDUPS and "once" in (b.cases[case][4], h.cases[case][4]):
+        return bound, "timed once (the emulator runs for its numerics)"
+    return bound, ""
 
 
-def repeat_noise(*sides: list[float]) -> float | None:
-    """REPEAT_MULTIPLE x the largest relative range of one side's run medians; None when no side has two."""
-    ranges = [(max(xs) - min(xs)) / statistics.median(xs) for xs in sides if len(xs) >= 2 and statistics.median(xs)]
-    return REPEAT_MULTIPLE * max(ranges) if ranges else None
+def _judge_series(con, base: str, head: str, b: _RunData, h: _RunData, versions: str,
+                  cmp: Comparison) -> None:
+    """Every timing and speedup both runs hold, judged at once; the rows go to cmp.changes, class shifts to
+    cmp.class_changes."""
+    keys = sorted(k for k in set(b.values) & set(h.values) if k[1] not in NUMERICS and b.values[k] > 0
+                  and h.values[k] > 0)
+    info = {k: _not_comparable(*k, b, h, versions) for k in keys}
+    judged = [k for k in keys if not info[k][1]]
+    d = [math.log(h.values[k] / b.values[k]) for k in judged]
+    # like series, most alike first: the same backend and precision, then backend, model, workload
+    classes = [(m, info[(c, m)][0], *b.cases[c][:3], "bf16" if b.cases[c][3] == "bf16" else "fp8") for c, m in judged]
+    levels = [classes] + [[x[:n] for x in classes] for n in (5, 4, 3, 2)]
+    result = judge_comparison(d, _history(con, base, head, judged), levels,
+                              [METRICS[m][1] == "higher" for _, m in judged])
+    where = {k: i for i, k in enumerate(judged)}
+    for k in keys:
+        bv, hv = b.values[k], h.values[k]
+        i = where.get(k)
+        if i is None or not result.verdict[i]:
+            reason = info[k][1] or "no variance (no history, and under 8 like series)"
+            cmp.changes.append(Change(*k, bv, hv, hv / bv - 1, None, None, NOT_COMPARABLE, info[k][0], reason,
+                                      None, versions))
+            continue
+        cmp.changes.append(Change(*k, bv, hv, hv / bv - 1, float(result.p[i]), float(result.detectable[i]),
+                                  str(result.verdict[i]), info[k][0], str(result.source[i]),
+                                  math.expm1(result.change[i]), versions))
+    for c in result.classes:
+        name = " · ".join(str(x) for x in c.key if x)
+        cmp.class_changes.append(ClassChange(name, c.members, math.expm1(c.shift),
+                                             None if math.isnan(c.p) else c.p, c.verdict,
+                                             None if math.isnan(c.detectable) else c.detectable))
 
 
-def usual_level(history: list[tuple[str | None, float]], commit: str | None) -> float | None:
-    """The median of `commit`'s runs in a case's history, None with fewer than MIN_LEVEL_RUNS of them."""
-    values = [v for c, v in history if commit is not None and c == commit]
-    return statistics.median(values) if len(values) >= MIN_LEVEL_RUNS else None
-
-
-def robust_rel_spread(xs: list[float]) -> float:
-    med = statistics.median(xs)
-    mad = statistics.median(abs(x - med) for x in xs)
-    return 1.4826 * mad / med if med else float("inf")
-
-
-def run_to_run_noise(medians: list[float]) -> float | None:
-    """How far the case's median moves between consecutive runs of one commit by itself, from its history:
-    the larger of BETWEEN_MULTIPLE x the robust spread of the moves (1.4826 x median |Δ| / level) and
-    JUMP_MARGIN x their JUMP_QUANTILE quantile (rare levels). None with fewer than MIN_HISTORY runs."""
-    if len(medians) < MIN_HISTORY:
-        return None
-    diffs = [abs(b - a) / a for a, b in zip(medians, medians[1:], strict=False) if a]
-    if not diffs:
-        return None
-    robust = 1.4826 * statistics.median(diffs)
-    return max(BETWEEN_MULTIPLE * robust, JUMP_MARGIN * float(numpy.quantile(diffs, JUMP_QUANTILE)))
-
-
-def judge_samples(base: list[float], head: list[float], direction: str, between: float | None = None,
-                  level: float | None = None) -> tuple[float, float | None, float | None, str]:
-    """(relative change of medians, p-value, floor, verdict) for one timed metric. `between`: how far the
-    case's median moves between runs by itself (run_to_run_noise from its history, or repeat_noise from
-    repeated runs); without it a change the samples show is "insufficient data". `level`: the base commit's
-    usual value on this GPU (usual_level), when known: a change is then called only if it also clears the
-    floor against that level, in the same direction."""
-    mb, mh = statistics.median(base), statistics.median(head)
-    rel = (mh - mb) / mb if mb else float("inf")
-    if len(base) < MIN_SAMPLES or len(head) < MIN_SAMPLES:
-        return rel, None, None, "insufficient data"
-    # With a history, the case's own run-to-run spread is its noise: on a power-capped GPU a long window of
-    # samples spans several clock levels while the medians of repeated runs agree more closely, so the
-    # within-run spread would hide real changes. Without one, it is all we have.
-    noise = between if between else NOISE_MULTIPLE * max(robust_rel_spread(base), robust_rel_spread(head))
-    floor = max(MIN_FLOOR, noise)
-    p = float(mannwhitneyu(base, head, alternative="two-sided").pvalue)
-    if p >= ALPHA or abs(rel) < floor:
-        return rel, p, floor, "unchanged"
-    if not between:  # only the spread within one process is known: it cannot tell a change from a new process
-        return rel, p, floor, "insufficient data"
-    # A base run that landed on one of its commit's rare levels makes the next, usual run look changed. The
-    # head must also differ from where that commit usually runs.
-    if level and ((mh - level) / level * (1 if rel > 0 else -1)) < floor:
-        return rel, p, floor, "unchanged"
-    worse = rel > 0 if direction == "lower" else rel < 0
-    return rel, p, floor, "regression" if worse else "improvement"
+def _judge_numerics(b: _RunData, h: _RunData, versions: str, cmp: Comparison) -> None:
+    for case_id, metric in sorted(k for k in set(b.values) & set(h.values) if k[1] in NUMERICS):
+        bv, hv = b.values[(case_id, metric)], h.values[(case_id, metric)]
+        delta = hv - bv
+        verdict = (UNCHANGED if abs(delta) <= SQNR_TOLERANCE_DB or delta != delta
+                   else IMPROVEMENT if delta > 0 else REGRESSION)
+        cmp.changes.append(Change(case_id, metric, bv, hv, delta / abs(bv) if bv else 0.0, None, None, verdict,
+                                  reason=f"by value (±{SQNR_TOLERANCE_DB} dB)", versions=versions))
 
 
 def compare_runs(con, base_spec: str, head_spec: str, across_versions: bool = False) -> Comparison:
@@ -270,166 +298,35 @@ def compare_runs(con, base_spec: str, head_spec: str, across_versions: bool = Fa
         raise StoreError(f"refusing to compare runs on different devices: {base} ran on {eb['device_name']!r}, "
                          f"{head} on {eh['device_name']!r}; compare runs of one GPU model")
     vb, vh = run_version(con, base), run_version(con, head)
-    label = check_versions(base, vb, head, vh, across_versions)
+    versions = check_versions(base, vb, head, vh, across_versions)
     cmp = Comparison(base, head, eb["device_name"] or "unknown device", vb, vh)
     cmp.env_changes = [f"{k} {eb[k]} → {eh[k]}" for k in ENV_KEYS if eb[k] != eh[k]]
-    sb, sh = _samples(con, base), _samples(con, head)
-    history = _history(con, base, head)
-    repeats_b, repeats_h = _repeats(con, base, head), _repeats(con, head, head)
-    base_commit = con.execute("SELECT git_commit FROM runs WHERE run_id = ?", [base]).fetchone()[0]
-    for key in sorted(k for k in set(sb) & set(sh) if k[1] in METRICS):  # timings, not loss curves
-        case_id, metric = key
-        runs = history.get(key, [])
-        level = usual_level(runs, base_commit)
-        between = run_to_run_noise([v for _, v in runs]) or repeat_noise(repeats_b.get(key, []), repeats_h.get(key, []))
-        rel, p, floor, verdict = judge_samples(sb[key], sh[key], METRICS.get(metric, ("", "lower"))[1],
-                                               between, level)
-        cmp.changes.append(Change(case_id, metric, statistics.median(sb[key]), statistics.median(sh[key]), rel, p,
-                                  floor, verdict, level, label))
-    cmp.changes += _speedup_changes(con, base, head, label)
-    accuracy = ["sqnr_db", "reference_sqnr_db"]  # by value: deterministic on the same seeded inputs
-    qb, qh = _values(con, base, accuracy), _values(con, head, accuracy)
-    for case_id in sorted(set(qb) & set(qh)):
-        for metric in accuracy:
-            b, h = qb[case_id][metric], qh[case_id][metric]
-            if b is None or h is None:
-                continue
-            delta = h - b
-            verdict = ("unchanged" if abs(delta) <= SQNR_TOLERANCE_DB or delta != delta
-                       else "improvement" if delta > 0 else "regression")
-            cmp.changes.append(Change(case_id, metric, b, h, delta / abs(b) if b else 0.0, None, None, verdict,
-                                      None, label))
+    is_cuda = (eb["device_kind"] or "cuda") != "cpu"
+    metrics = _timed_metrics(con, base, head)
+    b, h = _run_data(con, base, metrics, is_cuda), _run_data(con, head, metrics, is_cuda)
+    _judge_series(con, base, head, b, h, versions, cmp)
+    _judge_numerics(b, h, versions, cmp)
     return cmp
-
-
-def _speedup_changes(con, base: str, head: str, label: str) -> list[Change]:
-    """Speedups are judged by their intervals: a change when each run's speedup lies outside the other's 95%
-    interval of what a box of this GPU model measures (speedup_vs_bf16[_kernel]_box_lo/hi). With only the
-    runs' own intervals over rounds (no between-box spread for this device), an apparent change is
-    "insufficient data"; a figure host-bound on either side is "host-bound", not a property of the GPU."""
-    out = []
-    for name in ("speedup_vs_bf16", "speedup_vs_bf16_kernel"):
-        cols = [name, f"{name}_box_lo", f"{name}_box_hi", f"{name}_lo", f"{name}_hi", "host_bound"]
-        b, h = _values(con, base, cols), _values(con, head, cols)
-        for case_id in sorted(set(b) & set(h)):
-            mb, mh = b[case_id], h[case_id]
-            sb, sh = mb[name], mh[name]
-            if sb is None or sh is None:
-                continue
-            boxed = all(m[k] is not None for m in (mb, mh) for k in (f"{name}_box_lo", f"{name}_box_hi"))
-            lo, hi = (f"{name}_box_lo", f"{name}_box_hi") if boxed else (f"{name}_lo", f"{name}_hi")
-            known = None not in (mb[lo], mb[hi], mh[lo], mh[hi])
-            apart = known and not (mb[lo] <= sh <= mb[hi]) and not (mh[lo] <= sb <= mh[hi])
-            if 1.0 in (mb["host_bound"], mh["host_bound"]):
-                verdict = "host-bound"
-            elif not known:  # a speedup derived from two separately timed cases (before version 4): no interval
-                verdict = "unchanged" if sb == sh else "insufficient data"
-            elif not apart:
-                verdict = "unchanged"
-            elif not boxed:
-                verdict = "insufficient data"
-            else:
-                verdict = "improvement" if sh > sb else "regression"
-            out.append(Change(case_id, name, sb, sh, (sh - sb) / sb if sb else 0.0, None, None, verdict, None, label))
-    return out
 
 
 def to_markdown(cmp: Comparison) -> str:
     lines = [f"### fp8bench compare: {cmp.base_run} → {cmp.head_run} ({cmp.device})", ""]
     if cmp.base_version != cmp.head_version:
-        lines += [f"**Across measurement versions {cmp.base_version} → {cmp.head_version}**: a change below can be "
-                  "the timing method's.", ""]
+        lines += [f"**Across measurement versions {cmp.base_version} → {cmp.head_version}**: changes are listed, "
+                  "not judged.", ""]
     if cmp.env_changes:
         lines += ["Environment changed (a likely cause of any change below): " + "; ".join(cmp.env_changes), ""]
-    shown = [c for c in cmp.changes if c.verdict in ("regression", "improvement")]
     lines.append(cmp.summary())
+    shown = [c for c in cmp.changes if c.verdict in (REGRESSION, IMPROVEMENT)]
     if shown:
-        rows = [[f"`{c.case_id}`", c.metric, f"{c.base:.4g}", f"{c.level:.4g}" if c.level is not None else "",
-                 f"{c.head:.4g}", f"{c.rel_change:+.2%}", f"{c.p_value:.2g}" if c.p_value is not None else "",
-                 f"{c.floor:.1%}" if c.floor is not None else "", f"**{c.verdict}**"] for c in shown]
-        lines += ["", markdown.table(["case", "metric", "base", "usual", "head", "change", "p", "floor", "verdict"],
-                                     rows).rstrip("\n")]
+        rows = [[f"`{c.case_id}`", c.metric, c.bound, f"{c.base:.4g}", f"{c.head:.4g}", f"{c.rel_change:+.2%}",
+                 "" if c.beyond_class is None else f"{c.beyond_class:+.2%}",
+                 "" if c.p_value is None else f"{c.p_value:.2g}",
+                 "" if c.detectable is None else f"{c.detectable:.1%}", f"**{c.verdict}**"] for c in shown]
+        lines += ["", markdown.table(["case", "metric", "bound", "base", "head", "change", "beyond class", "p",
+                                      "detectable", "verdict"], rows).rstrip("\n")]
+    moved = [c for c in cmp.class_changes if c.verdict in (REGRESSION, IMPROVEMENT)]
+    if moved:
+        rows = [[c.name, str(c.members), f"{c.rel_change:+.2%}", f"**{c.verdict}**"] for c in moved]
+        lines += ["", markdown.table(["class", "series", "shift", "verdict"], rows).rstrip("\n")]
     return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------- change points
-
-@dataclass(frozen=True)
-class StepChange:
-    series: str
-    index: int
-    """Position of the first point of the new level."""
-    commit: str | None
-    run_id: str
-    before: float
-    after: float
-    versions: str = ""
-    """'v3 → v4' when the step joins runs of different measurement versions (history --across-versions)."""
-
-    @property
-    def rel_change(self) -> float:
-        return (self.after - self.before) / self.before if self.before else float("inf")
-
-
-def change_points(values: list[float], min_rel: float = 0.02, min_segment: int = 2) -> list[int]:
-    """Indices where a persistent level shift starts (binary segmentation with an L1 cost around medians).
-
-    The split that most reduces the summed absolute deviation from each side's median is kept when both
-    sides have `min_segment` points, their medians differ by at least `min_rel`, and the split removes at
-    least 30% of the segment's deviation (noise alone removes little); then each side is searched again. A
-    blip shorter than `min_segment` points never moves a median, so it is never reported.
-    """
-    def cost(xs: list[float]) -> float:
-        m = statistics.median(xs)
-        return sum(abs(x - m) for x in xs)
-
-    def best_split(lo: int, hi: int) -> int | None:
-        candidates = range(lo + min_segment, hi - min_segment + 1)
-        if not candidates:
-            return None
-        k = min(candidates, key=lambda j: cost(values[lo:j]) + cost(values[j:hi]))
-        ml, mr = statistics.median(values[lo:k]), statistics.median(values[k:hi])
-        whole = cost(values[lo:hi])
-        reduction = 1.0 - (cost(values[lo:k]) + cost(values[k:hi])) / whole if whole else 0.0
-        rel = abs(mr - ml) / abs(ml) if ml else float("inf")
-        return k if rel >= min_rel and reduction >= 0.3 else None
-
-    found: list[int] = []
-    stack = [(0, len(values))]
-    while stack:
-        lo, hi = stack.pop()
-        k = best_split(lo, hi)
-        if k is not None:
-            found.append(k)
-            stack += [(lo, k), (k, hi)]
-    return sorted(found)
-
-
-def history_steps(con, metric: str = "time_ms", min_runs: int = 5, across_versions: bool = False) -> list[StepChange]:
-    """Change points of every (device, case) series of `metric` medians, runs ordered by start time. A series
-    never spans measurement versions (a new version starts a new series, as in asv) unless `across_versions`,
-    in which case each step says which versions it joins."""
-    rows = con.execute("""
-        SELECT r.device_name, m.case_id, r.run_id, r.git_commit, r.started_at, m.value, r.measurement_version
-        FROM measurements m JOIN runs r USING (run_id) JOIN cases c USING (run_id, case_id)
-        WHERE m.metric = ? AND c.status = 'ok' ORDER BY r.device_name, m.case_id, r.started_at""",
-                       [metric]).fetchall()
-    series: dict[tuple, list[tuple]] = {}
-    for device, case_id, run_id, commit, _, value, version in rows:
-        key = (device, case_id) if across_versions else (device, case_id, version)
-        series.setdefault(key, []).append((run_id, commit, value, version))
-    steps = []
-    for key, pts in series.items():
-        if len(pts) < min_runs:
-            continue
-        vals = [v for _, _, v, _ in pts]
-        cps = change_points(vals)
-        name = f"{key[0]} · {key[1]}" + ("" if across_versions else f" · v{key[2]}")
-        for k in cps:
-            prev_k = max([j for j in cps if j < k], default=0)
-            next_k = min([j for j in cps if j > k], default=len(vals))
-            joined = sorted({p[3] for p in pts[prev_k:next_k]}, key=lambda v: (v is None, v))
-            steps.append(StepChange(name, k, pts[k][1], pts[k][0], statistics.median(vals[prev_k:k]),
-                                    statistics.median(vals[k:next_k]),
-                                    " → ".join(f"v{v}" for v in joined) if len(joined) > 1 else ""))
-    return steps

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fp8bench.core.bound import BoundEvidence, label_blocks
 from fp8bench.core.records import MEASUREMENT_VERSION  # noqa: F401  (re-exported: the timer owns the version)
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # > the 50-60 MB L2 of H100/H200/B200
@@ -30,9 +31,11 @@ class Timing:
     rounds: list[list[float]] | None = None
     """Interleaved timing (time_interleaved): the samples of each round, in round order; None otherwise."""
     gpu_busy_pct: float | None = None
-    """CUDA, interleaved: how much of an iteration the GPU spent working, device-only over host-paced time of
-    two back-to-back batches (measure._device_only_ms). Well under 100% means the GPU waited for the host to
-    launch work (a host-bound case). None where it was not or could not be measured."""
+    """CUDA, interleaved: the median over the timed blocks of device time over wall time (`bound`). Well under
+    100% means the GPU waited for the host to launch work. None on a CPU or where no block was measured."""
+    bound: BoundEvidence | None = None
+    """CUDA, interleaved: every timed block's wall and device time and the label the rule gives them
+    (fp8bench.core.bound); None on a CPU, where there is no label."""
 
     @property
     def median_ms(self) -> float:
@@ -229,8 +232,14 @@ def _time_cuda(fn: Callable[[], object], warmup: int, iters: int, min_samples: i
 
 MAX_BLOCK = 64
 """Iterations of one op per round at most (a microsecond-scale op fills `block_ms` with this many)."""
-DEVICE_ONLY_MS = 4.0
-"""The host-bound probe's batches hold about this much GPU work per op (1 to 20 iterations)."""
+REPLAY_MAX = 16
+"""Iterations of a block replayed behind a sleep at most (its device time per iteration stands for the block's).
+Each iteration takes four to six entries of CUDA's launch queue, and the block launched normally may still be
+queued ahead of the replay; past ~1000 pending entries the host blocks, and no sleep can then give it a head
+start (DEVICE_ONLY_BATCH)."""
+HEAD_START = (2.0, 0.3)
+"""A replay's sleep lasts HEAD_START[0] x the host's time to enqueue it (from the block just launched) plus
+HEAD_START[1] ms: room for the host to be slower than in the block it was sized from."""
 
 
 def time_interleaved(ops: dict[str, Callable[[], object]], *, device: torch.device, warmup: int, rounds: int,
@@ -242,9 +251,10 @@ def time_interleaved(ops: dict[str, Callable[[], object]], *, device: torch.devi
     ratio of two ops' times within a round cancels it (fp8bench.core.speedup).
 
     CUDA: one event pair per iteration, queued without a sync across all rounds and read at the end; untimed
-    rounds for `settle_ms` first (sustained clocks, as time_fn); then each op's device-only time (launches
-    queued behind a GPU sleep, so the host's launch cost is hidden), from which `gpu_busy_pct` follows.
-    `slowdown` (test-only) stretches every op's iterations by that fraction, as in time_fn."""
+    rounds for `settle_ms` first (sustained clocks, as time_fn). After each timed round, every op's block is
+    replayed behind a GPU sleep (_replay_round): its device time, beside the block's wall time, is the
+    evidence of the bound label (fp8bench.core.bound). `slowdown` (test-only) stretches every op's
+    iterations by that fraction, as in time_fn."""
     if not ops:
         return {}
     if device.type != "cuda":
@@ -258,6 +268,7 @@ def time_interleaved(ops: dict[str, Callable[[], object]], *, device: torch.devi
     est = {name: _estimate_ms(fn, flush) for name, fn in runs.items()}
     block = {name: max(1, min(MAX_BLOCK, math.ceil(block_ms / est[name]))) for name in runs}
     round_ms = sum(block[n] * est[n] for n in runs)
+    _sleep_cycles_per_ms()  # its first calibration syncs: before the timed region, never inside it
     for _ in range(math.ceil(settle_ms / round_ms) if settle_ms else 0):
         _round(runs, block, flush, 0, timed=False)
     injected: dict[str, float] = {}
@@ -265,21 +276,58 @@ def time_interleaved(ops: dict[str, Callable[[], object]], *, device: torch.devi
         here = torch.device("cuda", torch.cuda.current_device())
         for name in list(runs):
             runs[name], injected[name] = _slowed_cuda(runs[name], slowdown, here)
-    timed, host_ms, last = [], {n: [] for n in runs}, {}
+    timed, replays, host_ms, last = [], [], {n: [] for n in runs}, {}
     for r in range(rounds):
         timed.append(_round(runs, block, flush, r, timed=True, host_ms=host_ms, last=last))
+        replays.append(_replay_round(runs, block, flush, r, host_ms))
     torch.cuda.synchronize()
     per_round = {n: [[s.elapsed_time(e) for s, e in rnd[n]] for rnd in timed] for n in runs}
     out = {}
-    for name, fn in runs.items():
-        samples = [x for rnd in per_round[name] for x in rnd]
-        wall = statistics.median(samples)
-        host = statistics.median(host_ms[name]) if host_ms[name] else wall
-        probe = _device_only_ms(fn, flush, wall, host)
-        busy = 100.0 * probe[1] / probe[0] if probe and probe[0] > 0 else None
-        out[name] = Timing(samples, flush is not None, cuda_graph, None if cuda_graph else last.get(name),
-                           injected.get(name), per_round[name], busy)
+    for name in runs:
+        evidence = _evidence(per_round[name], [rep[name] for rep in replays])
+        out[name] = Timing([x for rnd in per_round[name] for x in rnd], flush is not None, cuda_graph,
+                           None if cuda_graph else last.get(name), injected.get(name), per_round[name],
+                           evidence.busy_pct, evidence)
     return out
+
+
+def _replay_round(runs: dict, block: dict, flush: L2Flusher | None, r: int, host_ms: dict) -> dict[str, tuple]:
+    """Every op's block of round r replayed (at most REPLAY_MAX iterations), in the round's op order, each
+    queued behind a GPU sleep sized from the host's time to enqueue that op's block just now: the host
+    enqueues the whole replay while the GPU sleeps, so no kernel of it waits for its launch. No sync: the
+    sleeps and replays are read with the rounds. {op: (sleep start, sleep end, cycles, event pairs, host
+    enqueue ms)}."""
+    names = list(runs)
+    k = r % len(names)
+    out = {}
+    for name in names[k:] + names[:k]:
+        n = min(block[name], REPLAY_MAX)
+        cycles = int((HEAD_START[0] * n * host_ms[name][-1] + HEAD_START[1]) * _sleep_cycles_per_ms())
+        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s0.record()
+        torch.cuda._sleep(cycles)
+        s1.record()
+        t0 = time.perf_counter()
+        pairs = _enqueue(runs[name], flush, n)
+        out[name] = (s0, s1, cycles, pairs, (time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def _evidence(wall_rounds: list[list[float]], replays: list[tuple]) -> BoundEvidence:
+    """The bound label of one op from its timed blocks (mean wall time per iteration) and their replays (mean
+    device time per iteration; NaN where the host took longer to enqueue the replay than the sleep lasted,
+    so some kernel may have waited for its launch). Read after the rounds' sync."""
+    wall, device, rates = [], [], []
+    for samples, (s0, s1, cycles, pairs, enqueue_ms) in zip(wall_rounds, replays, strict=True):
+        slept = s0.elapsed_time(s1)
+        wall.append(statistics.fmean(samples))
+        ahead = enqueue_ms < slept  # the host started enqueuing before the sleep began, and finished first
+        device.append(statistics.fmean(s.elapsed_time(e) for s, e in pairs) if ahead else math.nan)
+        rates.append(cycles / max(slept, 1e-3))
+    # the sleep counts clock cycles and the clock moves with the load: size the next group's sleeps from
+    # the milliseconds these lasted
+    _SLEEP_CYCLES_PER_MS[0] = statistics.median(rates)
+    return label_blocks(wall, device)
 
 
 def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
@@ -308,7 +356,7 @@ def _estimate_ms(fn: Callable[[], object], flush: L2Flusher | None) -> float:
 def _round(runs: dict, block: dict, flush, r: int, *, timed: bool, host_ms: dict | None = None,
            last: dict | None = None) -> dict:
     """One round: each op's block, the op order rotated by r. Timed: {op: [(start, end) events]}; the host's
-    enqueue time per iteration goes to host_ms[op] (sizes the device-only probe's head start)."""
+    enqueue time per iteration goes to host_ms[op] (sizes the replay's head start, _replay_round)."""
     names = list(runs)
     k = r % len(names)
     events: dict = {}
@@ -329,9 +377,9 @@ _SLEEP_CYCLES_PER_MS: list[float] = []
 
 
 def _sleep_cycles_per_ms() -> float:
-    """GPU clock cycles per millisecond of torch.cuda._sleep: a first measurement, then the rate of the latest
-    sleep (`_queued_behind_sleep`, for _device_only_ms and time_device_only): the clock moves with the load,
-    and a sleep sized at an idle GPU's clock runs several times shorter than meant once the clocks have risen."""
+    """GPU clock cycles per millisecond of torch.cuda._sleep: a first measurement (it syncs), then the rate of
+    the latest sleeps (_evidence, _queued_behind_sleep): the clock moves with the load, and a sleep sized at
+    an idle GPU's clock runs several times shorter than meant once the clocks have risen."""
     if not _SLEEP_CYCLES_PER_MS:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -340,22 +388,6 @@ def _sleep_cycles_per_ms() -> float:
         end.synchronize()
         _SLEEP_CYCLES_PER_MS.append(2_000_000 / max(start.elapsed_time(end), 1e-3))
     return _SLEEP_CYCLES_PER_MS[0]
-
-
-def _device_only_ms(fn: Callable[[], object], flush: L2Flusher | None, wall_ms: float,
-                    host_ms: float) -> tuple[float, float] | None:
-    """(host-paced, device-only) median iteration times of one short batch each, back to back in the same
-    loop as the timed one (flush included): first as the host launches it, then with every launch queued
-    behind a GPU sleep long enough for the host to enqueue the whole batch, so no kernel waits for its
-    launch. Their ratio is the GPU's busy share. Both batches run the op back to back, so what interleaving
-    adds to the timed rounds (an op's first iteration after another op) biases neither.
-
-    None when the host still fell behind the sleep three times (an op that synchronises inside, so nothing
-    can be queued ahead of it, or more launches than the queue holds): the share is then unknown."""
-    n = max(1, min(20, math.ceil(DEVICE_ONLY_MS / wall_ms)))
-    paced = _batch_ms(fn, flush, n)
-    pairs = _queued_behind_sleep(fn, flush, n, min(host_ms, wall_ms))
-    return None if pairs is None else (paced, statistics.median(s.elapsed_time(e) for s, e in pairs))
 
 
 def _queued_behind_sleep(fn: Callable[[], object], flush: L2Flusher | None, n: int, host_ms: float) -> list | None:
@@ -436,13 +468,6 @@ def _enqueue(fn: Callable[[], object], flush: L2Flusher | None, n: int, last: di
     if last is not None:
         last[name] = out
     return pairs
-
-
-def _batch_ms(fn: Callable[[], object], flush: L2Flusher | None, n: int) -> float:
-    torch.cuda.synchronize()
-    pairs = _enqueue(fn, flush, n)
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
 
 
 def _interleaved_cpu(ops: dict[str, Callable[[], object]], warmup: int, rounds: int, block_ms: float,
