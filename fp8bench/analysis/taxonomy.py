@@ -35,7 +35,7 @@ PLATEAU_GAIN = 0.03
 committed runs of 300 and 1000 steps: at least 8.8%, docs/training.md); the mean over a quarter of 75 steps
 scatters by about 1% (steps scatter by about 10%)."""
 SPIKE_RISE = 0.30
-"""Above what a hard stretch of batches does to a healthy curve (the committed BF16 runs rise up to 20% above
+"""Above what a hard stretch of batches does to a healthy curve (the committed runs rise at most 20.4% above
 their best, on the batches every run of their seed shares)."""
 
 
@@ -108,9 +108,7 @@ def _plateau(losses: list[float], s: list[float], noise: float) -> CurveReading 
         return None
     # where it stopped learning: the first step that no later step beats by more than three standard
     # deviations of the smoothed curve's own noise (a flat stretch's minimum is its noise)
-    later = list(s)
-    for i in range(n - 2, -1, -1):
-        later[i] = min(later[i], later[i + 1])
+    later = _suffix_min(s)
     return CurveReading(kind=CurveClass.PLATEAU, step=next(i for i in range(n) if later[i] >= s[i] * (1 - 3 * noise)))
 
 
@@ -122,13 +120,21 @@ def _noise(losses: list[float], s: list[float], window: int) -> float:
 
 
 def _spike(s: list[float]) -> CurveReading | None:
+    later = _suffix_min(s)
     best = s[0]
     for i in range(1, len(s)):
-        if s[i] > best * (1 + SPIKE_RISE):
-            if any(v <= best * (1 + SPIKE_RISE / 2) for v in s[i:]):
-                return CurveReading(kind=CurveClass.SPIKE, step=i)
+        if s[i] > best * (1 + SPIKE_RISE) and later[i] <= best * (1 + SPIKE_RISE / 2):
+            return CurveReading(kind=CurveClass.SPIKE, step=i)
         best = min(best, s[i])
     return None
+
+
+def _suffix_min(s: list[float]) -> list[float]:
+    """The lowest value from each step to the end."""
+    out = list(s)
+    for i in range(len(s) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
 
 
 CURVE_METRICS = ("loss_curve_class", "loss_curve_class_step")
