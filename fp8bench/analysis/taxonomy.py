@@ -31,12 +31,12 @@ SMOOTH_FRACTION = 0.02
 MIN_STEPS = 100
 PLATEAU_TAIL = 0.25
 PLATEAU_GAIN = 0.03
-"""A healthy run under a cosine schedule still loses several percent from one quarter to the last (the
-committed runs of 300 and 1000 steps: at least 8.8%, docs/training.md); the mean over a quarter of 75 steps
-scatters by about 1% (steps scatter by about 10%)."""
+"""A healthy run under a cosine schedule still loses several times this from one quarter to the last, and the
+mean over a quarter of a few hundred steps scatters by a third of it at most (docs/training.md, "What a curve
+did", has the committed runs' figures)."""
 SPIKE_RISE = 0.30
-"""Above what a hard stretch of batches does to a healthy curve (the committed runs rise at most 20.4% above
-their best, on the batches every run of their seed shares)."""
+"""Above what a hard stretch of batches does to a healthy curve, which every run of that seed shares
+(docs/training.md, "What a curve did")."""
 
 
 class CurveClass(enum.Enum):
