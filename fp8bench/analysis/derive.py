@@ -1,10 +1,12 @@
 """Metrics computed at ingest from several cases of one run (or from a run and its GPU model's between-box
 spread): the speedups over each case's BF16 twin, whether a training step's speedup is host-bound, their
-across-box intervals and the training parity verdicts."""
+across-box intervals, the training parity verdicts and what each training curve did (plateau, spike,
+diverged)."""
 
 from __future__ import annotations
 
-from fp8bench.analysis.parity import derive_parity
+from fp8bench.analysis.parity import PARITY_METRICS, derive_parity
+from fp8bench.analysis.taxonomy import CURVE_METRICS, curve_metrics
 from fp8bench.core.records import CaseRecord, Metric, derive_box_intervals, derive_speedups, pairs
 from fp8bench.core.speedup import is_host_bound
 
@@ -34,10 +36,28 @@ def derive_train_host_bound(records: list[CaseRecord]) -> list[tuple[CaseRecord,
     return out
 
 
+TRAINING_VERDICT_METRICS = PARITY_METRICS + CURVE_METRICS
+"""What derive_training_verdicts stores: ingest replaces these when it judges a stored run again."""
+
+
+def derive_curve_classes(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
+    """Each training curve's class (fp8bench.analysis.taxonomy), BF16 seeds and runs without a band included."""
+    out = []
+    for r in records:
+        if r.workload == "train" and r.status in ("ok", "diverged") and (metrics := curve_metrics(r)):
+            out.append((r, metrics, True))
+    return out
+
+
+def derive_training_verdicts(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:
+    """The parity verdicts and curve classes of a run's training cases (both read the loss curves)."""
+    return derive_parity(records) + derive_curve_classes(records)
+
+
 def derived_metrics(records: list[CaseRecord], spread: dict[str, float] | None = None,
                     ) -> list[tuple[CaseRecord, list[Metric], bool]]:
     """Every metric computed from several cases of one run, or from a run and its device's calibration:
     speedups, whether training speedups are host-bound, their across-box intervals (`spread`:
-    derive_box_intervals), the training parity verdicts."""
+    derive_box_intervals), the training parity verdicts and curve classes."""
     return (derive_speedups(records) + derive_train_host_bound(records) + derive_box_intervals(records, spread or {})
-            + derive_parity(records))
+            + derive_training_verdicts(records))

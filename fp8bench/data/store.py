@@ -13,7 +13,12 @@ from pathlib import Path
 
 import duckdb
 
-from fp8bench.analysis.derive import derive_train_host_bound, derived_metrics
+from fp8bench.analysis.derive import (
+    TRAINING_VERDICT_METRICS,
+    derive_train_host_bound,
+    derive_training_verdicts,
+    derived_metrics,
+)
 from fp8bench.core.records import (
     LEGACY_VERSION_SQL,
     MANIFEST,
@@ -218,6 +223,44 @@ def _derive_train_host_bound(con, run_ids: list[str]) -> None:
     _insert_derived(con, [d for records in by_run.values() for d in derive_train_host_bound(records)])
 
 
+TRAINING_SAMPLES = ("loss", "val_loss", "val_step", "diverged_at_step")
+
+
+def training_records(con, run_ids: list[str]) -> list[CaseRecord]:
+    """The stored training cases of `run_ids` that trained (ok or diverged), with their shape, measured
+    (not derived) metrics and loss curves: what the parity verdicts and curve classes read."""
+    rows = con.execute("""
+        SELECT run_id, case_id, model, format, scaling, backend, shape_name, shape, status, reason FROM cases
+        WHERE workload = 'train' AND status IN ('ok', 'diverged')
+          AND run_id IN (SELECT unnest(?::VARCHAR[]))""", [run_ids]).fetchall()
+    recs = {(r[0], r[1]): CaseRecord(run_id=r[0], case_id=r[1], workload="train", model=r[2], format=r[3],
+                                     scaling=r[4], backend=r[5], shape_name=r[6], shape=json.loads(r[7] or "{}"),
+                                     status=r[8], reason=r[9] or "") for r in rows}
+    for run_id, case_id, metric, value in con.execute("""
+            SELECT run_id, case_id, metric, value FROM measurements
+            WHERE NOT derived AND run_id IN (SELECT unnest(?::VARCHAR[]))""", [run_ids]).fetchall():
+        if (run_id, case_id) in recs and value is not None:
+            recs[(run_id, case_id)].metrics.append(Metric(metric, value, "", ""))
+    for run_id, case_id, metric, values in con.execute("""
+            SELECT run_id, case_id, metric, list(value ORDER BY i) FROM samples
+            WHERE metric IN (SELECT unnest(?::VARCHAR[])) AND run_id IN (SELECT unnest(?::VARCHAR[]))
+            GROUP BY ALL""", [list(TRAINING_SAMPLES), run_ids]).fetchall():
+        if (run_id, case_id) in recs:
+            recs[(run_id, case_id)].samples[metric] = values
+    return list(recs.values())
+
+
+def _rederive_training_verdicts(con, run_ids: list[str]) -> None:
+    """Judge the training runs of an export again with today's rules (analysis.derive.derive_training_verdicts):
+    an export keeps the verdicts of the rules it was written under, which a later rule replaces."""
+    con.execute("DELETE FROM measurements WHERE derived AND metric IN (SELECT unnest(?::VARCHAR[])) "
+                "AND run_id IN (SELECT unnest(?::VARCHAR[]))", [list(TRAINING_VERDICT_METRICS), run_ids])
+    by_run: dict[str, list[CaseRecord]] = {}
+    for r in training_records(con, run_ids):
+        by_run.setdefault(r.run_id, []).append(r)
+    _insert_derived(con, [d for records in by_run.values() for d in derive_training_verdicts(records)])
+
+
 def spread_for(con, device_name: str | None) -> dict[str, float]:
     """{series: half-width} of a device's between-box spread ({} when none was measured)."""
     return dict(con.execute("SELECT series, half_width FROM speedup_spreads WHERE device_name = ?",
@@ -394,6 +437,7 @@ def _ingest_export(con, folder: Path) -> list[str]:
         _fill_legacy_versions(con)
         _rekey_legacy_rows(con, run_ids)
         _derive_train_host_bound(con, run_ids)
+        _rederive_training_verdicts(con, run_ids)
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")

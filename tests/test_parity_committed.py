@@ -1,0 +1,209 @@
+"""The parity rules, the curve classes and the recommendation on the committed H200 runs (results/): BF16
+judged against its own band passes, the llama-350m E4M3-delayed run fails and reads `plateau`, the paired
+test passes BF16 against its own reruns, and what the recommendation says today."""
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from fp8bench.analysis.parity import (
+    AREA_RULE,
+    FINAL_RULE,
+    PAIRED_RULE,
+    curve_area,
+    judge_run,
+    paired_area_test,
+    verdict_from_metrics,
+)
+from fp8bench.analysis.recommend import (
+    Recipe,
+    SeedVerdict,
+    Size,
+    SpeedResult,
+    model_params,
+    pool_parity,
+    recommend,
+)
+from fp8bench.analysis.taxonomy import CurveClass
+from fp8bench.config.compose import model_preset
+from fp8bench.data import store
+
+ROOT = Path(__file__).resolve().parents[1]
+E4M3_350M = "train.llama-350m.b8s1024n1000.seed0.e4m3.delayed.te-layer"
+
+
+@pytest.fixture(scope="module")
+def con(tmp_path_factory):
+    path = tmp_path_factory.mktemp("parity") / "committed.duckdb"
+    with store.connect(path) as c:
+        store.ingest(c, store.committed_result_sets(ROOT / "results"))
+    with store.connect(path, read_only=True) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def records(con):
+    return store.training_records(con, [r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()])
+
+
+def _bands(records) -> dict[tuple, dict[int, object]]:
+    """(run, model and setting, backend and variant) → seed → one-process BF16 run, as derive_parity forms its
+    bands."""
+    bands: dict[tuple, dict[int, object]] = {}
+    for r in records:
+        if r.format == "bf16" and r.status == "ok" and r.shape.get("nproc", 1) == 1:
+            setting = (r.model, r.shape["batch"], r.shape["seq"], r.shape["steps"], r.backend, r.case_id.partition("+")[2])
+            bands.setdefault((r.run_id, setting), {})[r.shape["seed"]] = r
+    return bands
+
+
+def _leave_one_out(bands, fixed_area_pct: float | None = None) -> list[bool]:
+    """Each seed judged against the rest of its band: today's rule, or (`fixed_area_pct`) the final-loss
+    interval with the curve area held to a fixed percentage, the rule this one replaced."""
+    out = []
+    for seeds in bands.values():
+        for seed, held in seeds.items():
+            v = judge_run(held, {s: b for s, b in seeds.items() if s != seed})
+            if fixed_area_pct is None:
+                out.append(v.passed)
+            else:
+                out.append(all(c.passed if c.rule == FINAL_RULE else c.gap <= fixed_area_pct for c in v.criteria))
+    return out
+
+
+def test_each_committed_bf16_seed_judged_against_the_rest_of_its_band_passes(records):
+    """One committed band has at least four seeds (train-bw10: five): every one of its seeds passes judged
+    against the other four. Over every band of three or more seeds, 52 of 53 pass (98%), where a fixed 1%
+    allowance on the curve area passed 37 (70%)."""
+    bands = {k: v for k, v in _bands(records).items() if len(v) >= 3}
+    big = {k: v for k, v in bands.items() if len(v) >= 4}
+    assert [len(v) for v in big.values()] == [5]
+    assert all(_leave_one_out(big))
+    every = _leave_one_out(bands)
+    assert len(every) == 53 and sum(every) / len(every) >= 0.90, f"{sum(every)}/{len(every)}"
+    fixed = _leave_one_out(bands, fixed_area_pct=1.0)
+    assert sum(fixed) / len(fixed) < 0.75, f"{sum(fixed)}/{len(fixed)}"
+
+
+def test_the_paired_test_passes_bf16_against_its_own_reruns(records):
+    """Two runs of one BF16 implementation on the same three seeds (same initial weights and batches, the
+    rounding and reduction order of another run): the paired test passes 38 of the 40 ordered pairs."""
+    by_run: dict[tuple, dict[str, dict[int, object]]] = {}
+    for (run, setting), seeds in _bands(records).items():
+        by_run.setdefault(setting, {})[run] = seeds
+    verdicts = []
+    for runs in by_run.values():
+        for a, b in itertools.permutations(sorted(runs), 2):
+            common = sorted(set(runs[a]) & set(runs[b]))
+            if len(common) >= 3:
+                gaps = [100 * (curve_area(runs[a][s]) / curve_area(runs[b][s]) - 1) for s in common]
+                verdicts.append(paired_area_test(gaps).passed)
+    assert len(verdicts) == 40 and sum(verdicts) / len(verdicts) >= 0.90, f"{sum(verdicts)}/{len(verdicts)}"
+
+
+def _stored(con, case_id: str, run_id: str) -> dict[str, float]:
+    return dict(con.execute("SELECT metric, value FROM measurements WHERE run_id = ? AND case_id = ?",
+                            [run_id, case_id]).fetchall())
+
+
+def test_the_llama_350m_e4m3_delayed_run_fails_both_rules_leaves_the_band_and_reads_plateau(con):
+    m = _stored(con, E4M3_350M, "parity-350m")
+    verdict = verdict_from_metrics(m)
+    assert m["parity_pass"] == 0.0 and verdict.failed == (FINAL_RULE, AREA_RULE)
+    assert verdict.text().startswith(f"FAIL: {FINAL_RULE}: +2.260 nats against 0.292 allowed; {AREA_RULE}: +124.")
+    assert 80 <= m["loss_band_exit_step"] <= 200
+    assert CurveClass.from_code(m["loss_curve_class"]) is CurveClass.PLATEAU and 80 <= m["loss_curve_class_step"] <= 160
+    assert m["quality_reached"] == 0.0 and "quality_speedup" not in m
+    hybrid = _stored(con, E4M3_350M.replace("e4m3", "hybrid"), "parity-350m")
+    assert hybrid["parity_pass"] == 1.0 and CurveClass.from_code(hybrid["loss_curve_class"]) is CurveClass.OK
+
+
+def test_every_committed_fp8_run_that_is_read_is_ok_but_two(con):
+    rows = con.execute("""
+        SELECT c.run_id, c.case_id, m.value FROM cases c JOIN measurements m USING (run_id, case_id)
+        WHERE c.workload = 'train' AND c.format != 'bf16' AND m.metric = 'loss_curve_class'""").fetchall()
+    not_ok = {(run, case): CurveClass.from_code(v) for run, case, v in rows if v != CurveClass.OK.code}
+    assert len(rows) == 46
+    assert not_ok == {("parity-350m", E4M3_350M): CurveClass.PLATEAU,
+                      ("train-bw", "train.gpt-125m.b8s512n1000.seed0.e4m3.blockwise.triton"): CurveClass.DIVERGED}
+
+
+SPEEDS = """
+SELECT c.model, c.format, c.scaling, c.backend, c.case_id, m.value AS speedup,
+       coalesce(lo_box.value, lo.value) AS lo, coalesce(hi_box.value, hi.value) AS hi,
+       100 * (mem.value / bmem.value - 1) AS mem_change_pct
+FROM cases c JOIN measurements m ON m.run_id = c.run_id AND m.case_id = c.case_id AND m.metric = 'speedup_vs_bf16'
+LEFT JOIN measurements lo ON lo.run_id = c.run_id AND lo.case_id = c.case_id AND lo.metric = 'speedup_vs_bf16_lo'
+LEFT JOIN measurements hi ON hi.run_id = c.run_id AND hi.case_id = c.case_id AND hi.metric = 'speedup_vs_bf16_hi'
+LEFT JOIN measurements lo_box ON lo_box.run_id = c.run_id AND lo_box.case_id = c.case_id
+     AND lo_box.metric = 'speedup_vs_bf16_box_lo'
+LEFT JOIN measurements hi_box ON hi_box.run_id = c.run_id AND hi_box.case_id = c.case_id
+     AND hi_box.metric = 'speedup_vs_bf16_box_hi'
+LEFT JOIN measurements mem ON mem.run_id = c.run_id AND mem.case_id = c.case_id AND mem.metric = 'peak_mem_bytes'
+LEFT JOIN cases b ON b.run_id = c.run_id AND b.model = c.model AND b.shape_name = c.shape_name
+     AND b.backend = c.backend AND b.format = 'bf16' AND split_part(b.case_id, '+', 2) = split_part(c.case_id, '+', 2)
+LEFT JOIN measurements bmem ON bmem.run_id = b.run_id AND bmem.case_id = b.case_id AND bmem.metric = 'peak_mem_bytes'
+WHERE c.workload = 'train' AND c.status = 'ok' AND c.format != 'bf16' AND c.backend != 'emulated'"""
+
+
+def _recipe(fmt, scaling, backend, case_id) -> Recipe:
+    return Recipe.of(fmt, scaling, backend, case_id.split("+", 1)[1] if "+" in case_id else "")
+
+
+def _size(model: str) -> Size:
+    return Size(params=model_params(model_preset(model)), model=model)
+
+
+def recommendation_inputs(con) -> tuple[list[SpeedResult], list[SeedVerdict]]:
+    """Whole-step speeds and per-run parity verdicts of the stored training cases."""
+    speeds = [SpeedResult(recipe=_recipe(f, s, b, case), size=_size(model), speedup=sp, lo=lo, hi=hi,
+                          mem_change_pct=mem)
+              for model, f, s, b, case, sp, lo, hi, mem in con.execute(SPEEDS).fetchall()]
+    rows = con.execute("""
+        SELECT c.run_id, c.case_id, c.model, c.format, c.scaling, c.backend, c.shape, c.status, c.reason,
+               map_from_entries(list({'k': m.metric, 'v': m.value}))
+        FROM cases c JOIN measurements m USING (run_id, case_id)
+        WHERE c.workload = 'train' AND c.format != 'bf16' GROUP BY ALL""").fetchall()
+    verdicts = []
+    for _, case, model, f, s, b, shape, status, reason, metrics in rows:
+        v = verdict_from_metrics(metrics, diverged=reason if status == "diverged" else "")
+        if v is not None and (status == "diverged" or "parity_pass" in metrics):
+            verdicts.append(SeedVerdict(recipe=_recipe(f, s, b, case), size=_size(model),
+                                        seed=json.loads(shape)["seed"], passed=v.passed, failed_rules=v.failed,
+                                        same_seed_area_gap_pct=v.same_seed_area_gap_pct))
+    return speeds, verdicts
+
+
+def test_what_the_recommendation_says_on_the_committed_runs(con):
+    """No recipe faster than BF16 has a verdict on three seeds today: nothing is recommended, and the faster
+    recipes are listed with theirs. TE's E4M3 delayed (1.50x at Llama-2-7B dims on the TransformerLayer path,
+    which shares its verdict with te.Linear's) reads FAIL for its llama-350m run; HYBRID delayed, judged on
+    one seed at gpt-125m and at llama-350m, has too few seeds; the blockwise recipe of our Triton kernels,
+    the one judged on three seeds, is slower than BF16 where it was timed."""
+    speeds, verdicts = recommendation_inputs(con)
+    rec = recommend(speeds, pool_parity(verdicts))
+    assert rec.chosen is None
+    by = {c.recipe.label(): c for c in rec.faster}
+    e4m3 = by["e4m3/delayed · te"]
+    assert e4m3.status == "FAIL" and e4m3.speed.size.model == "llama2-7b" and e4m3.speed.speedup == pytest.approx(1.50, abs=0.01)
+    assert f"FAIL: 0/1 pass at llama-350m ({FINAL_RULE}; {AREA_RULE})" in e4m3.text()
+    hybrid = by["hybrid/delayed · te"]
+    assert hybrid.status == "too few seeds" and hybrid.parity.size.model == "llama-350m"
+    assert all(c.status != "passes" for c in rec.faster)
+    pooled = {(p.recipe.label(), p.size.model): p for p in pool_parity(verdicts)}
+    blockwise = pooled[("e4m3/blockwise · triton", "gpt-125m")]
+    assert (blockwise.seeds, blockwise.passes, blockwise.failed_rules) == (3, 2, ("diverged",))
+
+
+def test_accelerates_e4m3_delayed_is_worse_than_bf16_on_the_same_seed_in_every_run(con):
+    """Each of its three runs passes against the band on its own (the band's three seeds differ by more), but
+    against the BF16 run of the same seed in its run its curve area is 2.5%, 4.0% and 4.6% higher: the pooled
+    paired test fails it. TE's own E4M3 delayed at the same size does not show it."""
+    _, verdicts = recommendation_inputs(con)
+    pooled = {(p.recipe.label(), p.size.model): p for p in pool_parity(verdicts)}
+    accelerate = pooled[("e4m3/delayed · accelerate", "gpt-125m")]
+    assert accelerate.passes == accelerate.seeds == 1 and accelerate.passed is False
+    assert accelerate.failed_rules == (PAIRED_RULE,) and accelerate.paired.gap == pytest.approx(3.69, abs=0.01)
+    assert pooled[("e4m3/delayed · te", "gpt-125m")].paired.passed
