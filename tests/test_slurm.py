@@ -357,3 +357,16 @@ def test_the_cases_a_requeued_job_measured_say_it_was_its_second_run(requeued):
 def test_interrupting_a_slurm_sweep_cancels_its_queued_jobs(drained_node):
     assert drained_node.first_rc == 130
     assert drained_node.queued_after_interrupt == {}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "resume= refuses any override that differs from the run's, the launcher's included (hydra/launcher=, "
+    "hydra.launcher.*), so a sweep cut by its time limit cannot be resumed with a longer one: "
+    "runner.RESUME_FREE_KEYS should let those through (they decide where and how long jobs run, not what "
+    "is measured)"))
+def test_a_run_cut_by_its_time_limit_resumes_with_a_longer_one(expired, cli):
+    longer = [o for o in LONG if not o.startswith("hydra.launcher.timeout_min=")] + ["hydra.launcher.timeout_min=20"]
+    r = cli("run", "-m", *longer, f"results_dir={expired.results_dir}",
+            f"resume={expired.run_id}", timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [c for c, _ in db_cases(expired.results_dir, expired.run_id)] == sorted(expired.expected)
