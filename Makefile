@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # asv: the machine name is the GPU model (or the CPU's), so histories of one GPU kind line up.
 ASV_MACHINE ?= $(shell $(BIN)/python -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '-') if torch.cuda.is_available() else 'cpu-' + __import__('platform').machine())" 2>/dev/null)
 
-.PHONY: run test test-fast lint plan clean asv asv-gate asv-history publish results-page readme-picture
+.PHONY: run test test-fast lint plan clean asv asv-gate asv-history publish results-page readme-picture slurm-up slurm-down
 
 # The venv takes ~2.8 GB (triton ~1 GB, torch ~0.75 GB); --no-cache-dir keeps pip from adding copies of the
 # wheels in ~/.cache on a disk that may be short (a CI run once failed on "No space left on device").
@@ -90,6 +90,14 @@ test-fast: $(STAMP)
 	$(BIN)/ruff check fp8bench tests kernels benchmarks scripts asv_plugins hydra_plugins
 	$(BIN)/lint-imports --no-cache
 	$(PYTEST) -q -m "not gpu and not slow" -n auto --dist loadfile
+
+# A one-node Slurm with accounting on this machine (root; installs Debian's packages where missing), for the
+# Slurm tests (tests/test_slurm.py) and for trying hydra/launcher=slurm-cpu: docs/slurm.md.
+slurm-up:
+	scripts/slurm/cluster.sh up
+
+slurm-down:
+	scripts/slurm/cluster.sh down
 
 # Record this commit's asv results for this machine and publish the asv site (offline) into results/site/asv.
 asv: $(STAMP)

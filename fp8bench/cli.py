@@ -35,7 +35,9 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
 
   run [-m] [hydra overrides]   run a point or a sweep preset (sweep=quick); -m uses Hydra's multirun
   plan [hydra overrides]       list the cases with runnable / skipped: reason; runs nothing
-  ingest [PATHS...] [--db DB]  load run folders, shards or Parquet exports into DuckDB (idempotent)
+  ingest [PATHS...] [--db DB] [--wait S]
+                               load run folders, shards or Parquet exports into DuckDB (idempotent); waits
+                               up to S seconds (300) while another process holds the file, then exits 1
   export RUN_ID... --out DIR   write runs as Parquet (one file per table) to commit under results/
   report [--db DB] [--out DIR] build the static site (plotly, offline) from DuckDB
   report --markdown FILE...     rewrite the generated results tables of Markdown files (make results-page)
@@ -95,22 +97,45 @@ def _db_path(arg: str | None, results_dir: str = "results") -> Path:
     return Path(arg) if arg else Path(results_dir) / "fp8bench.duckdb"
 
 
+def _waiting(db: Path):
+    """What `store.connect` says when another process holds the DuckDB file."""
+    def say(holder: str, wait_s: float) -> None:
+        console.print(f"{db} is held by {holder} (DuckDB allows one process at a time): waiting up to "
+                      f"{wait_s:.0f} s for it", highlight=False, soft_wrap=True)
+    return say
+
+
 @contextlib.contextmanager
 def _reading(db_arg: str | None):
-    """A read-only connection to the DuckDB file, closed afterwards."""
+    """A read-only connection to the DuckDB file, closed afterwards; exit 1 when another process holds the
+    file for longer than the store's wait."""
     from fp8bench.data import store
 
-    con = store.connect(_db_path(db_arg), read_only=True)
+    db = _db_path(db_arg)
+    try:
+        con = store.connect(db, read_only=True, on_wait=_waiting(db))
+    except store.DatabaseBusy as exc:
+        console.print(f"[red]error:[/] {exc}; try again when it is free", highlight=False, soft_wrap=True)
+        raise SystemExit(1) from None
     try:
         yield con
     finally:
         con.close()
 
 
-def _ingest_into(db: Path, paths: list[Path]) -> None:
+def _ingest_into(db: Path, paths: list[Path], wait_s: float | None = None) -> bool:
+    """Ingest `paths` into `db`, waiting for the file while another process holds it (two sweeps ending at
+    once into one results folder). False when it stayed held: the records stay in their run folders and the
+    message says how to load them later."""
     from fp8bench.data import store
 
-    con = store.connect(db)
+    try:
+        con = store.connect(db, wait_s=store.LOCK_WAIT_S if wait_s is None else wait_s, on_wait=_waiting(db))
+    except store.DatabaseBusy as exc:
+        where = " ".join(str(p) for p in paths)
+        console.print(f"[yellow]not ingested:[/] {exc}. Everything is recorded in {where}; load it with "
+                      f"`fp8bench ingest {where} --db {db}`", highlight=False, soft_wrap=True)
+        return False
     try:
         rep = store.ingest(con, paths)
     finally:
@@ -120,6 +145,7 @@ def _ingest_into(db: Path, paths: list[Path]) -> None:
     console.print(f"ingested {len(rep.runs)} run(s), {rep.cases} case record(s)"
                   + (f", ceilings of {rep.ceilings}" if rep.ceilings else "")
                   + (f", between-box spreads of {rep.spreads}" if rep.spreads else "") + f" into {db}")
+    return True
 
 
 def _help(cmd: str) -> str:
@@ -174,8 +200,8 @@ def cmd_run(args: list[str]) -> int:
             console.print("duckdb is not installed here: shards kept; run `fp8bench ingest` where it is")
             return 0
         db = _db_path(first.store.db, first.results_dir)
-        _ingest_into(db, [run_dir])
-        out.print(f"DuckDB file: {db.resolve()}")
+        if _ingest_into(db, [run_dir]):
+            out.print(f"DuckDB file: {db.resolve()}")
     return 0
 
 
@@ -286,12 +312,17 @@ def cmd_plan(args: list[str]) -> int:
 
 
 def cmd_ingest(args: list[str]) -> int:
+    from fp8bench.data.store import LOCK_WAIT_S
+
     p = _Parser(prog="fp8bench ingest")
     p.add_argument("paths", nargs="*", type=Path, default=[Path("results")])
     p.add_argument("--db", default=None)
+    p.add_argument("--wait", type=float, default=LOCK_WAIT_S, metavar="S",
+                   help=f"seconds to wait while another process holds the DuckDB file (default {LOCK_WAIT_S:.0f})")
     ns = p.parse_args(args)
-    _ingest_into(_db_path(ns.db), ns.paths)
-    return 0
+    if not ns.wait >= 0:
+        raise UsageError(f"--wait={ns.wait!r} must be a number of seconds >= 0")
+    return 0 if _ingest_into(_db_path(ns.db), ns.paths, wait_s=ns.wait) else 1
 
 
 def cmd_export(args: list[str]) -> int:

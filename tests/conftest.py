@@ -29,7 +29,7 @@ def _share_the_cores() -> None:
 _share_the_cores()
 
 DATA_SIDE = ["test_advisor.py", "test_compare.py", "test_docs.py", "test_launch.py", "test_memory_model.py",
-             "test_report.py", "test_report_selection.py", "test_roofline.py", "test_runner.py", "test_store.py",
+             "test_report.py", "test_report_selection.py", "test_roofline.py", "test_runner.py", "test_shared_results.py", "test_slurm.py", "test_store.py",
              "test_training_steps_report.py", "test_waterfall.py"]
 """Test modules of the data side (DuckDB, the plotly report). A GPU box needs neither library (`fp8bench run`
 writes shards there; ingest and report run elsewhere), so where one is missing these are not collected and
@@ -118,6 +118,20 @@ def cli_many():
 
 
 @pytest.fixture(scope="session")
+def slurm_cluster():
+    """The Slurm that answers here (tests/slurm_cluster.py's probe: a usable node and accounting). Without
+    one the test is skipped with the probe's reason; under CI (`.ci/run` starts a local cluster) it fails."""
+    import slurm_cluster
+
+    cluster, why = slurm_cluster.probe()
+    if cluster is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must bring up a local Slurm (.ci/run runs scripts/slurm/cluster.sh up): {why}")
+        pytest.skip(why)
+    return cluster
+
+
+@pytest.fixture(scope="session")
 def page_text():
     """fp8bench.report.browser.page_text through one Chromium for every test of a pytest run."""
     from fp8bench.report.browser import PageReader
@@ -126,7 +140,7 @@ def page_text():
         yield read
 
 
-SLOWEST_FIRST = ["test_asv.py", "test_train_modes.py", "test_report.py", "test_triton_backend.py", "test_cli.py",
+SLOWEST_FIRST = ["test_slurm.py", "test_asv.py", "test_train_modes.py", "test_report.py", "test_triton_backend.py", "test_cli.py",
                  "test_compare.py", "test_train_presets.py", "test_train.py", "test_runner.py", "test_launch.py",
                  "test_te_reference.py", "test_integrations.py"]
 """Test files by their CPU time in `make test` (`--durations=0` summed per file at 91a5d91, 88 s down to 16 s),

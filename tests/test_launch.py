@@ -123,6 +123,22 @@ def test_slurm_launcher_config_composes_with_one_gpu_per_task():
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
 
 
+def test_slurm_cpu_launcher_config_asks_for_one_core_and_no_gpu():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm-cpu", "results_dir=/shared/x"],
+                      return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher") and launcher.name == "fp8bench"
+    assert (launcher.gpus_per_node, launcher.cpus_per_task, launcher.mem_gb, launcher.partition) == (None, 1, 2, None)
+    assert launcher.submitit_folder == "/shared/x/hydra/.submitit/%j"  # the jobs' logs sit beside the results
+
+
 def test_longest_first_orders_by_history_and_keeps_declaration_order_without_it():
     from fp8bench.run.launch import longest_first
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,16 +77,63 @@ ALTER TABLE cases ADD COLUMN IF NOT EXISTS legacy_case_id VARCHAR;
 recorded before versions travelled with the data get theirs from records.LEGACY_VERSION_SQL."""
 
 
-def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+LOCK_WAIT_S = 300.0
+"""How long `connect` waits for a DuckDB file that another process holds (DuckDB allows one writer process,
+and no reader beside it): an ingest takes seconds, so two sweeps ending at once both get in."""
+LOCK_POLL_S = 0.5
+
+
+class DatabaseBusy(RuntimeError):
+    """The DuckDB file stayed locked by another process for the whole wait. Not bad input: what was recorded
+    is safe in its run folder, and `fp8bench ingest` loads it later."""
+
+    def __init__(self, db: Path, holder: str, waited_s: float) -> None:
+        super().__init__(f"{str(db)!r} is still held by {holder} after {waited_s:.0f} s")
+        self.db, self.holder, self.waited_s = db, holder, waited_s
+
+
+_LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.+?) \(PID (\d+)\)")
+
+
+def _lock_holder(exc: duckdb.Error) -> str | None:
+    """'PID 123 (/usr/bin/python3)' when `exc` is DuckDB's refusal of a file another process holds, else None."""
+    text = str(exc)
+    if "Could not set lock on file" not in text:
+        return None
+    m = _LOCK_HOLDER.search(text)
+    return f"PID {m.group(2)} ({m.group(1)})" if m else "another process"
+
+
+def _open(db: Path, read_only: bool, wait_s: float, on_wait) -> duckdb.DuckDBPyConnection:
+    """duckdb.connect, retried while another process holds the file, at most `wait_s` seconds;
+    `on_wait(holder, wait_s)` is called once, when the wait begins."""
+    deadline = time.monotonic() + wait_s
+    started, told = time.monotonic(), False
+    while True:
+        try:
+            return duckdb.connect(str(db), read_only=read_only,
+                                  config={} if read_only else {"storage_compatibility_version": STORAGE_VERSION})
+        except duckdb.Error as exc:
+            holder = _lock_holder(exc)
+            if holder is None:
+                raise StoreError(f"--db {str(db)!r} cannot be opened: {str(exc).splitlines()[0]}") from None
+            if time.monotonic() >= deadline:
+                raise DatabaseBusy(db, holder, time.monotonic() - started) from None
+            if not told and on_wait is not None:
+                on_wait(holder, wait_s)
+                told = True
+            time.sleep(LOCK_POLL_S)
+
+
+def connect(db: str | Path, read_only: bool = False, wait_s: float = LOCK_WAIT_S,
+            on_wait=None) -> duckdb.DuckDBPyConnection:
+    """Open (and create or migrate) the DuckDB file. While another process holds it, wait up to `wait_s`
+    seconds (calling `on_wait(holder, wait_s)` once), then raise DatabaseBusy."""
     db = Path(db)
     if read_only and not db.is_file():
         raise StoreError(f"--db {str(db)!r} does not exist; run `fp8bench ingest` first")
     db.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        con = duckdb.connect(str(db), read_only=read_only,
-                             config={} if read_only else {"storage_compatibility_version": STORAGE_VERSION})
-    except duckdb.Error as exc:
-        raise StoreError(f"--db {str(db)!r} cannot be opened: {str(exc).splitlines()[0]}") from None
+    con = _open(db, read_only, wait_s, on_wait)
     with contextlib.suppress(duckdb.Error):  # timestamps in UTC whatever the machine's zone (needs ICU)
         con.execute("SET TimeZone = 'UTC'")
     if not read_only:
@@ -93,8 +142,8 @@ def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnectio
         _fill_legacy_versions(con)
     elif _needs_migration(con):  # a file from before the version columns: upgrade it once, then read
         con.close()
-        connect(db).close()
-        return connect(db, read_only=True)
+        connect(db, wait_s=wait_s, on_wait=on_wait).close()
+        return connect(db, read_only=True, wait_s=wait_s, on_wait=on_wait)
     return con
 
 

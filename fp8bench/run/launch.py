@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fp8bench.core.hardware import visible_gpus
 from fp8bench.core.records import read_shard
+from fp8bench.run.scheduler import use_allocated_cpus
 
 _claimed: dict[str, object] = {}
 
@@ -58,10 +59,12 @@ def keep_worker_alive() -> None:
 
 def prepare_worker(parent_pid: int) -> str | None:
     """What a sweep job does first when it runs in a launcher's worker process (not in `parent_pid`, the
-    `fp8bench run` process itself): stay alive across jobs, and claim a GPU. Returns the GPU id, or None."""
+    `fp8bench run` process itself): stay alive across jobs, size torch's threads to the CPUs the worker was
+    given (a Slurm job's allocation), and claim a GPU. Returns the GPU id, or None."""
     if os.getpid() == parent_pid:
         return None
     keep_worker_alive()
+    use_allocated_cpus()
     return pin_worker_gpu()
 
 
