@@ -28,6 +28,7 @@ from fp8bench.analysis.recommend import (
 )
 from fp8bench.analysis.taxonomy import CurveClass
 from fp8bench.config.compose import model_preset
+from fp8bench.core.records import variant_of
 from fp8bench.data import store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ def _bands(records) -> dict[tuple, dict[int, object]]:
     bands: dict[tuple, dict[int, object]] = {}
     for r in records:
         if r.format == "bf16" and r.status == "ok" and r.shape.get("nproc", 1) == 1:
-            setting = (r.model, r.shape["batch"], r.shape["seq"], r.shape["steps"], r.backend, r.case_id.partition("+")[2])
+            setting = (r.model, r.shape["batch"], r.shape["seq"], r.shape["steps"], r.backend, variant_of(r.case_id))
             bands.setdefault((r.run_id, setting), {})[r.shape["seed"]] = r
     return bands
 
@@ -104,8 +105,8 @@ def test_the_paired_test_passes_bf16_against_its_own_reruns(records):
 
 
 def _stored(con, case_id: str, run_id: str) -> dict[str, float]:
-    return dict(con.execute("SELECT metric, value FROM measurements WHERE run_id = ? AND case_id = ?",
-                            [run_id, case_id]).fetchall())
+    return dict(con.execute("SELECT m.metric, m.value FROM measurements m JOIN cases c USING (run_id, case_id) "
+                            "WHERE m.run_id = ? AND c.label = ?", [run_id, case_id]).fetchall())
 
 
 def test_the_llama_350m_e4m3_delayed_run_fails_both_rules_leaves_the_band_and_reads_plateau(con):
@@ -122,7 +123,7 @@ def test_the_llama_350m_e4m3_delayed_run_fails_both_rules_leaves_the_band_and_re
 
 def test_every_committed_fp8_run_that_is_read_is_ok_but_two(con):
     rows = con.execute("""
-        SELECT c.run_id, c.case_id, m.value FROM cases c JOIN measurements m USING (run_id, case_id)
+        SELECT c.run_id, c.label, m.value FROM cases c JOIN measurements m USING (run_id, case_id)
         WHERE c.workload = 'train' AND c.format != 'bf16' AND m.metric = 'loss_curve_class'""").fetchall()
     not_ok = {(run, case): CurveClass.from_code(v) for run, case, v in rows if v != CurveClass.OK.code}
     assert len(rows) == 46
@@ -143,13 +144,13 @@ LEFT JOIN measurements hi_box ON hi_box.run_id = c.run_id AND hi_box.case_id = c
      AND hi_box.metric = 'speedup_vs_bf16_box_hi'
 LEFT JOIN measurements mem ON mem.run_id = c.run_id AND mem.case_id = c.case_id AND mem.metric = 'peak_mem_bytes'
 LEFT JOIN cases b ON b.run_id = c.run_id AND b.model = c.model AND b.shape_name = c.shape_name
-     AND b.backend = c.backend AND b.format = 'bf16' AND split_part(b.case_id, '+', 2) = split_part(c.case_id, '+', 2)
+     AND b.backend = c.backend AND b.format = 'bf16' AND split_part(b.label, '+', 2) = split_part(c.label, '+', 2)
 LEFT JOIN measurements bmem ON bmem.run_id = b.run_id AND bmem.case_id = b.case_id AND bmem.metric = 'peak_mem_bytes'
 WHERE c.workload = 'train' AND c.status = 'ok' AND c.format != 'bf16' AND c.backend != 'emulated'"""
 
 
 def _recipe(fmt, scaling, backend, case_id) -> Recipe:
-    return Recipe.of(fmt, scaling, backend, case_id.split("+", 1)[1] if "+" in case_id else "")
+    return Recipe.of(fmt, scaling, backend, variant_of(case_id))
 
 
 def _size(model: str) -> Size:

@@ -42,7 +42,8 @@ timed and belong to the identity."""
 INJECTION = ("fail_on", "slowdown")
 """Test-only faults (a raised error, a planted slowdown): a slowed case must keep its id, or a comparison could
 not see the slowdown."""
-EXPANSION = ("workload.linears", "workload.roles", "workload.shapes", "workload.tensors", "workload.train.bf16_seeds")
+EXPANSION = ("workload.linears", "workload.roles", "workload.shapes", "workload.tensors", "workload.train.bf16_seeds",
+             "workload.train.fp8_seeds")
 """Keys that choose the shapes (or the seeds) a point expands to; each case's shape is in its identity."""
 MODEL_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("name", "source"))
 TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f"workload.train.{f.name}" not in EXPANSION)
@@ -97,7 +98,7 @@ _MISSING = object()
 
 
 def reference(ident: dict[str, object]) -> dict[str, object]:
-    """The identity the same prefix has under the presets alone (conf/workload/W, conf/model/M, the scaling's
+    """The identity the same prefix has under the presets alone (the workload's and the model's presets in conf/, the scaling's
     defaults, conf/config.yaml's measure and seed), for the same shape name; where the presets do not make that
     shape (an explicit `workload.shapes` entry, a training run's own batch and steps), the shape is what its
     name says and is its own reference."""

@@ -34,7 +34,9 @@ from fp8bench.config.schema import Config, ConfigError
 from fp8bench.core.types import VALID_SCALINGS, Format, Scaling
 
 SCHEMA_NAME = "fp8bench_schema"
-GROUPS = ("workload", "model", "format", "scaling", "backend", "sweep")
+GROUPS = ("workload", "model", "format", "scaling", "backend", "sweep", "ablation")
+GLOBAL_GROUPS = ("sweep", "ablation")
+"""Groups whose presets set keys anywhere (`@package _global_`): a point of a sweep over one is composed whole."""
 
 
 def conf_dir() -> Path:
@@ -366,6 +368,11 @@ def _grid(parser: OverridesParser, base: DictConfig, axes: dict[str, list[str]],
         point = to_config(base_raw)
         check_combination(point)
         return [point], [tuple(single)], 0
+    if any(k in GLOBAL_GROUPS for k in varying):  # a preset that sets keys anywhere: each point composed whole
+        raw_points = [(_compose([*single, *combo]), combo) for combo in itertools.product(*varying.values())]
+        kept = [(cfg, combo) for cfg, combo in raw_points if _possible(cfg)]
+        return ([to_config(cfg) for cfg, _ in kept], [tuple(single) + combo for _, combo in kept],
+                len(raw_points) - len(kept))
     groups = [k for k in varying if k in GROUPS]
     raw = {line: _compose([*single, line]) for k in groups for line in varying[k]}
     if len(groups) == len(varying):  # the common sweep: groups only, swapped into one validated base

@@ -101,6 +101,12 @@ class TrainConfig:
     'bf16': BF16 parameters and optimiser state."""
     bf16_seeds: int = 3
     """BF16 points train this many seeds (seed, seed+1, ...): the band FP8 runs are judged against."""
+    fp8_seeds: int = 1
+    """Low-precision points train this many seeds (the same seeds as the band's first ones): loss parity is a
+    pass rate over them (conf/workload/train.yaml: 3)."""
+    schedule_steps: int = 0
+    """The learning-rate schedule's length in steps (warm-up, then cosine decay to its end); 0: `steps`. Set it
+    above `steps` to train the first steps of a longer run's schedule (a plateau past some step)."""
     eval_every: int = 50
     eval_batches: int = 8
     ckpt_every: int = 0
@@ -121,9 +127,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _positive("workload.train.nproc", self.nproc)
         _one_of("workload.train.strategy", self.strategy, ["fsdp2", "ddp"])
-        for f in ("steps", "eval_every", "eval_batches", "bf16_seeds", "lr", "loss_scale"):
+        for f in ("steps", "eval_every", "eval_batches", "bf16_seeds", "fp8_seeds", "lr", "loss_scale"):
             _positive(f"workload.train.{f}", getattr(self, f))
-        for f in ("warmup_steps", "weight_decay", "grad_clip", "ckpt_every", "min_lr_ratio"):
+        for f in ("warmup_steps", "weight_decay", "grad_clip", "ckpt_every", "min_lr_ratio", "schedule_steps"):
             _positive(f"workload.train.{f}", getattr(self, f), allow_zero=True)
         _one_of("workload.train.master_weights", self.master_weights, ["fp32", "bf16"])
         if self.corpus != "stdlib" and not Path(self.corpus).expanduser().exists():

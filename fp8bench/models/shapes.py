@@ -54,10 +54,10 @@ built without torch."""
 
 def train(config: Config) -> list[tuple[str, dict]]:
     """One training run per seed: BF16 points train `train.bf16_seeds` seeds (the band FP8 is judged
-    against), other formats the configured seed."""
+    against), other formats `train.fp8_seeds` (parity is a pass rate over them); a distributed run one."""
     w, t = config.workload, config.workload.train
     # the BF16 band comes from one-GPU runs; a distributed BF16 run is one seed, for its speed
-    n_seeds = t.bf16_seeds if config.format.name == "bf16" and t.nproc == 1 else 1
+    n_seeds = (t.bf16_seeds if config.format.name == "bf16" else t.fp8_seeds) if t.nproc == 1 else 1
     out = []
     dist = ""
     if t.nproc > 1 or t.fp8_all_gather:  # e.g. ".fsdp2x2fp8ag": a distributed run of the same global batch

@@ -72,10 +72,12 @@ class Curve:
 
 
 def lr_at(step: int, cfg) -> float:
-    """Linear warm-up to `lr`, then cosine decay to lr·min_lr_ratio at the last step."""
+    """Linear warm-up to `lr`, then cosine decay to lr·min_lr_ratio at the schedule's last step
+    (`schedule_steps`, or the run's own `steps`)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    length = cfg.schedule_steps or cfg.steps
+    progress = (step - cfg.warmup_steps) / max(1, length - cfg.warmup_steps)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
