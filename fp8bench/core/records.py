@@ -47,6 +47,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "speedup_vs_bf16_kernel": ("x", "higher"),
     "speedup_vs_bf16_kernel_lo": ("x", "higher"),
     "speedup_vs_bf16_kernel_hi": ("x", "higher"),
+    "speedup_vs_bf16_processes": ("count", "higher"),
+    "speedup_vs_bf16_kernel_processes": ("count", "higher"),
     "speedup_vs_bf16_box_lo": ("x", "higher"),
     "speedup_vs_bf16_box_hi": ("x", "higher"),
     "speedup_vs_bf16_kernel_box_lo": ("x", "higher"),
