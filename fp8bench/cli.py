@@ -230,6 +230,7 @@ def _launch(hydra_overrides: tuple[str, ...], first, run_id: str, n_groups: int,
         from fp8bench.run.launch import prepare_worker
         from fp8bench.run.plan import execution_order, plan
         from fp8bench.run.runner import execute, group_points, run_dir_for
+        from fp8bench.run.scheduler import slurm_context
 
         gpu = prepare_worker(parent)
         where = f"job{index}" + (f"-gpu{gpu}" if gpu is not None else "")
@@ -240,8 +241,10 @@ def _launch(hydra_overrides: tuple[str, ...], first, run_id: str, n_groups: int,
         cases = plan(points, here)
         job_console.print(f"{where}: pid {os.getpid()}, {len(cases)} case(s) of {cases[0].label}"
                           + (" ..." if len(cases) > 1 else ""), highlight=False)
-        execute(execution_order(cases), run_dir, run_id, here, job=where, resume=bool(first.resume),
-                console=job_console, progress=False)
+        # a job Slurm requeued runs again from the start: what its first run recorded is kept, not measured twice
+        again = bool(first.resume) or slurm_context().get("restart_count", 0) > 0
+        execute(execution_order(cases), run_dir, run_id, here, job=where, resume=again, console=job_console,
+                progress=False)
 
     fixed = [f"results_dir={first.results_dir}", f"run_id={run_id}"]
     return launch_jobs(list(hydra_overrides), fixed, n_groups, job)
