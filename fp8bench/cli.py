@@ -29,12 +29,13 @@ def _console(stderr: bool = False) -> Console:
 
 console = _console(stderr=True)
 out = _console()
-COMMANDS = ("run", "plan", "ingest", "export", "report", "compare", "asv-compare", "history", "calibrate",
+COMMANDS = ("run", "plan", "advise", "ingest", "export", "report", "compare", "asv-compare", "history", "calibrate",
             "roofline", "waterfall", "memory", "doctor")
 USAGE = """usage: fp8bench COMMAND [ARGS]
 
   run [-m] [hydra overrides]   run a point or a sweep preset (sweep=quick); -m uses Hydra's multirun
   plan [hydra overrides]       list the cases with runnable / skipped: reason; runs nothing
+  advise [--db DB]             the recipe to train with: the fastest that passes loss parity (3+ seeds)
   ingest [PATHS...] [--db DB] [--wait S]
                                load run folders, shards or Parquet exports into DuckDB (idempotent); waits
                                up to S seconds (300) while another process holds the file, then exits 1
@@ -311,6 +312,27 @@ def cmd_plan(args: list[str]) -> int:
               + (f"; dropped {request.dropped} impossible format×scaling combinations" if request.dropped else "")
               + (f"; {sum(c.added for c in cases)} BF16 twins added" if any(c.added for c in cases) else ""),
               highlight=False)
+    return 0
+
+
+def cmd_advise(args: list[str]) -> int:
+    from fp8bench.report.recommendation import HEADERS, decide, rows
+
+    p = _Parser(prog="fp8bench advise", description="The FP8 recipe to train with, from the stored runs: the "
+                "fastest whole-step speedup over BF16 (at the largest size timed) among recipes that pass loss "
+                "parity with at least three seeds at the largest size judged; faster recipes that fail, or were "
+                "judged on too few seeds, are listed below it with their verdicts.")
+    p.add_argument("--db", default=None)
+    ns = p.parse_args(args)
+    with _reading(ns.db) as con:
+        rec = decide(con)
+    table = Table(title="which FP8 recipe to train with")
+    for col in HEADERS:
+        table.add_column(col, overflow="fold")
+    for row in rows(rec):
+        table.add_row(*row)
+    out.print(table)
+    out.print(rec.text(), highlight=False, markup=False, soft_wrap=True)
     return 0
 
 
@@ -695,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd in ("run", "plan", "doctor") and any(a in ("-h", "--help") for a in rest):
         out.print(_help(cmd), highlight=False, markup=False)
         return 0
-    handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
+    handlers = {"run": cmd_run, "plan": cmd_plan, "advise": cmd_advise, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
                 "compare": cmd_compare, "asv-compare": cmd_asv_compare, "history": cmd_history,
                 "calibrate": cmd_calibrate, "roofline": cmd_roofline, "waterfall": cmd_waterfall, "memory": cmd_memory,
                 "doctor": cmd_doctor}

@@ -208,7 +208,13 @@ def layer_waterfall_block(con) -> str:
                   "kernels / step", "run", "commit"], [r[-1] for r in sorted(rows, key=lambda r: r[:3])])
 
 
-KINDS = {"headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block,
+def recommendation_block(con) -> str:
+    from fp8bench.report.recommendation import markdown
+
+    return markdown(con)
+
+
+KINDS = {"recommendation": recommendation_block, "headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block,
          "layer-waterfall": layer_waterfall_block}
 
 
