@@ -2,6 +2,7 @@
 draws, links resolve, nothing is fetched from the network, planted markup renders as text."""
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,8 @@ if chromium_path() is None:
 def _planted_run(root: Path) -> None:
     run_dir = root / "runs" / "planted"
     write_manifest(run_dir, {"run_id": "planted", "started_at": 1.8e9, "git_commit": PLANTED, "git_dirty": False,
-                             "device_name": "cpu " + PLANTED, "env": {"env_id": "planted", "device_name": "cpu"},
+                             "device_name": "cpu " + PLANTED,
+                             "env": {"env_id": "planted", "device_name": "cpu", "device_kind": "cpu"},
                              "config": {"overrides": [f"fail_on={PLANTED}"]}})
     with ShardWriter(run_dir) as w:
         for fmt, t in (("bf16", 2.0), ("e4m3", 1.0)):
@@ -130,3 +132,81 @@ def test_the_overview_leads_with_the_headline_and_collapses_what_was_not_measure
     assert closed == [False]
     runs = page_text(site, "runs.html")  # the table, not the collapsed configs: no machine's own folders
     assert "/work/" not in runs and "/tmp/" not in runs and "runs/planted" in runs
+
+
+def test_no_two_series_of_a_chart_look_alike_and_no_axis_label_runs_into_another_panel(checks, site, page_text):
+    """Every chart of every page: differently named series (recipes, cases) differ in colour or marker (line
+    dash, bar pattern), and no tick label or axis title of one subplot meets another subplot's labels, titles
+    or plot area (their bounding boxes in Chromium)."""
+    for c in checks:
+        assert c.look_alikes == [], (c.page, c.look_alikes[:3])
+        assert c.overlapping_labels == [], (c.page, c.overlapping_labels[:3])
+    # the headline chart holds far more recipes than colours (30 on 10 at the committed runs), in three panels
+    [headline] = page_text(site, "index.html", "Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => "
+                           "({names: [...new Set(gd._fullData.map(t => t.name))], panels: "
+                           "gd._fullLayout._subplots.cartesian.length}))")
+    assert len(headline["names"]) > 20 and headline["panels"] == 3
+
+
+@pytest.mark.slow
+def test_each_headline_panel_shows_only_the_models_it_has_data_for(site, page_text):
+    panels = page_text(site, "index.html", """(() => { const gd = document.querySelector('.js-plotly-plot');
+        return gd._fullLayout._subplots.cartesian.map(id => { const x = id.match(/^x\\d*/)[0];
+          const ax = gd._fullLayout[x.replace('x', 'xaxis')];
+          return {categories: ax._categories, data: [...new Set(gd._fullData.filter(t => t.xaxis === x)
+                  .flatMap(t => Array.from(t.x)))]}; }); })()""")
+    assert len(panels) == 3
+    for panel in panels:
+        assert sorted(panel["categories"]) == sorted(panel["data"]) and panel["categories"]
+    layer, _, train = panels  # panels in workload order: layer, mlp, train
+    assert not any("llama-350m" in c for c in layer["categories"]) and any("llama-350m" in c for c in train["categories"])
+
+
+@pytest.mark.slow
+def test_the_front_page_leads_with_the_recommendation_and_the_advisor_with_the_gpu(site, page_text):
+    from fp8bench.report.recommendation import HEADERS
+
+    order = page_text(site, "index.html", "Array.from(document.querySelectorAll('main > h2, main .tbl, main .plot'))"
+                                          ".map(e => e.tagName === 'H2' ? 'h2:' + e.innerText : e.className)")
+    assert order[:4] == ["h2:Which recipe to train with", "tbl", "h2:Headline: FP8 speedup over BF16 for a whole "
+                         "layer and a whole training step", "plot"], order[:4]
+    [first] = page_text(site, "index.html", "[Array.from(document.querySelector('.tbl table').rows).map(r => "
+                                            "Array.from(r.cells).map(c => c.innerText))]")
+    assert first[0] == HEADERS
+    rows = {r[1]: r for r in first[1:]}
+    # nothing passes with three seeds at the committed runs; E4M3 delayed is listed with the rules it failed
+    assert first[1][0] == "no recommendation"
+    assert rows["e4m3/delayed · te"][0] == "FAIL" and "final-loss prediction interval" in rows["e4m3/delayed · te"][4]
+    advisor = page_text(site, "index.html", """(() => { const h = Array.from(document.querySelectorAll('main > h2'))
+        .find(e => e.innerText.startsWith('Advisor')); let e = h.nextElementSibling;
+        while (!e.classList.contains('tbl')) e = e.nextElementSibling;
+        return Array.from(e.querySelectorAll('tbody tr')).map(r => r.cells[0].innerText); })()""")
+    assert advisor and set(advisor) == {"NVIDIA H200"}
+    cpu = page_text(site, "index.html", "Array.from(document.querySelectorAll('details')).filter(d => "
+                                        "d.querySelector('summary').innerText.startsWith('CPU rows'))"
+                                        ".map(d => [d.open, d.textContent.includes('cpu ' + '<script>')])")
+    assert cpu == [[False, True]]
+
+
+@pytest.mark.slow
+def test_the_advisor_states_what_a_speedup_times_and_shows_numerics_as_figures(site, page_text):
+    text = page_text(site, "index.html", "document.body.textContent")
+    assert "the GEMM with its casts (quantization included; kernel_speedup: the kernel alone)" in text
+    assert "kernel_speedup" in text and "a whole training step" in text
+    assert re.search(r"SQNR \d+\.\d dB vs FP64; \d+ dB vs the emulator", text)
+    assert "accuracy ok" not in text and "agree with emulator" not in text
+
+
+@pytest.mark.slow
+def test_the_training_page_names_the_failed_rule_the_pass_rate_the_band_exit_and_the_curve(site, page_text):
+    text = page_text(site, "training.html")
+    run = text.split("llama-350m (run parity-350m)")[1].split("validation loss per recipe")[0]
+    rates = {line.split("\t")[0]: line.split("\t") for line in run.splitlines() if "\t" in line}
+    e4m3 = rates["e4m3/delayed · te-layer"]
+    assert e4m3[2:] == ["0/1", "FAIL 0/1 pass: final-loss prediction interval, curve-area prediction interval",
+                        "step 105", "plateau from step 113", "never"], e4m3
+    seed = rates["e4m3/delayed · te-layer · seed0"]
+    assert seed[1] == ("FAIL: final-loss prediction interval: +2.260 nats against 0.292 allowed; curve-area "
+                       "prediction interval: +124.70% against 15.58% allowed")
+    assert seed[2:4] == ["step 105", "plateau from step 113"]
+    assert rates["hybrid/delayed · te-layer"][2:4] == ["1/1", "1/1 pass (fewer than 3 seeds: no verdict on the recipe)"]

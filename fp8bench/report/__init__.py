@@ -18,6 +18,15 @@ def plotly_asset() -> Path:
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
+def _recommendation(con):
+    """The decision fp8bench advise shows, as the front page's table."""
+    import pandas as pd
+
+    from fp8bench.report.recommendation import HEADERS, decide, rows
+
+    return pd.DataFrame(rows(decide(con)), columns=HEADERS)
+
+
 def build_site(con, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "assets").mkdir(exist_ok=True)
@@ -32,7 +41,7 @@ def build_site(con, out: Path) -> list[Path]:
     asv = out / "asv" / "index.html"
     falls = data.waterfalls(con)
     roof, roof_quant = data.roofline(con), data.roofline(con, with_quant=True)
-    built = [pages.overview(head, runs, falls), pages.gemm_page(head, roof, roof_quant),
+    built = [pages.overview(head, runs, falls, _recommendation(con)), pages.gemm_page(head, roof, roof_quant),
              pages.modules_page(head, falls), pages.training_page(head, data.train_curves(con), falls),
              pages.numerics_page(head), pages.history_page(df, asv if asv.is_file() else None, history_steps(con)),
              pages.runs_page(runs)]

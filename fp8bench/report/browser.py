@@ -51,6 +51,79 @@ class PageCheck:
     """The page's height in pixels at the 1400-pixel-wide viewport."""
     scroll_width: int = 0
     """The page's width: above the viewport's, something (a table) spills past it."""
+    look_alikes: list[tuple[str, list[str]]] = field(default_factory=list)
+    """(plot title, series names) for each look (colour, marker, dash, bar pattern) that two or more differently
+    named series of one plot share."""
+    overlapping_labels: list[tuple[str, list]] = field(default_factory=list)
+    """(plot title, overlap) for each tick label or axis title of one subplot whose box intersects another
+    subplot's tick label, axis title or plot area."""
+
+
+TRACE_LOOKS = r"""
+Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => ({
+  title: (gd.layout.title && gd.layout.title.text) || '',
+  traces: (gd._fullData || []).filter(t => t.name).map(t => {
+    const mode = t.mode || '', m = t.marker || {}, line = t.line || {};
+    const color = String(m.color || line.color || '').toLowerCase();
+    const scatter = t.type === 'scatter' || t.type === 'scattergl';
+    return {name: t.name, look: JSON.stringify([t.type, color,
+      scatter && mode.includes('markers') ? String(m.symbol) : null,
+      scatter && mode.includes('lines') ? String(line.dash || 'solid') : null,
+      t.type === 'bar' ? String((m.pattern && m.pattern.shape) || '') : null])};
+  })}))
+"""
+"""Every plot's series with how each is drawn: its colour, and the marker, line dash or bar pattern it shows."""
+
+LABEL_OVERLAPS = r"""
+Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+  const subplots = ((gd._fullLayout || {})._subplots || {}).cartesian || [];
+  const boxes = [];
+  const add = (ids, el, what) => {
+    const r = el.getBoundingClientRect();
+    if (r.width > 0 && r.height > 0)
+      boxes.push({ids, what, text: el.textContent, l: r.left, r: r.right, t: r.top, b: r.bottom});
+  };
+  gd.querySelectorAll('.cartesianlayer > g.subplot').forEach(sp => {
+    const id = Array.from(sp.classList).find(c => c !== 'subplot');
+    sp.querySelectorAll('.xaxislayer-above text, .yaxislayer-above text').forEach(el => add([id], el, 'tick'));
+  });
+  gd.querySelectorAll('.draglayer > g').forEach(g => {
+    const id = Array.from(g.classList).find(c => /^x\d*y\d*$/.test(c));
+    const rect = g.querySelector('rect.nsewdrag');
+    if (id && rect) add([id], rect, 'plot area');
+  });
+  gd.querySelectorAll('.infolayer > g').forEach(g => {
+    for (const c of g.classList) {
+      const m = c.match(/^g-([xy])(\d*)title$/);
+      if (!m) continue;
+      const ids = subplots.filter(s => { const p = s.match(/^(x\d*)(y\d*)$/);
+                                         return p && p[m[1] === 'x' ? 1 : 2] === m[1] + m[2]; });
+      add(ids, g, 'axis title');
+    }
+  });
+  const hits = [];
+  for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+    const a = boxes[i], b = boxes[j];
+    if (a.ids.some(id => b.ids.includes(id)) || (a.what === 'plot area' && b.what === 'plot area')) continue;
+    if (a.l < b.r - 0.5 && b.l < a.r - 0.5 && a.t < b.b - 0.5 && b.t < a.b - 0.5)
+      hits.push([a.ids.join(','), a.what, a.text, b.ids.join(','), b.what, b.text]);
+  }
+  return {title: (gd.layout.title && gd.layout.title.text) || '', hits};
+})
+"""
+"""Per plot, each pair of boxes of different subplots that intersect: tick labels (every axis's, `.xtick`,
+`.x2tick`, ...), axis titles (`.g-xtitle`, `.g-x2title`, ...) and plot areas, by getBoundingClientRect."""
+
+
+def look_alikes(plots: list[dict]) -> list[tuple[str, list[str]]]:
+    """From TRACE_LOOKS' answer: each look that differently named series of one plot share."""
+    out = []
+    for plot in plots:
+        names: dict[str, set[str]] = {}
+        for t in plot["traces"]:
+            names.setdefault(t["look"], set()).add(t["name"])
+        out += [(plot["title"], sorted(n)) for n in names.values() if len(n) > 1]
+    return out
 
 
 def check_site(site: Path, screenshot: Path | None = None) -> list[PageCheck]:
@@ -82,6 +155,9 @@ def check_site(site: Path, screenshot: Path | None = None) -> list[PageCheck]:
                 ".plot", "els => els.filter(e => !(e.layout && e.layout.title && e.layout.title.text)).length")
             current[-1].height = page.evaluate("document.documentElement.scrollHeight")
             current[-1].scroll_width = page.evaluate("document.documentElement.scrollWidth")
+            current[-1].look_alikes = look_alikes(page.evaluate(TRACE_LOOKS))
+            current[-1].overlapping_labels = [(plot["title"], hit) for plot in page.evaluate(LABEL_OVERLAPS)
+                                              for hit in plot["hits"]]
             for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):
                 url = urlparse(href)
                 if url.scheme == "file" and not Path(unquote(url.path)).is_file():

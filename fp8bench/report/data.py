@@ -18,7 +18,10 @@ WIDE_METRICS = (
     "speedup_vs_bf16_kernel", "speedup_vs_bf16_kernel_lo", "speedup_vs_bf16_kernel_hi",
     "speedup_vs_bf16_kernel_box_lo", "speedup_vs_bf16_kernel_box_hi", "gpu_busy_pct", "host_bound",
     "gpu_gemm_ms", "gpu_quantize_ms", "gpu_attention_ms", "gpu_optimizer_ms", "gpu_communication_ms", "gpu_other_ms",
-    "gpu_busy_ms", "gpu_profiled_step_ms")
+    "gpu_busy_ms", "gpu_profiled_step_ms", "loss_area_gap_allowed_pct", "loss_band_exit_step", "loss_gap_same_seed",
+    "loss_area_gap_same_seed_pct", "parity_seeds", "parity_passes", "parity_recipe_pass", "parity_band_exit_step",
+    "parity_paired_area_gap_pct", "parity_paired_area_allowed_pct", "quality_speedup_seeds", "quality_speedup_lo",
+    "quality_speedup_hi", "quality_never_seeds", "loss_curve_class", "loss_curve_class_step")
 """The measurements the report reads, one column each (named after the metric, speedup_vs_bf16... as
 speedup...: speedup, speedup_lo, speedup_box_hi, speedup_kernel, ...)."""
 _COLUMNS = ",\n".join(f"    max(value) FILTER (WHERE metric = '{m}') AS {m.replace('speedup_vs_bf16', 'speedup')}"
@@ -33,13 +36,14 @@ SELECT c.run_id, c.case_id, coalesce(c.label, c.case_id) AS label, c.twin_id,
        coalesce(json_extract_string(c.measurement, '$.method'), '') = 'once' AS emulation, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.shape AS shape_json,
        c.params AS params_json, json_extract_string(r.config, '$.base.workload.train.master_weights') AS run_master_weights,
        c.status,
-       c.reason, r.device_name, r.started_at, r.git_commit, r.measurement_version,
+       c.reason, r.device_name, e.device_kind, r.started_at, r.git_commit, r.measurement_version,
        CASE WHEN m.tflops IS NOT NULL
             THEN 100 * m.tflops / CASE WHEN c.format = 'bf16' THEN k.bf16_tflops ELSE k.fp8_tflops END
             WHEN m.gbps IS NOT NULL THEN 100 * m.gbps / k.copy_gbps END AS pct_of_ceiling,
        """ + VARIANT_SQL + """ AS variant,
        m.* EXCLUDE (run_id, case_id)
-FROM cases c JOIN runs r USING (run_id) LEFT JOIN m USING (run_id, case_id)
+FROM cases c JOIN runs r USING (run_id) LEFT JOIN environments e ON e.env_id = r.env_id
+LEFT JOIN m USING (run_id, case_id)
 LEFT JOIN {ceilings} k ON k.device_name = r.device_name
 """
 NO_CEILINGS = "(SELECT NULL::VARCHAR AS device_name, NULL::DOUBLE AS bf16_tflops, NULL::DOUBLE AS fp8_tflops, " \

@@ -38,52 +38,82 @@ def _with_bf16(df: pd.DataFrame, cols: tuple[str, ...] = ("time_ms", "peak_mem_b
 
 # --------------------------------------------------------------------------- overview / advisor
 
+SPEEDUP_OF = {"gemm": "the GEMM with its casts (quantization included; kernel_speedup: the kernel alone)",
+              "linear": "fwd+bwd of one linear, casts included", "mlp": "fwd+bwd of the MLP, casts included",
+              "layer": "fwd+bwd of the layer, casts included", "train": "a whole training step"}
+"""What each workload's speedup_vs_bf16 times, as the advisor states it beside the figure."""
+
+
 def advisor(df: pd.DataFrame) -> pd.DataFrame:
-    """Per device × model × workload × recipe: speedup with its interval, whether host-bound, the kernels' agreement
-    with the emulator and (training) loss parity, memory change; the recommended one marked."""
+    """Per device × model × workload × recipe: speedup with its interval and what it times, whether host-bound,
+    the numerics (SQNR, agreement with the emulator) and (training) the recipe's loss-parity pass rate, memory
+    change; the recommended one marked."""
     real = _with_bf16(_real(df))
     real = real[real["workload"].isin(["linear", "mlp", "layer", "gemm", "train"]) & (real["format"] != "bf16")]
     if real.empty:
         return pd.DataFrame()
     lo, hi = interval(real)
     real = real.assign(mem_change=(real["peak_mem_bytes"] / real["bf16_peak_mem_bytes"] - 1) * 100,
-                       s_lo=lo, s_hi=hi, hb=real["host_bound"])
+                       s_lo=lo, s_hi=hi, hb=real["host_bound"], on_cpu=real["device_kind"] == "cpu")
     g = real.groupby(["device", "model", "workload", "recipe"], dropna=False).agg(
         speedup=("speedup", "median"), speedup_lo=("s_lo", "median"), speedup_hi=("s_hi", "median"),
-        host_bound_shapes=("hb", "sum"), labelled_shapes=("hb", "count"), sqnr_db=("sqnr_db", "median"),
-        parity_pass=("parity_pass", "min"), vs_emulator_db=("sqnr_vs_emulated_db", "min"),
-        mem_change_pct=("mem_change", "median"), shapes=("shape_name", "nunique")).reset_index()
+        kernel_speedup=("speedup_kernel", "median"), host_bound_shapes=("hb", "sum"),
+        labelled_shapes=("hb", "count"), sqnr_db=("sqnr_db", "median"), vs_emulator_db=("sqnr_vs_emulated_db", "min"),
+        mem_change_pct=("mem_change", "median"), shapes=("shape_name", "nunique"), cpu=("on_cpu", "any")).reset_index()
     g["bound"] = g.apply(_bound_of_group, axis=1)
     g = g.drop(columns=["host_bound_shapes", "labelled_shapes"])
-    g["kernels"] = g.apply(_kernel_verdict, axis=1)
-    g["loss_parity"] = g.apply(_parity_verdict, axis=1)
+    g["speedup_of"] = g["workload"].map(SPEEDUP_OF)
+    g["numerics_ok"] = g.apply(_numerics_ok, axis=1)
+    g["numerics"] = g.apply(_numerics, axis=1)
+    g = g.merge(_train_parity(df), how="left", on=["device", "model", "workload", "recipe"])
+    unjudged = (g["workload"] == "train") & g["loss_parity"].isna()
+    g["loss_parity"] = g["loss_parity"].mask(unjudged, "not judged (no BF16 band of 3 seeds beside it)").fillna("")
     g["recommended"] = ""
-    for (_, _, workload), idx in g.groupby(["device", "model", "workload"]).groups.items():
-        sub = g.loc[idx]
-        # a training step is recommended on loss parity against the BF16 seed band; the one-step workloads,
-        # which have no loss, on their kernels agreeing with the emulator
-        trusted = sub["loss_parity"] == "pass" if workload == "train" else sub["kernels"] == "agree with emulator"
-        good = sub[trusted & (sub["speedup"] > 1.0)]
-        if good.empty:
-            best = sub["speedup"].idxmax()
-            if workload == "train" and not (sub["loss_parity"] == "pass").any():
-                why = ("kept the BF16 loss (no parity verdict: fewer than 3 BF16 seeds)"
-                       if (sub["loss_parity"] == "no parity verdict").all() else "kept the BF16 loss")
-                g.loc[best, "recommended"] = (f"no recommendation: no FP8 recipe {why}; fastest "
-                                              f"{sub.loc[best, 'speedup']:.2f}x")
-                continue
-            why = "beat it" if sub.loc[best, "speedup"] <= 1.0 else "beat it with its kernels agreeing with the emulator"
-            g.loc[best, "recommended"] = f"BF16: no FP8 recipe {why} (fastest {sub.loc[best, 'speedup']:.2f}x)"
-            continue
-        best = good["speedup"].idxmax()
-        r = g.loc[best]
-        mem = "" if pd.isna(r["mem_change_pct"]) else f", peak memory {r['mem_change_pct']:+.0f}%"
-        ci = "" if pd.isna(r["speedup_lo"]) else f" [{r['speedup_lo']:.2f}-{r['speedup_hi']:.2f}]"
-        host = ("; host-bound on this box: the GPU waited for the host, so the figure is the host CPU's as much "
-                "as the GPU's" if r["bound"].startswith(("host", "partly")) else "")
-        basis = "loss parity passed" if workload == "train" else "kernels agree with the emulator"
-        g.loc[best, "recommended"] = f"use this: fastest with {basis} ({r['speedup']:.2f}x{ci}{mem}){host}"
+    g = pd.concat([_recommended(sub, workload) for (_, _, workload), sub in g.groupby(["device", "model", "workload"])])
     return g.sort_values(["device", "model", "workload", "speedup"], ascending=[True, True, True, False])
+
+
+def _train_parity(df: pd.DataFrame) -> pd.DataFrame:
+    """Per device × model × recipe of the training cases: each judged run's pass rate and verdict
+    (`loss_parity`), and `parity_ok`: every run that judged it found it passing on three or more seeds."""
+    from fp8bench.report.parity_view import recipe_rates
+
+    rates = recipe_rates(df[df["workload"] == "train"])
+    out = []
+    for (device, model, recipe), d in rates.groupby(["device", "model", "recipe"]):
+        where = len(d) > 1
+        out.append({"device": device, "model": model, "workload": "train", "recipe": recipe,
+                    "loss_parity": "; ".join(r["verdict"] + (f" ({r['setting']}, run {r['run_id']})" if where else "")
+                                             for _, r in d.iterrows()),
+                    "parity_ok": bool((d["recipe_pass"] == True).all())})  # noqa: E712 - None is not a pass
+    return pd.DataFrame(out, columns=["device", "model", "workload", "recipe", "loss_parity", "parity_ok"])
+
+
+def _recommended(sub: pd.DataFrame, workload: str) -> pd.DataFrame:
+    """`sub` (one device × model × workload) with the `recommended` cell of its row to read set: a training
+    step is recommended on its recipe's loss parity (three or more seeds, all passing); the one-step workloads,
+    which have no loss, on their numerics."""
+    sub = sub.copy()
+    trusted = sub["parity_ok"].fillna(False).astype(bool) if workload == "train" else sub["numerics_ok"]
+    good = sub[trusted & (sub["speedup"] > 1.0)]
+    if good.empty:
+        best = sub["speedup"].idxmax()
+        fastest = f"fastest {sub.loc[best, 'speedup']:.2f}x"
+        if workload == "train":
+            sub.loc[best, "recommended"] = (f"no recommendation: no FP8 recipe faster than BF16 passes loss parity "
+                                            f"with 3 seeds here; {fastest}")
+        else:
+            why = "beat it" if sub.loc[best, "speedup"] <= 1.0 else "beat it with numerics that check out"
+            sub.loc[best, "recommended"] = f"BF16: no FP8 recipe {why} ({fastest})"
+        return sub
+    r = sub.loc[good["speedup"].idxmax()]
+    mem = "" if pd.isna(r["mem_change_pct"]) else f", peak memory {r['mem_change_pct']:+.0f}%"
+    ci = "" if pd.isna(r["speedup_lo"]) else f" [{r['speedup_lo']:.2f}-{r['speedup_hi']:.2f}]"
+    host = ("; host-bound on this box: the GPU waited for the host, so the figure is the host CPU's as much "
+            "as the GPU's" if r["bound"].startswith(("host", "partly")) else "")
+    basis = "loss parity passed on 3+ seeds" if workload == "train" else "numerics that check out"
+    sub.loc[r.name, "recommended"] = f"use this: fastest with {basis} ({r['speedup']:.2f}x{ci}{mem}){host}"
+    return sub
 
 
 def _bound_of_group(row) -> str:
@@ -98,24 +128,30 @@ def _bound_of_group(row) -> str:
     return "device-bound" if labelled == row["shapes"] else ""
 
 
-def _kernel_verdict(row) -> str:
+EMULATOR_AGREEMENT_DB = 30.0
+"""Below this SQNR against the exact emulator on the same inputs, a real kernel does not compute the recipe."""
+FP64_SQNR_FLOOR_DB = 15.0
+"""Below this SQNR against FP64 (GEMM, linear), an FP8 output is suspect whatever the emulator says."""
+
+
+def _numerics_ok(row) -> bool:
     """Do the recipe's kernels compute what they should? Agreement with the exact emulator is the check; the
     FP64 SQNR floor applies where sqnr_db is against FP64 (gemm, linear). A layer's sqnr_db is against the
     same module's BF16 output: informative, not a gate. Says nothing about training."""
-    if pd.notna(row["vs_emulator_db"]) and row["vs_emulator_db"] < 30:
-        return "check: disagrees with emulator"
-    if row["workload"] in ("gemm", "linear") and pd.notna(row["sqnr_db"]) and row["sqnr_db"] < 15:
-        return "check: low SQNR vs FP64"
-    return "agree with emulator"
+    if pd.notna(row["vs_emulator_db"]) and row["vs_emulator_db"] < EMULATOR_AGREEMENT_DB:
+        return False
+    return not (row["workload"] in ("gemm", "linear") and pd.notna(row["sqnr_db"])
+                and row["sqnr_db"] < FP64_SQNR_FLOOR_DB)
 
 
-def _parity_verdict(row) -> str:
-    """Does training under the recipe keep BF16's loss? Only a training run with the BF16 seed band says."""
-    if row["workload"] != "train":
-        return ""
-    if pd.isna(row["parity_pass"]):
-        return "no parity verdict"
-    return "pass" if row["parity_pass"] == 1.0 else "FAIL: loss outside the BF16 band"
+def _numerics(row) -> str:
+    """The recipe's numerics as figures: SQNR against its reference and against the exact emulator."""
+    ref = "FP64" if row["workload"] in ("gemm", "linear") else f"the BF16 {row['workload']}"
+    parts = [] if pd.isna(row["sqnr_db"]) else [f"SQNR {row['sqnr_db']:.1f} dB vs {ref}"]
+    if pd.notna(row["vs_emulator_db"]):
+        parts.append(f"{row['vs_emulator_db']:.0f} dB vs the emulator")
+    text = "; ".join(parts)
+    return text if row["numerics_ok"] or not text else f"check: {text}"
 
 
 def why_not_2x(adv: pd.DataFrame, df: pd.DataFrame, falls: pd.DataFrame | None) -> pd.DataFrame:
@@ -159,39 +195,38 @@ def memory_why(adv: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
                            zip(adv["why"], adv.iterrows(), strict=True)])
 
 
-def overview(df: pd.DataFrame, runs: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
+ADVISOR_COLUMNS = ["device", "model", "workload", "recipe", "speedup", "speedup_lo", "speedup_hi", "speedup_of",
+                   "kernel_speedup", "bound", "numerics", "loss_parity", "mem_change_pct", "recommended", "why"]
+ADVISOR_DIGITS = {"speedup": 2, "speedup_lo": 2, "speedup_hi": 2, "kernel_speedup": 2, "sqnr_db": 1,
+                  "vs_emulator_db": 1, "mem_change_pct": 0}
+
+
+def overview(df: pd.DataFrame, runs: pd.DataFrame, falls: pd.DataFrame | None = None,
+             recommendation: pd.DataFrame | None = None) -> Page:
+    """The front page: the recommendation (`recommendation`: fp8bench.report.recommendation's rows under its
+    HEADERS, what `fp8bench advise` and README's headline show), the headline chart, the advisor (accelerators
+    open, the CPU folded), what was and was not measured."""
     p = Page("index.html", "Overview: which FP8 recipe pays here?")
     p.note("Every number on this site is a measurement from a recorded run (see Runs), each case from its latest "
-           "run. Speedups: each recipe timed side by side with its BF16 twin, with a 95% interval; accuracy: the "
-           "real kernel's output against the exact emulator on the same inputs (and an FP64 reference).")
+           "run. Speedups: each recipe timed side by side with its BF16 twin, with a 95% interval; numerics: the "
+           "real kernel's output against the exact emulator on the same inputs (and an FP64 reference); loss "
+           "parity: FP8 training runs over several seeds against a band of BF16 seeds.")
+    if recommendation is not None:
+        p.h2("Which recipe to train with")
+        p.note("The fastest FP8 recipe, at the size its whole training step was timed, that passes loss parity on "
+               "at least three seeds at the largest size where it was judged and fails at no size; below it, every "
+               "recipe faster than it with its verdict and pass rate (a FAIL names the rule). A recipe never judged "
+               "reads 'not judged', one judged on fewer seeds 'too few seeds': neither is a pass. The same decision "
+               "as `fp8bench advise` and README.md's headline; the Training page has each run's pass rates.")
+        p.table(recommendation)
     head = headline(df)
     if not head.empty:
+        from fp8bench.report.charts import speedup_panels
+
         p.h2("Headline: FP8 speedup over BF16 for a whole layer and a whole training step")
-        p.figure(_headline_figure(head), "Speedup over BF16 per recipe and model (bars: 95% interval where "
-                 "measured; hover: host-bound or not)", "model", "speedup vs BF16 (x)")
-    adv = memory_why(why_not_2x(advisor(df), df, falls), df)
-    p.h2("Advisor: recipes per device × model × workload")
-    if adv.empty:
-        p.note("No real-kernel FP8 cases yet: run a sweep on a GPU (or `make run` for the CPU study).")
-    else:
-        rec = adv[adv["recommended"] != ""][["device", "model", "workload", "recipe", "speedup", "speedup_lo",
-                                              "speedup_hi", "bound", "kernels", "loss_parity", "mem_change_pct",
-                                              "recommended", "why"]]
-        p.raw('<p class="note">The recommendation per row group: the fastest recipe that beats BF16 and can be '
-              'trusted: for a training step, one whose loss stayed within the BF16 seeds\' band (loss_parity; '
-              'without a parity verdict nothing is recommended); for a GEMM, linear or layer, one whose kernels '
-              'agree with the exact emulator (kernels), which says nothing about training. Each figure is the latest run of each case (median over the '
-              'shapes of a model); speedup_lo-speedup_hi is its 95% interval: timed side by side with its BF16 '
-              'twin in interleaved rounds, widened by how far speedups moved between two boxes of this GPU model '
-              'where that was measured. <b>host-bound</b>: the GPU waited for the host for more than a tenth of '
-              'each step, so the figure belongs to this box\'s CPU as much as to the GPU. Details: '
-              '<a href="gemm.html">GEMMs</a>, <a href="modules.html">modules</a>, '
-              '<a href="numerics.html">numerics</a>.</p>')
-        p.table(rec, {"speedup": 2, "speedup_lo": 2, "speedup_hi": 2, "mem_change_pct": 0})
-        p.raw("<details><summary>All recipes</summary>")
-        p.table(adv.drop(columns=["recommended", "why"]), {"speedup": 2, "speedup_lo": 2, "speedup_hi": 2,
-                                                           "sqnr_db": 1, "vs_emulator_db": 1, "mem_change_pct": 0})
-        p.raw("</details>")
+        p.figure(speedup_panels(head), "Speedup over BF16 per recipe and model (error bars: 95% interval where "
+                 "measured; hover: the interval, host-bound or not, the run)", "device · model", "speedup vs BF16 (x)")
+    _advisor_section(p, memory_why(why_not_2x(advisor(df), df, falls), df))
     p.h2("What was measured")
     p.table(df.groupby(["device", "status"]).size().unstack(fill_value=0).reset_index() if not df.empty else df)
     p.h2("Not measured, and why")
@@ -205,6 +240,43 @@ def overview(df: pd.DataFrame, runs: pd.DataFrame, falls: pd.DataFrame | None = 
     return p
 
 
+def _advisor_section(p: Page, adv: pd.DataFrame) -> None:
+    """The advisor: accelerators' rows first and open; a CPU's rows (its emulator and slow reference paths, no
+    FP8 units) folded in a section of their own."""
+    p.h2("Advisor: recipes per device × model × workload")
+    if adv.empty:
+        p.note("No real-kernel FP8 cases yet: run a sweep on a GPU (or `make run` for the CPU study).")
+        return
+    p.raw('<p class="note">The recommendation per row group: the fastest recipe that beats BF16 and can be '
+          'trusted: for a training step, one whose recipe passed loss parity on three or more seeds (loss_parity: '
+          'its pass rate; a FAIL names the rule); for a GEMM, linear or layer, one whose numerics check out '
+          '(numerics: SQNR against FP64 or the BF16 module, and against the exact emulator on the same inputs), '
+          'which says nothing about training. speedup_of says what each speedup times: a GEMM\'s includes the '
+          'casts that quantize its operands (what training pays); kernel_speedup is the GEMM kernel alone on '
+          'operands quantized up front. Each figure is the latest run of each case (median over the shapes of a '
+          'model); speedup_lo-speedup_hi is its 95% interval: timed side by side with its BF16 twin in '
+          'interleaved rounds, widened by how far speedups moved between two boxes of this GPU model where that '
+          'was measured. <b>host-bound</b>: the GPU waited for the host for more than a tenth of each step, so the '
+          'figure belongs to this box\'s CPU as much as to the GPU. Details: <a href="gemm.html">GEMMs</a>, '
+          '<a href="modules.html">modules</a>, <a href="numerics.html">numerics</a>, '
+          '<a href="training.html">training</a>.</p>')
+    everything = ADVISOR_COLUMNS[:-2] + ["sqnr_db", "vs_emulator_db", "shapes"]
+    gpu, cpu = adv[~adv["cpu"]], adv[adv["cpu"]]
+    if gpu.empty:
+        p.note("No accelerator rows: every real-kernel case here ran on a CPU (below).")
+    else:
+        p.table(gpu[gpu["recommended"] != ""][ADVISOR_COLUMNS], ADVISOR_DIGITS)
+        p.raw("<details><summary>All recipes</summary>")
+        p.table(gpu[everything], ADVISOR_DIGITS)
+        p.raw("</details>")
+    if not cpu.empty:
+        p.raw(f"<details><summary>CPU rows: {len(cpu)} recipes on {cpu['device'].nunique()} CPU(s), which have no "
+              "FP8 units (torch's CPU FP8 GEMM is a slow reference path): numerics, not speed</summary>")
+        p.table(cpu[cpu["recommended"] != ""][ADVISOR_COLUMNS], ADVISOR_DIGITS)
+        p.table(cpu[everything], ADVISOR_DIGITS)
+        p.raw("</details>")
+
+
 def headline(df: pd.DataFrame) -> pd.DataFrame:
     """The FP8 layer, MLP and training cases with a speedup, per device, model and recipe, with the interval."""
     h = _real(df)
@@ -216,17 +288,6 @@ def headline(df: pd.DataFrame) -> pd.DataFrame:
             .groupby(["label", "workload", "recipe"], dropna=False)
             .agg(speedup=("speedup", "median"), lo=("s_lo", "median"), hi=("s_hi", "median"),
                  bound=("bound", "first"), run_id=("run_id", "first")).reset_index())
-
-
-def _headline_figure(h: pd.DataFrame) -> go.Figure:
-    h = h.assign(plus=(h["hi"] - h["speedup"]).clip(lower=0), minus=(h["speedup"] - h["lo"]).clip(lower=0))
-    fig = px.bar(h.sort_values(["workload", "label", "recipe"]), x="label", y="speedup", color="recipe",
-                 barmode="group", facet_row="workload", error_y="plus", error_y_minus="minus",
-                 hover_data=["bound", "run_id", "lo", "hi"], height=PLOT_H + 260 * h["workload"].nunique())
-    fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
-    fig.update_xaxes(showticklabels=True)  # every panel names its models, not only the bottom one
-    fig.for_each_annotation(lambda a: a.update(text=a.text.replace("workload=", "")))
-    return fig
 
 
 # --------------------------------------------------------------------------- GEMMs
@@ -338,6 +399,8 @@ def modules_page(df: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
 
 
 def _waterfall_section(p: Page, falls: pd.DataFrame) -> None:
+    from fp8bench.report.charts import style_traces
+
     if falls.empty:
         return
     p.h2("Why not 2x: the speedup waterfall, from measured kernel times")
@@ -353,8 +416,8 @@ def _waterfall_section(p: Page, falls: pd.DataFrame) -> None:
         if n > WATERFALL_LINES:  # a chart of that many lines reads as noise: the table has each case
             p.note(f"{workload}: {n} cases, each in the table below")
             continue
-        p.figure(px.line(fw, x="stage", y="speedup", color="case_id", markers=True,
-                         height=min(700, max(PLOT_H, 14 * n + 200))),
+        p.figure(style_traces(px.line(fw, x="stage", y="speedup", color="case_id", markers=True,
+                                      height=min(700, max(PLOT_H, 14 * n + 200)))),
                  f"{workload}: speedup after each stage of the waterfall", "stage", "speedup vs BF16 (x)")
     p.table(f.pivot_table(index="case_id", columns="stage", values="speedup")
             .reindex(columns=list(f.drop_duplicates("stage").sort_values("order")["stage"]))
@@ -363,18 +426,21 @@ def _waterfall_section(p: Page, falls: pd.DataFrame) -> None:
 
 
 def _module_sections(p: Page, df: pd.DataFrame) -> None:
+    from fp8bench.report.charts import style_traces
+
     mods = _with_bf16(df[df["workload"].isin(["linear", "mlp", "layer"])])
     mods = mods[mods["backend"] != "emulated"]
     for (device, workload), d in mods.groupby(["device", "workload"]):
         d = d.assign(shape=d["model"] + " " + d["shape_name"])
         p.h2(f"{device}: {workload} fwd+bwd time (ms)")
-        fig = px.bar(d.sort_values("recipe"), x="shape", y="time_ms", color="recipe", barmode="group", height=PLOT_H)
+        fig = style_traces(px.bar(d.sort_values("recipe"), x="shape", y="time_ms", color="recipe", barmode="group",
+                                  height=PLOT_H))
         p.figure(fig, f"{device}: {workload} forward + backward time, latest run of each case", "model and shape",
                  "time (ms)")
         if workload == "layer" and d["peak_mem_bytes"].notna().any():
             p.h2(f"{device}: layer peak memory (GiB): FP8 often raises it")
-            p.figure(px.bar(d.assign(peak_gib=d["peak_mem_bytes"] / 2**30).sort_values("recipe"), x="shape",
-                            y="peak_gib", color="recipe", barmode="group", height=PLOT_H),
+            p.figure(style_traces(px.bar(d.assign(peak_gib=d["peak_mem_bytes"] / 2**30).sort_values("recipe"),
+                                         x="shape", y="peak_gib", color="recipe", barmode="group", height=PLOT_H)),
                      f"{device}: layer peak memory per recipe", "model and shape", "peak memory (GiB)")
             b = d[d["mem_step_peak_bytes"].notna()]
             if not b.empty:
@@ -466,13 +532,10 @@ def _memory_bars(m: pd.DataFrame) -> go.Figure:
 
 
 def _parity(row) -> str:
-    if row["status"] == "diverged":
-        return "diverged"
-    if row["format"] == "bf16":
-        return "BF16 (the band)"
-    if pd.isna(row["parity_pass"]):
-        return "no verdict (fewer than 3 BF16 seeds)"
-    return "pass" if row["parity_pass"] == 1.0 else "FAIL"
+    """A training case's parity cell: 'pass', or 'FAIL: ' with the rule it failed, its figure and allowance."""
+    from fp8bench.report.parity_view import run_verdict
+
+    return run_verdict(row)
 
 
 INTEGRATIONS = {("lightning-te", ""): ("te", ""), ("accelerate", ""): ("te", ""),
@@ -501,15 +564,16 @@ def integration_overhead(t: pd.DataFrame) -> pd.DataFrame:
         fp8_linears=share(both["linears_fp8"], both["linears_total"]),
         fp8_linears_direct=share(both["linears_fp8_direct"], both["linears_total_direct"]),
         verdict=both.apply(_parity, axis=1),
-        verdict_direct=pd.DataFrame({"status": both["status_direct"], "format": both["format"],
-                                     "parity_pass": both["parity_pass_direct"]}).apply(_parity, axis=1))
+        verdict_direct=both[[c for c in both.columns if c.endswith("_direct")]]
+        .rename(columns=lambda c: c.removesuffix("_direct")).assign(format=both["format"]).apply(_parity, axis=1))
 
 
 def integration_summary(fw: pd.DataFrame) -> pd.DataFrame:
     """integration_overhead over repeated runs: a small model's training step is host-bound and its tokens/s
     moves from one run to the next by more than most integrations cost (docs/integrations.md), so one pair of
     runs says little; the median and range do."""
-    fw = fw.assign(passes=fw["verdict"] == "pass", judged=fw["verdict"].isin(["pass", "FAIL"]))
+    fw = fw.assign(passes=fw["verdict"] == "pass",
+                   judged=(fw["verdict"] == "pass") | fw["verdict"].str.startswith("FAIL"))
     g = fw.groupby(["device", "model", "integration", "direct"]).agg(
         runs=("run_id", "nunique"), overhead_median_pct=("overhead_pct", "median"),
         overhead_min_pct=("overhead_pct", "min"), overhead_max_pct=("overhead_pct", "max"),
@@ -712,17 +776,20 @@ def _loss_figure(c: pd.DataFrame) -> go.Figure:
     as a 20-step running mean."""
     from plotly.subplots import make_subplots
 
+    from fp8bench.report.charts import line_dash, recipe_styles
+
     fig = make_subplots(rows=1, cols=2, subplot_titles=("validation", "training, 20-step mean"))
-    colors = px.colors.qualitative.Plotly
-    for i, (label, lc) in enumerate(c.sort_values("step").groupby("label", sort=True)):
-        color = colors[i % len(colors)]
+    styles = recipe_styles(c["label"])
+    for label, lc in c.sort_values("step").groupby("label", sort=True):
+        color, symbol = styles[label]
         val, tr = lc[lc["kind"] == "validation"], lc[lc["kind"] == "train"]
         fig.add_trace(go.Scatter(x=val["step"], y=val["loss"], mode="lines+markers", name=label, legendgroup=label,
-                                 line={"color": color}), row=1, col=1)
+                                 line={"color": color}, marker={"symbol": symbol, "size": 7}), row=1, col=1)
         mean = tr.assign(loss=tr["loss"].rolling(20, min_periods=1).mean())
         mean = mean.iloc[::max(1, len(mean) // CURVE_POINTS)]  # a running mean loses nothing drawn this thinned
         fig.add_trace(go.Scatter(x=mean["step"], y=mean["loss"], mode="lines", name=label, legendgroup=label,
-                                 showlegend=False, line={"color": color}), row=1, col=2)
+                                 showlegend=False, line={"color": color, "dash": line_dash(label, styles)}),
+                      row=1, col=2)
     fig.update_layout(height=CURVE_H + 40)
     return fig
 
@@ -730,7 +797,14 @@ def _loss_figure(c: pd.DataFrame) -> go.Figure:
 def _loss_run_section(p: Page, device: str, model: str, run_id: str, d: pd.DataFrame, curves: pd.DataFrame,
                       cols: list[str], digits: dict) -> None:
     """One training run of the loss study: its cases' table, their loss curves and the memory breakdown."""
+    from fp8bench.report.parity_view import recipe_rates
+
     p.h2(f"{device}: {model} (run {run_id})")
+    rates = recipe_rates(d)
+    if not rates.empty:
+        p.note("Pass rate per recipe over the seeds this run trained it on: a recipe passes with at least three "
+               "seeds, every one passing, and the paired test not finding it worse.")
+        p.table(rates[["recipe", "setting", "pass_rate", "verdict", "band_exit", "curves", "quality_speedup"]])
     p.table(d.sort_values(["format", "label"])[cols], digits)
     c = curves[curves["case_id"].isin(d["case_id"]) & (curves["run_id"] == run_id)]
     if not c.empty:
@@ -751,9 +825,13 @@ def _loss_run_section(p: Page, device: str, model: str, run_id: str, d: pd.DataF
 def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | None = None) -> Page:
     p = Page("training.html", "Training: does FP8 keep BF16's loss, and what does it buy?")
     p.note("Each run trains the same Llama-style decoder from the same initialisation per seed, on the same "
-           "byte-level corpus. Parity: the final validation loss must lie within the 95% prediction interval of "
-           "the BF16 seeds (gap ≤ allowed) and the training-loss curve's area within 1% of theirs. Quality-adjusted "
-           "speedup: BF16's time to its final loss over the recipe's time to reach that loss.")
+           "byte-level corpus. A run passes parity when its final validation loss and its training-loss curve's "
+           "area each lie inside the one-sided 97.5% prediction interval of the BF16 seeds (a FAIL names the rule, "
+           "its figure and the allowance); a recipe passes on three or more seeds, every one passing, when the "
+           "paired test against the BF16 run of each seed does not find it worse (docs/training.md). band exit: "
+           "the step from which the smoothed training loss stays above the band to the end. curve: ok, plateau, "
+           "spike or diverged, from the step where it began (curves under 100 steps are not read). "
+           "Quality-adjusted speedup: BF16's time to its final loss over the recipe's time to reach that loss.")
     train = df[df["workload"] == "train"]
     t = pd.concat([_with_bf16(train), train[train["status"] == "diverged"]], ignore_index=True)
     if t.empty:
@@ -764,15 +842,19 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | 
         _llama_steps_section(p, steps)
         _anchors_section(p, steps)
         _step_time_section(p, train, steps, falls)
-    t = t.assign(verdict=t.apply(_parity, axis=1),
+    from fp8bench.report.parity_view import band_exit, curve
+
+    t = t.assign(verdict=t.apply(_parity, axis=1), curve=t.apply(curve, axis=1), band_exit=t.apply(band_exit, axis=1),
                  mem_change_pct=(t["peak_mem_bytes"] / t["bf16_peak_mem_bytes"] - 1) * 100,
                  peak_gib=t["peak_mem_bytes"] / 2**30, label=t["recipe"] + " · " + t["shape_name"].str.split(".").str[-1])
     study_runs: list = []
     loss_runs: dict[tuple, list] = {}
-    cols = ["label", "verdict", "tokens_per_s", "speedup", "quality_speedup", "peak_gib", "mem_change_pct",
-            "loss_final", "loss_gap_vs_bf16", "loss_gap_allowed", "loss_area_gap_pct"]
+    cols = ["label", "verdict", "band_exit", "curve", "tokens_per_s", "speedup", "quality_speedup", "peak_gib",
+            "mem_change_pct", "loss_final", "loss_gap_vs_bf16", "loss_gap_allowed", "loss_area_gap_pct",
+            "loss_area_gap_allowed_pct"]
     digits = {"tokens_per_s": 0, "speedup": 2, "quality_speedup": 2, "peak_gib": 2, "mem_change_pct": 0,
-              "loss_final": 4, "loss_gap_vs_bf16": 4, "loss_gap_allowed": 4, "loss_area_gap_pct": 2}
+              "loss_final": 4, "loss_gap_vs_bf16": 4, "loss_gap_allowed": 4, "loss_area_gap_pct": 2,
+              "loss_area_gap_allowed_pct": 2}
     for (device, model, run_id), d in t.groupby(["device", "model", "run_id"]):
         if (model, run_id) in set(zip(steps["model"], steps["run_id"], strict=True)):
             # a whole-step speed run (tens of steps): the study above holds its figures; its loss says nothing
@@ -866,8 +948,11 @@ def history_page(df: pd.DataFrame, asv_index: Path | None, steps: list | None = 
         return p
     sub = ok.set_index(["device", "case_id"]).loc[tracked.index].reset_index()
     sub["series"] = sub["device"] + " · " + sub["case_id"]
-    fig = px.line(sub.sort_values("started_at"), x="started_at", y="time_ms", color="series", markers=True,
-                  hover_data=["git_commit", "run_id", "measurement_version"], height=PLOT_H + 80, log_y=True)
+    from fp8bench.report.charts import style_traces
+
+    fig = style_traces(px.line(sub.sort_values("started_at"), x="started_at", y="time_ms", color="series",
+                               markers=True, hover_data=["git_commit", "run_id", "measurement_version"],
+                               height=PLOT_H + 80, log_y=True))
     p.figure(fig, "Median time per run of the cases measured in several runs (log scale: series from 0.01 to 100 "
              "ms share one axis)", "run start", "time (ms, log)")
     return p
