@@ -11,6 +11,8 @@ a requeued job that skips what its first run recorded, an interrupted sweep that
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from slurm_cluster import (
+    ROOT,
     Sweep,
     all_records,
     cancel,
@@ -359,3 +362,32 @@ def test_a_run_cut_by_its_time_limit_resumes_with_a_longer_one(expired, cli):
             f"resume={expired.run_id}", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [c for c, _ in db_cases(expired.results_dir, expired.run_id)] == sorted(expired.expected)
+
+
+DISTRIBUTED = ["workload=train", "model=tiny", "backend=torch", "format=bf16", "scaling=none",
+               "workload.train.nproc=2", "workload.train.strategy=ddp", "workload.train.steps=6",
+               "workload.train.eval_every=3", "workload.batch=2", "workload.seq=32", "workload.train.bf16_seeds=1"]
+"""A two-process training case (torchrun's two gloo ranks on CPUs), small enough for seconds."""
+
+
+def test_a_two_process_training_case_through_slurm_matches_the_same_case_without_it(slurm_cluster, tmp_path):
+    """The multi-process path a GPU cluster would take, minus NCCL: the job Slurm runs launches the case's two
+    ranks (torchrun inside the job's two-CPU allocation); gloo on a CPU is deterministic for a fixed world size,
+    so the curve is the one the same case trains without Slurm, bit for bit."""
+    sweep = Sweep(tmp_path / "slurm", *DISTRIBUTED, "seed=0,1", "hydra/launcher=slurm-cpu",
+                  "hydra.launcher.cpus_per_task=2", "run_id=dist")
+    try:
+        assert sweep.wait(600) == 0, sweep.output[-3000:]
+    finally:
+        sweep.stop()
+    here = subprocess.run([sys.executable, "-m", "fp8bench", "run", *DISTRIBUTED, "seed=0", "run_id=dist",
+                           f"results_dir={tmp_path / 'here'}", "store.ingest=false"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert here.returncode == 0, here.stdout[-2000:] + here.stderr[-2000:]
+    slurm_recs = {r["case_id"]: r for r in all_records(tmp_path / "slurm" / "runs" / "dist")}
+    [local] = all_records(tmp_path / "here" / "runs" / "dist")
+    through = slurm_recs[local["case_id"]]
+    assert through["status"] == local["status"] == "ok", (through["reason"], local["reason"])
+    assert through["scheduler"]["job_id"] and not local["scheduler"]
+    assert through["samples"]["loss"] == local["samples"]["loss"]
+    assert through["samples"]["val_loss"] == local["samples"]["val_loss"]
