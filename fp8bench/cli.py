@@ -293,6 +293,15 @@ def cmd_plan(args: list[str]) -> int:
             raise UsageError(f"--on {given!r} names no described device; choose one of {sorted(DESCRIBED_DEVICES)}")
         on = DESCRIBED_DEVICES[args[at + 1]]
         args = args[:at] + args[at + 2:]
+    db = None
+    if "--db" in args:
+        at = args.index("--db")
+        if at + 1 >= len(args):
+            raise UsageError("--db needs a DuckDB file (fp8bench ingest makes one)")
+        db = Path(args[at + 1])
+        args = args[:at] + args[at + 2:]
+    elif Path("results/fp8bench.duckdb").is_file():
+        db = Path("results/fp8bench.duckdb")
     is_multi = any(a in ("-m", "--multirun") for a in args)
     request = expand_request([a for a in args if a not in ("-m", "--multirun")], multirun=is_multi)
     device = on or detect_device()
@@ -307,12 +316,28 @@ def cmd_plan(args: list[str]) -> int:
     formats = sorted({c.config.format.name for c in cases})
     scalings = sorted({c.config.scaling.name for c in cases})
     where = f" on a described {device.name}" if on else ""
+    expected = _expected_time(cases, device, db)
     out.print(f"{len(cases)} cases{where}: {n_ok} runnable, {len(cases) - n_ok} skipped; models {models}; "
               f"formats {formats}; scalings {scalings}"
               + (f"; dropped {request.dropped} impossible format×scaling combinations" if request.dropped else "")
               + (f"; {sum(c.added for c in cases)} BF16 twins added" if any(c.added for c in cases) else ""),
               highlight=False)
+    if expected:
+        out.print(expected, highlight=False)
     return 0
+
+
+def _expected_time(cases: list, device, db: Path | None) -> str:
+    """The device time the runnable cases are expected to take, from the stored history of like cases."""
+    if db is None or not db.is_file() or not device.is_cuda:
+        return ""
+    from fp8bench.data.estimate import expected_seconds
+
+    with _reading(str(db)) as con:
+        est = expected_seconds(con, cases, device.name.replace("NVIDIA ", "").split()[0])
+    left = f" ({est.missing} runnable case(s) have no history to go by)" if est.missing else ""
+    return (f"expected device time: {est.total / 60:.1f} min for {len(est.seconds)} case(s) from the history in "
+            f"{db}{left}")
 
 
 def cmd_advise(args: list[str]) -> int:

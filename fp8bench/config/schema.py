@@ -325,6 +325,9 @@ class Config:
     every case that shares one BF16 twin, run in one process)."""
     fail_on: str | None = None
     """Test-only: a case id substring whose cases raise at run time (exercises failure isolation)."""
+    diverge_at_step: int | None = None
+    """Test-only: every training case's loss is made NaN from this step on (exercises how a diverged run is
+    recorded, on any machine, without relying on a learning rate large enough to blow up)."""
     slowdown: str | None = None
     """Test-only: 'BACKEND:FRACTION' (e.g. 'torch:0.05') makes every timed iteration of that backend take
     FRACTION longer, inside the timed region, to check that regression detection catches a known change."""

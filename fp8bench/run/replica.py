@@ -45,12 +45,13 @@ def main(argv: list[str]) -> int:
 
     from fp8bench.core.hardware import DeviceInfo, detect_device
     from fp8bench.core.measure import time_interleaved
-    from fp8bench.run.groups import _prepare
+    from fp8bench.run.caserun import case_input
+    from fp8bench.workloads import get_workload
 
     payload = pickle.loads(Path(argv[0]).read_bytes())
     cases, run_id = payload["cases"], payload["run_id"]
     device = detect_device() if payload["device"] == "cuda" else DeviceInfo("cpu", "cpu", None, None)
-    prepared = [_prepare(case, run_id, device, 0) for case in cases]
+    prepared = [get_workload(case.config.workload.name).prepare(case_input(case, run_id, device)) for case in cases]
     ops = {f"twin:{n}": fn for n, fn in prepared[0].timed.items()}
     for i, p in enumerate(prepared[1:]):
         ops |= {f"{i}:{n}": fn for n, fn in p.timed.items()}
