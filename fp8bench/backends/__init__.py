@@ -15,7 +15,16 @@ import importlib
 import pkgutil
 from collections.abc import Mapping
 
-from fp8bench.backends.base import Backend, GemmOp, Knobs, LinearOp, QuantizeOp, Recipe, TrainSetup
+from fp8bench.backends.base import (
+    Backend,
+    GemmOp,
+    Knobs,
+    LinearOp,
+    QuantizeOp,
+    Recipe,
+    TrainSetup,
+    variant_of_knobs,
+)
 from fp8bench.config.schema import ConfigError, ScalingConfig
 from fp8bench.core.hardware import DeviceInfo
 from fp8bench.core.types import Format, Scaling
@@ -136,4 +145,4 @@ def capability(name: str, fmt: str, scaling: str, device: DeviceInfo) -> tuple[b
 
 
 __all__ = ["Backend", "GemmOp", "Knobs", "LinearOp", "QuantizeOp", "Recipe", "TrainSetup", "available", "capability",
-           "build_knobs", "get_backend", "knob_catalog", "make_recipe", "names", "register", "unregister"]
+           "build_knobs", "get_backend", "knob_catalog", "make_recipe", "names", "register", "unregister", "variant_of_knobs"]

@@ -38,7 +38,12 @@ class Knobs:
     def variant(self) -> str:
         """The case id's readable suffix for the knobs set (`compile+cuda_graph`): a set boolean by its name,
         another value by itself; '' when every knob holds its default."""
-        return "+".join(k if v is True else str(v) for k, v in self.set_knobs().items())
+        return variant_of_knobs(self.set_knobs())
+
+
+def variant_of_knobs(set_knobs: dict[str, object]) -> str:
+    """`Knobs.variant` of knobs set to other than their default, by name (those of another backend too)."""
+    return "+".join(k if v is True else str(v) for k, v in set_knobs.items())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -54,7 +54,8 @@ HASH_CHARS = 8
 
 def identity(config: Config, knobs: dict[str, object], shape_name: str, shape: dict) -> dict[str, object]:
     """The case's identity (see the module docstring). `knobs`: the backend's knobs, every one it declares,
-    typed (`Knobs.values()`)."""
+    typed (`Knobs.values()`), and any knob of another backend the point sets (one this backend does not
+    honour: its case is skipped, under an id of its own)."""
     c = config
     out: dict[str, object] = {"workload": c.workload.name, "model": c.model.name, "shape": shape_name,
                               "format": c.format.name, "scaling": c.scaling.name, "backend": c.backend_name}

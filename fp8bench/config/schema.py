@@ -361,8 +361,9 @@ NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
 
 def check_name(field_name: str, value: object) -> None:
     """A value that becomes part of a path (run ids, resume ids, sweep and model names): letters, digits,
-    '-', '_', '.', never '..' and never absolute, so nothing is written outside results_dir."""
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value:
+    '-', '_', '.', never '..' and never absolute, so nothing is written outside results_dir (nor `.` alone,
+    which names the folder it would be made in)."""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value or value == ".":
         raise ConfigError(f"{field_name}={value!r} is not a valid name: use letters, digits, '-', '_' and '.' "
                           "(no '/', no '..'), e.g. run_id=my-run.1")
 
