@@ -64,6 +64,8 @@ def advisor(df: pd.DataFrame) -> pd.DataFrame:
         # which have no loss, on their kernels agreeing with the emulator
         trusted = sub["loss_parity"] == "pass" if workload == "train" else sub["kernels"] == "agree with emulator"
         good = sub[trusted & (sub["speedup"] > 1.0)]
+        if sub["speedup"].isna().all():  # no recipe has a recorded twin to divide by: nothing to recommend on
+            continue
         if good.empty:
             best = sub["speedup"].idxmax()
             if workload == "train" and not (sub["loss_parity"] == "pass").any():
