@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from fp8bench.core.records import VARIANT_SQL
+from fp8bench.core.records import TIMED_SQL, VARIANT_SQL
 
 LAUNCH_US = 4.0
 """Per-kernel launch and tail floor (µs): a CUDA kernel launch plus a wave's tail on an idle GPU."""
@@ -119,7 +119,7 @@ def expected_vs_measured(con, with_quant: bool = False):
                  max(m.value) FILTER (WHERE m.metric = 'speedup_vs_bf16_kernel') AS side_by_side_kernel,
                  """ + VARIANT_SQL + """ AS variant
           FROM cases c JOIN runs r USING (run_id) JOIN measurements m USING (run_id, case_id)
-          WHERE c.workload = 'gemm' AND c.status = 'ok' AND c.backend != 'emulated' GROUP BY ALL)
+          WHERE c.workload = 'gemm' AND c.status = 'ok' AND """ + TIMED_SQL + """ GROUP BY ALL)
         SELECT f.*, b.time_ms AS bf16_ms, k.bf16_tflops, k.fp8_tflops, k.copy_gbps
         FROM g f JOIN g b ON b.run_id = f.run_id AND b.model = f.model AND b.shape_name = f.shape_name
              AND b.backend = f.backend AND b.variant = f.variant AND b.format = 'bf16'

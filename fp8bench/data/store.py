@@ -279,12 +279,13 @@ def training_records(con, run_ids: list[str]) -> list[CaseRecord]:
     """The stored training cases of `run_ids` that trained (ok or diverged), with their shape, measured
     (not derived) metrics and loss curves: what the parity verdicts and curve classes read."""
     rows = con.execute("""
-        SELECT run_id, case_id, model, format, scaling, backend, shape_name, shape, status, reason FROM cases
-        WHERE workload = 'train' AND status IN ('ok', 'diverged')
+        SELECT run_id, case_id, model, format, scaling, backend, shape_name, shape, status, reason, measurement
+        FROM cases WHERE workload = 'train' AND status IN ('ok', 'diverged')
           AND run_id IN (SELECT unnest(?::VARCHAR[]))""", [run_ids]).fetchall()
     recs = {(r[0], r[1]): CaseRecord(run_id=r[0], case_id=r[1], workload="train", model=r[2], format=r[3],
                                      scaling=r[4], backend=r[5], shape_name=r[6], shape=json.loads(r[7] or "{}"),
-                                     status=r[8], reason=r[9] or "") for r in rows}
+                                     status=r[8], reason=r[9] or "", measurement=json.loads(r[10] or "{}"))
+            for r in rows}
     for run_id, case_id, metric, value in con.execute("""
             SELECT run_id, case_id, metric, value FROM measurements
             WHERE NOT derived AND run_id IN (SELECT unnest(?::VARCHAR[]))""", [run_ids]).fetchall():

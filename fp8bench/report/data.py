@@ -31,6 +31,7 @@ WITH m AS (
   FROM measurements GROUP BY run_id, case_id)
 SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.shape AS shape_json,
        c.params AS params_json, json_extract_string(r.config, '$.base.workload.train.master_weights') AS run_master_weights,
+       json_extract_string(c.measurement, '$.method') AS method,
        c.status,
        c.reason, r.device_name, r.started_at, r.git_commit, r.measurement_version,
        CASE WHEN m.tflops IS NOT NULL

@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from fp8bench.core.records import NOT_TIMED
 from fp8bench.report.data import bound_labels, interval, not_measured, not_measured_by_reason
 from fp8bench.report.html import Page, esc
 
@@ -22,8 +23,13 @@ OPEN_RUNS_PER_MODEL = 4
 """Loss curves are drawn lower: a training page holds two per run."""
 
 
+def _timed(df: pd.DataFrame) -> pd.Series:
+    """Cases whose time is a kernel's (not the emulator's: fp8bench.core.records.is_timed)."""
+    return df["method"].fillna("") != NOT_TIMED
+
+
 def _real(df: pd.DataFrame) -> pd.DataFrame:
-    return df[(df["status"] == "ok") & (df["backend"] != "emulated")]
+    return df[(df["status"] == "ok") & _timed(df)]
 
 
 def _with_bf16(df: pd.DataFrame, cols: tuple[str, ...] = ("time_ms", "peak_mem_bytes"),
@@ -240,7 +246,7 @@ ROOFLINE_SHORT = 0.85
 def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd.DataFrame | None = None) -> Page:
     p = Page("gemm.html", "GEMMs: speedup per shape and recipe")
     g = _with_bf16(df[df["workload"] == "gemm"], ("time_ms",))
-    g = g[(g["backend"] != "emulated") & (g["format"] != "bf16")]
+    g = g[_timed(g) & (g["format"] != "bf16")]
     if g.empty:
         p.note("No real-kernel GEMM cases recorded.")
     for device, d in g.groupby("device"):
@@ -366,7 +372,7 @@ def _waterfall_section(p: Page, falls: pd.DataFrame) -> None:
 
 def _module_sections(p: Page, df: pd.DataFrame) -> None:
     mods = _with_bf16(df[df["workload"].isin(["linear", "mlp", "layer"])])
-    mods = mods[mods["backend"] != "emulated"]
+    mods = mods[_timed(mods)]
     for (device, workload), d in mods.groupby(["device", "workload"]):
         d = d.assign(shape=d["model"] + " " + d["shape_name"])
         p.h2(f"{device}: {workload} fwd+bwd time (ms)")
@@ -859,7 +865,7 @@ def history_page(df: pd.DataFrame, asv_index: Path | None, steps: list | None = 
         p.raw('<p class="note">asv\'s own history of the curated suite: <a href="asv/index.html">asv site</a>.</p>')
     else:
         p.note("No asv results are published into this site yet (results/site/asv).")
-    ok = df[(df["status"] == "ok") & df["time_ms"].notna() & (df["backend"] != "emulated")]
+    ok = df[(df["status"] == "ok") & df["time_ms"].notna() & _timed(df)]
     counts = ok.groupby(["device", "case_id"])["run_id"].nunique()
     tracked = counts[counts >= 2].sort_values(ascending=False).head(24)
     if tracked.empty:
