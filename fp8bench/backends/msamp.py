@@ -37,6 +37,9 @@ class MsampBackend(AccelerateBackend):
     def probe(self, workload, recipe):
         return True, ""
 
+    def direct(self, knobs):
+        return None  # MS-AMP runs its own FP8, not a backend fp8bench runs directly
+
     def scaling_knobs(self, scaling):
         return frozenset()  # MS-AMP keeps its own amax history and margin
 

@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from fp8bench import backends
 from fp8bench.core.records import NOT_TIMED
 from fp8bench.report.data import bound_labels, interval, not_measured, not_measured_by_reason
 from fp8bench.report.html import Page, esc
@@ -439,7 +440,8 @@ def memory_vs_model(df: pd.DataFrame) -> pd.DataFrame:
     fp8bench.analysis.memory_model expects from the shapes (training cases from their BF16 twin's census)."""
     from fp8bench.analysis.memory_model import expected_saved
 
-    te = df[(df["backend"] == "te") & (df["status"] == "ok") & df["mem_saved_hp_bytes"].notna()
+    modelled = df["backend"].map(lambda b: bool(backends.declared(b, "memory_modelled", False)))
+    te = df[modelled & (df["status"] == "ok") & df["mem_saved_hp_bytes"].notna()
             & df["workload"].isin(["layer", "train"])]
     if te.empty:
         return pd.DataFrame()
@@ -483,9 +485,14 @@ def _parity(row) -> str:
     return "pass" if row["parity_pass"] == 1.0 else "FAIL"
 
 
-INTEGRATIONS = {("lightning-te", ""): ("te", ""), ("accelerate", ""): ("te", ""),
-                ("accelerate", "torchao+compile"): ("torchao", "compile"), ("accelerate", "torchao"): ("torchao", "")}
-"""A framework integration (backend, variant) → the direct backend it drives, run the same way."""
+def direct_of(backend: str, params_json: object, variant: str) -> tuple[str, str] | None:
+    """(backend, variant) of the direct run a framework integration's case sets its step beside: the backend
+    it hands FP8 to, run the same way (its adapter's `direct`, from the knobs the case recorded); None for a
+    case of no integration, or of a backend this checkout does not have."""
+    params = json.loads(params_json) if isinstance(params_json, str) else {}
+    knobs = backends.recorded_knobs(backend, params, variant)
+    found = None if knobs is None else backends.get_backend(backend).direct(knobs)
+    return None if found is None else (found[0], found[1].variant())
 
 
 def integration_overhead(t: pd.DataFrame) -> pd.DataFrame:
@@ -493,9 +500,14 @@ def integration_overhead(t: pd.DataFrame) -> pd.DataFrame:
     framework costs in tokens/s and memory, and whether it quantizes the same linears."""
     ok = t[t["status"] == "ok"]
     key = ["run_id", "model", "shape_name", "format", "scaling"]
-    both = pd.concat([ok[(ok["backend"] == backend) & (ok["variant"] == variant)].merge(
-        ok[(ok["backend"] == direct) & (ok["variant"] == direct_variant)], on=key, suffixes=("", "_direct"))
-        for (backend, variant), (direct, direct_variant) in INTEGRATIONS.items()], ignore_index=True)
+    direct = {i: d for i, b, p, v in zip(ok.index, ok["backend"], ok["params_json"], ok["variant"], strict=True)
+              if (d := direct_of(b, p, v)) is not None}
+    by_direct: dict[tuple[str, str], list] = {}
+    for i, d in direct.items():
+        by_direct.setdefault(d, []).append(i)
+    both = pd.concat([ok.loc[[]].merge(ok.loc[[]], on=key, suffixes=("", "_direct"))] + [ok.loc[rows].merge(
+        ok[(ok["backend"] == name) & (ok["variant"] == variant)], on=key, suffixes=("", "_direct"))
+        for (name, variant), rows in by_direct.items()], ignore_index=True)
     if both.empty:
         return both
 
@@ -530,8 +542,6 @@ def integration_summary(fw: pd.DataFrame) -> pd.DataFrame:
 LLAMA_SCALE_HIDDEN = 4096
 """Training cases of models at least this wide (Llama-2-7B, Llama-3-8B and their layer subsets) are the
 whole-step study of the Training page: depth, sequence length, TE path, the published figures."""
-
-PATHS = {"te": "per linear (te.Linear)", "te-layer": "per block (te.TransformerLayer)"}
 
 
 def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
@@ -584,8 +594,10 @@ def _twin_shape(shape_name: pd.Series) -> pd.Series:
 
 
 def _path(df: pd.DataFrame) -> pd.Series:
-    """How a training case ran its recipe: the backend and variant, TE's two paths by name."""
-    return (df["backend"] + df["variant"].map(lambda v: f"+{v}" if v else "")).map(lambda b: PATHS.get(b, b))
+    """How a training case ran its recipe: the backend and variant, or in words where the backend declares
+    its path (`Backend.path`: TE's two paths)."""
+    return pd.Series([(v and f"{b}+{v}") or backends.declared(b, "path", "") or b
+                      for b, v in zip(df["backend"], df["variant"], strict=True)], index=df.index, dtype=object)
 
 
 def fastest_per_path(steps: pd.DataFrame) -> pd.DataFrame:
