@@ -297,8 +297,9 @@ class Config:
     model: ModelConfig
     format: FormatConfig
     scaling: ScalingConfig
-    backend: dict[str, Any] = field(default_factory=lambda: {"name": "emulated"})
-    """The backend's `name` and its knobs as given (conf/backend/<preset>.yaml and `backend.<knob>=` overrides).
+    backend: dict[str, Any] = field(default_factory=dict)
+    """The backend's `name` and its knobs as given (conf/backend/<preset>.yaml, conf/config.yaml's default
+    preset, and `backend.<knob>=` overrides).
     Which knobs exist, their types and defaults is each backend's own declaration (its `Knobs` dataclass, in
     its module under fp8bench/backends/): a knob the named backend does not honour makes the case skipped."""
     measure: MeasureConfig = field(default_factory=MeasureConfig)
