@@ -43,6 +43,9 @@ class MsampBackend(AccelerateBackend):
     def scaling_knobs(self, scaling):
         return frozenset()  # MS-AMP keeps its own amax history and margin
 
+    def effective_recipe(self, recipe):
+        return recipe  # not Accelerate's TE or torchao numerics: it has no `fp8_backend` to pick them by
+
     def accelerator(self, recipe, device):
         if recipe.format is Format.BF16:
             return super().accelerator(recipe, device)
