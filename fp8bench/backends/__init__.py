@@ -116,9 +116,11 @@ def build_knobs(backend: str, given: Mapping[str, object]) -> tuple[Knobs, dict[
         if key == "name":
             continue
         if key in own:
-            want = _TYPES.get(str(own[key].type))
+            annotation = own[key].type  # a string under `from __future__ import annotations`, else the type
+            type_name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+            want = _TYPES.get(type_name)
             if want is not None and (not isinstance(value, want) or (want is not bool and isinstance(value, bool))):
-                raise ConfigError(f"backend.{key}={value!r} must be of type {own[key].type} (a knob of {backend!r})")
+                raise ConfigError(f"backend.{key}={value!r} must be of type {type_name} (a knob of {backend!r})")
             values[key] = value
         elif key in catalog:
             if value != catalog[key][0]:
