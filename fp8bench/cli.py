@@ -29,12 +29,13 @@ def _console(stderr: bool = False) -> Console:
 
 console = _console(stderr=True)
 out = _console()
-COMMANDS = ("run", "plan", "ingest", "export", "report", "compare", "asv-compare", "history", "calibrate",
+COMMANDS = ("run", "plan", "advise", "ingest", "export", "report", "compare", "asv-compare", "history", "calibrate",
             "roofline", "waterfall", "memory", "doctor")
 USAGE = """usage: fp8bench COMMAND [ARGS]
 
   run [-m] [hydra overrides]   run a point or a sweep preset (sweep=quick); -m uses Hydra's multirun
   plan [hydra overrides]       list the cases with runnable / skipped: reason; runs nothing
+  advise [--db DB]             the recipe to train with: the fastest that passes loss parity (3+ seeds)
   ingest [PATHS...] [--db DB] [--wait S]
                                load run folders, shards or Parquet exports into DuckDB (idempotent); waits
                                up to S seconds (300) while another process holds the file, then exits 1
@@ -230,6 +231,7 @@ def _launch(hydra_overrides: tuple[str, ...], first, run_id: str, n_groups: int,
         from fp8bench.run.launch import prepare_worker
         from fp8bench.run.plan import execution_order, plan
         from fp8bench.run.runner import execute, group_points, run_dir_for
+        from fp8bench.run.scheduler import slurm_context
 
         gpu = prepare_worker(parent)
         where = f"job{index}" + (f"-gpu{gpu}" if gpu is not None else "")
@@ -240,8 +242,10 @@ def _launch(hydra_overrides: tuple[str, ...], first, run_id: str, n_groups: int,
         cases = plan(points, here)
         job_console.print(f"{where}: pid {os.getpid()}, {len(cases)} case(s) of {cases[0].label}"
                           + (" ..." if len(cases) > 1 else ""), highlight=False)
-        execute(execution_order(cases), run_dir, run_id, here, job=where, resume=bool(first.resume),
-                console=job_console, progress=False)
+        # a job Slurm requeued runs again from the start: what its first run recorded is kept, not measured twice
+        again = bool(first.resume) or slurm_context().get("restart_count", 0) > 0
+        execute(execution_order(cases), run_dir, run_id, here, job=where, resume=again, console=job_console,
+                progress=False)
 
     fixed = [f"results_dir={first.results_dir}", f"run_id={run_id}"]
     return launch_jobs(list(hydra_overrides), fixed, n_groups, job)
@@ -289,6 +293,15 @@ def cmd_plan(args: list[str]) -> int:
             raise UsageError(f"--on {given!r} names no described device; choose one of {sorted(DESCRIBED_DEVICES)}")
         on = DESCRIBED_DEVICES[args[at + 1]]
         args = args[:at] + args[at + 2:]
+    db = None
+    if "--db" in args:
+        at = args.index("--db")
+        if at + 1 >= len(args):
+            raise UsageError("--db needs a DuckDB file (fp8bench ingest makes one)")
+        db = Path(args[at + 1])
+        args = args[:at] + args[at + 2:]
+    elif Path("results/fp8bench.duckdb").is_file():
+        db = Path("results/fp8bench.duckdb")
     is_multi = any(a in ("-m", "--multirun") for a in args)
     request = expand_request([a for a in args if a not in ("-m", "--multirun")], multirun=is_multi)
     device = on or detect_device()
@@ -303,11 +316,48 @@ def cmd_plan(args: list[str]) -> int:
     formats = sorted({c.config.format.name for c in cases})
     scalings = sorted({c.config.scaling.name for c in cases})
     where = f" on a described {device.name}" if on else ""
+    expected = _expected_time(cases, device, db)
     out.print(f"{len(cases)} cases{where}: {n_ok} runnable, {len(cases) - n_ok} skipped; models {models}; "
               f"formats {formats}; scalings {scalings}"
               + (f"; dropped {request.dropped} impossible format×scaling combinations" if request.dropped else "")
               + (f"; {sum(c.added for c in cases)} BF16 twins added" if any(c.added for c in cases) else ""),
               highlight=False)
+    if expected:
+        out.print(expected, highlight=False)
+    return 0
+
+
+def _expected_time(cases: list, device, db: Path | None) -> str:
+    """The device time the runnable cases are expected to take, from the stored history of like cases."""
+    if db is None or not db.is_file() or not device.is_cuda:
+        return ""
+    from fp8bench.data.estimate import expected_seconds
+
+    with _reading(str(db)) as con:
+        est = expected_seconds(con, cases, device.name.replace("NVIDIA ", "").split()[0])
+    left = f" ({est.missing} runnable case(s) have no history to go by)" if est.missing else ""
+    return (f"expected device time: {est.total / 60:.1f} min for {len(est.seconds)} case(s) from the history in "
+            f"{db}{left}")
+
+
+def cmd_advise(args: list[str]) -> int:
+    from fp8bench.report.recommendation import HEADERS, decide, rows
+
+    p = _Parser(prog="fp8bench advise", description="The FP8 recipe to train with, from the stored runs: the "
+                "fastest whole-step speedup over BF16 (at the largest size timed) among recipes that pass loss "
+                "parity with at least three seeds at the largest size judged; faster recipes that fail, or were "
+                "judged on too few seeds, are listed below it with their verdicts.")
+    p.add_argument("--db", default=None)
+    ns = p.parse_args(args)
+    with _reading(ns.db) as con:
+        rec = decide(con)
+    table = Table(title="which FP8 recipe to train with")
+    for col in HEADERS:
+        table.add_column(col, overflow="fold")
+    for row in rows(rec):
+        table.add_row(*row)
+    out.print(table)
+    out.print(rec.text(), highlight=False, markup=False, soft_wrap=True)
     return 0
 
 
@@ -692,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd in ("run", "plan", "doctor") and any(a in ("-h", "--help") for a in rest):
         out.print(_help(cmd), highlight=False, markup=False)
         return 0
-    handlers = {"run": cmd_run, "plan": cmd_plan, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
+    handlers = {"run": cmd_run, "plan": cmd_plan, "advise": cmd_advise, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
                 "compare": cmd_compare, "asv-compare": cmd_asv_compare, "history": cmd_history,
                 "calibrate": cmd_calibrate, "roofline": cmd_roofline, "waterfall": cmd_waterfall, "memory": cmd_memory,
                 "doctor": cmd_doctor}

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("sinfo", "squeue", "sbatch", "scancel", "scontrol", "sacct")
 USABLE_NODE_STATES = ("idle", "mixed", "allocated", "completing")
-JOB_FOLDER = re.compile(r"^\d+_\d+$")
+JOB_FOLDER = re.compile(r"^\d+(_\d+)?$")
 """submitit's folder of one task of a job array: <array job id>_<task>, the id squeue and sacct print."""
 
 
@@ -125,6 +125,8 @@ def submitted_jobs(results_dir: Path) -> list[str]:
     <results_dir>/hydra/.submitit/), in submission order."""
     folder = results_dir / "hydra" / ".submitit"
     names = [p.name for p in folder.iterdir() if JOB_FOLDER.match(p.name)] if folder.is_dir() else []
+    arrays = {n.split("_")[0] for n in names if "_" in n}
+    names = [n for n in names if "_" in n or n not in arrays]  # an array's own folder is not a job: its tasks are
     return sorted(names, key=lambda j: tuple(int(x) for x in j.split("_")))
 
 

@@ -91,8 +91,7 @@ def test_the_kernels_a_backend_picks_are_recorded_with_the_case(tmp_path, worklo
     extra = {"linear": ["workload.linears=[o]", "workload.tokens=64"],
              "mlp": ["workload.batch=1", "workload.seq=64"], "layer": ["workload.batch=1", "workload.seq=64"],
              "train": train,  # a diverged run is a result too, recorded with what ran
-             "train-diverged": [*train, "workload.train.lr=1e6", "workload.train.grad_clip=0",
-                                "workload.train.warmup_steps=0"]}[workload]
+             "train-diverged": [*train, "diverge_at_step=1"]}[workload]
     backends.register(Chooser)
     try:
         points, _ = expand([f"workload={workload.split('-')[0]}", "model=tiny", "device=cpu",
@@ -105,7 +104,7 @@ def test_the_kernels_a_backend_picks_are_recorded_with_the_case(tmp_path, worklo
     status = "diverged" if workload == "train-diverged" else "ok"
     assert fp8 and all(r.status == status for r in fp8), [(r.case_id, r.status, r.reason) for r in fp8]
     name = workload.split("-")[0]
-    assert all(r.params["gemm_kernel"] == f"{name}-e4m3-cpu" for r in fp8), [r.params for r in fp8]
+    assert all(r.ran["gemm_kernel"] == f"{name}-e4m3-cpu" for r in fp8), [r.ran for r in fp8]
 
 
 def test_the_triton_backend_names_the_gemm_kernels_it_picks():

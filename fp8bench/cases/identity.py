@@ -39,14 +39,18 @@ TIMER = tuple(f"measure.{f.name}" for f in dataclasses.fields(MeasureConfig) if 
 """The timer's settings (warm-up, iterations, rounds, ...): how precisely a case is timed, not what it times.
 `measure.flush_l2` (a cold or a warm L2) and `measure.cuda_graph` (graph replays or launches) change what is
 timed and belong to the identity."""
-INJECTION = ("fail_on", "slowdown")
+INJECTION = ("fail_on", "slowdown", "diverge_at_step")
 """Test-only faults (a raised error, a planted slowdown): a slowed case must keep its id, or a comparison could
 not see the slowdown."""
+OPERATIONAL = ("workload.train.ckpt_every",)
+"""How a run is kept, not what it measures: checkpoints are written outside the timed steps, and a run resumed
+from one continues the same curve bit for bit."""
 EXPANSION = ("workload.linears", "workload.roles", "workload.shapes", "workload.tensors", "workload.train.bf16_seeds",
              "workload.train.fp8_seeds")
 """Keys that choose the shapes (or the seeds) a point expands to; each case's shape is in its identity."""
 MODEL_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("name", "source"))
-TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f"workload.train.{f.name}" not in EXPANSION)
+TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig)
+                   if f"workload.train.{f.name}" not in EXPANSION + OPERATIONAL)
 SCALING_KEYS = tuple(f.name for f in dataclasses.fields(ScalingConfig) if f.name != "name")
 PREFIX_KEYS = ("workload", "model", "shape", "format", "scaling", "backend")
 HASH_CHARS = 8

@@ -262,6 +262,10 @@ class MeasureConfig:
     """CUDA: overwrite a buffer larger than L2 between iterations (outside the timed region)."""
     cuda_graph: bool = False
     """CUDA: time replays of a captured graph (for launch-bound shapes)."""
+    processes: int = 1
+    """Side-by-side timing: how many processes time each recipe with its twin (the first the run's own, the
+    others fresh interpreters: fp8bench.run.replica); a speedup's interval covers the variance between them.
+    3 in the GPU study presets, 1 on the CPU and in tests."""
     settle_ms: float = 200.0
     """CUDA: untimed back-to-back iterations for this long before sampling, so a power-limited GPU's clocks
     have stepped down to their sustained level (fp8bench.core.measure._time_cuda; 0 times from a cold start)."""
@@ -273,6 +277,8 @@ class MeasureConfig:
         _positive("measure.min_samples", self.min_samples)
         _positive("measure.max_time_s", self.max_time_s)
         _positive("measure.block_ms", self.block_ms)
+        if not isinstance(self.processes, int) or isinstance(self.processes, bool) or self.processes < 1:
+            raise ConfigError(f"measure.processes={self.processes!r} must be an integer >= 1")
         if not isinstance(self.rounds, int) or self.rounds < 6:
             raise ConfigError(f"measure.rounds={self.rounds!r} must be an integer >= 6 (fewer rounds give no 95% "
                               "interval for a speedup)")
@@ -320,6 +326,9 @@ class Config:
     every case that shares one BF16 twin, run in one process)."""
     fail_on: str | None = None
     """Test-only: a case id substring whose cases raise at run time (exercises failure isolation)."""
+    diverge_at_step: int | None = None
+    """Test-only: every training case's loss is made NaN from this step on (exercises how a diverged run is
+    recorded, on any machine, without relying on a learning rate large enough to blow up)."""
     slowdown: str | None = None
     """Test-only: 'BACKEND:FRACTION' (e.g. 'torch:0.05') makes every timed iteration of that backend take
     FRACTION longer, inside the timed region, to check that regression detection catches a known change."""

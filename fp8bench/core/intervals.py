@@ -29,13 +29,14 @@ How many processes and rounds buy the narrowest interval in a time budget follow
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import chdtri, digamma, fdtrc, fdtri, polygamma, stdtrit
 
-from fp8bench.core.speedup import CONFIDENCE, RatioEstimate
+from fp8bench.core.speedup import CONFIDENCE, RatioEstimate, ratio_interval
 
 MIN_PRIOR_SERIES = 8
 """Cases with a variance of their own needed to fit a prior over them: fewer give no prior."""
@@ -244,6 +245,39 @@ def speedup_of_rounds(twin_rounds: Sequence[Sequence[float]], recipe_rounds: Seq
     sign-test interval (fp8bench.core.speedup.ratio_interval), used when there is one process and no prior."""
     logs = [log_ratio_of_rounds(t, r) for t, r in zip(twin_rounds, recipe_rounds, strict=True)]
     return process_interval(logs, prior=prior, within=within, box=box, boxes=boxes)
+
+
+def recorded_speedup(twin: Mapping[str, Sequence[float]], case: Mapping[str, Sequence[float]],
+                     metric: str = "time_ms") -> SpeedupInterval | None:
+    """A speedup and its interval rebuilt from what two records store, the recipe's and its BF16 twin's:
+    `metric` (every sample), `<metric>_round` (the round of each) and, where several processes timed them,
+    `<metric>_process`. One process: the median of the per-round ratios and its sign-test interval over the
+    rounds (fp8bench.core.speedup.ratio_interval), said to be within-process only; several: a t-interval over
+    the processes' log speedups (`speedup_of_rounds`). The run stores exactly this."""
+    key = f"{metric}_round"
+    if any(k not in s for s in (twin, case) for k in (metric, key)):
+        return None
+    twin_by, case_by = _by_process(twin, metric), _by_process(case, metric)
+    if sorted(twin_by) != sorted(case_by):
+        return None
+    twin_rounds = [[statistics.median(r) for r in twin_by[p]] for p in sorted(twin_by)]
+    case_rounds = [[statistics.median(r) for r in case_by[p]] for p in sorted(case_by)]
+    if any(len(t) != len(c) for t, c in zip(twin_rounds, case_rounds, strict=True)):
+        return None
+    within = ratio_interval(twin_by[0], case_by[0]) if len(twin_by) == 1 else None
+    if len(twin_by) == 1 and within is None:
+        return None
+    return speedup_of_rounds(twin_rounds, case_rounds, within=within)
+
+
+def _by_process(samples: Mapping[str, Sequence[float]], metric: str) -> dict[int, list[list[float]]]:
+    """process → its rounds (each a list of samples), from a record's `metric`, `_round` and `_process`."""
+    values, rounds = samples[metric], samples[f"{metric}_round"]
+    procs = samples.get(f"{metric}_process") or [0.0] * len(values)
+    out: dict[int, dict[int, list[float]]] = {}
+    for v, r, p in zip(values, rounds, procs, strict=True):
+        out.setdefault(int(p), {}).setdefault(int(r), []).append(float(v))
+    return {p: [rs[r] for r in sorted(rs)] for p, rs in out.items()}
 
 
 def box_variance(run_logs: Sequence[float], boxes: Sequence[str]) -> VariancePrior | None:

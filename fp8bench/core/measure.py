@@ -36,6 +36,9 @@ class Timing:
     bound: BoundEvidence | None = None
     """CUDA, interleaved: every timed block's wall and device time and the label the rule gives them
     (fp8bench.core.bound); None on a CPU, where there is no label."""
+    process_of_round: list[int] | None = None
+    """Interleaved timing repeated in several processes (measure.processes): the process each of `rounds` was
+    timed in (rounds are listed process by process); None for one process."""
 
     @property
     def median_ms(self) -> float:

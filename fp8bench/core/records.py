@@ -47,6 +47,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "speedup_vs_bf16_kernel": ("x", "higher"),
     "speedup_vs_bf16_kernel_lo": ("x", "higher"),
     "speedup_vs_bf16_kernel_hi": ("x", "higher"),
+    "speedup_vs_bf16_processes": ("count", "higher"),
+    "speedup_vs_bf16_kernel_processes": ("count", "higher"),
     "speedup_vs_bf16_box_lo": ("x", "higher"),
     "speedup_vs_bf16_box_hi": ("x", "higher"),
     "speedup_vs_bf16_kernel_box_lo": ("x", "higher"),
@@ -156,6 +158,9 @@ class CaseRecord:
     ran: dict = field(default_factory=dict)
     """What ran, as the workload and backend report it: `device`, `graphs` (CUDA-graph replays), `compiled`
     (torch.compile), and the kernels a backend chose."""
+    scheduler: dict = field(default_factory=dict)
+    """The batch job that ran the case (a Slurm job's id, node, partition, restart count; its state where the
+    job ended before the case did); {} outside a scheduler."""
     status: str
     reason: str = ""
     metrics: list[Metric] = field(default_factory=list)

@@ -83,16 +83,6 @@ def rounds_of(samples: list[float], round_of: list[float]) -> list[list[float]]:
     return [rounds[r] for r in sorted(rounds)]
 
 
-def speedup_from_samples(twin: dict[str, list[float]], case: dict[str, list[float]], metric: str = "time_ms",
-                         confidence: float = CONFIDENCE) -> RatioEstimate | None:
-    """A recorded speedup rebuilt from the recorded samples of the recipe and of its BF16 twin (each a
-    record's `samples`: `metric` and `<metric>_round`): the same estimate the run stored."""
-    key = f"{metric}_round"
-    if metric not in twin or metric not in case or key not in twin or key not in case:
-        return None
-    return ratio_interval(rounds_of(twin[metric], twin[key]), rounds_of(case[metric], case[key]), confidence)
-
-
 HOST_BOUND_BUSY_PCT = 90.0
 """A timing whose GPU was busy for less than this share of each iteration (measure.Timing.gpu_busy_pct) is
 host-bound: at least a tenth of what was timed is the GPU waiting for Python and the launches, so the figure

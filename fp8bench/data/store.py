@@ -72,6 +72,7 @@ ALTER TABLE cases ADD COLUMN IF NOT EXISTS label VARCHAR;
 ALTER TABLE cases ADD COLUMN IF NOT EXISTS twin_id VARCHAR;
 ALTER TABLE cases ADD COLUMN IF NOT EXISTS ran JSON;
 ALTER TABLE cases ADD COLUMN IF NOT EXISTS legacy_case_id VARCHAR;
+ALTER TABLE cases ADD COLUMN IF NOT EXISTS scheduler JSON;
 """
 """Columns added after the first schema (a database file written before them gains them on open). Runs
 recorded before versions travelled with the data get theirs from records.LEGACY_VERSION_SQL."""
@@ -434,14 +435,14 @@ def _replace_run(con, run_id: str, manifest: dict | None, records: list[CaseReco
             if k == "label":  # the id's readable prefix, where a record written by hand left it out
                 return r.label or r.case_id.split("~", 1)[0]
             v = getattr(r, k)
-            if k in ("measurement", "ran"):
+            if k in ("measurement", "ran", "scheduler"):
                 return json.dumps(v) if v else None
             return json.dumps(v) if k in ("shape", "params") else v
 
         cases = pa.table({k: [cell(r, k) for r in records]
                           for k in ("run_id", "case_id", "label", "twin_id", "workload", "model", "format", "scaling",
                                     "backend", "shape_name", "shape", "params", "ran", "status", "reason", "started_at",
-                                    "duration_s", "measurement", "legacy_case_id")})
+                                    "duration_s", "measurement", "legacy_case_id", "scheduler")})
         con.register("cases_in", cases)
         con.execute("INSERT INTO cases BY NAME SELECT * FROM cases_in")
         rows = [(r.run_id, r.case_id, mt.name, mt.value, mt.unit, mt.direction, d)

@@ -29,7 +29,8 @@ WITH m AS (
   SELECT run_id, case_id,
 """ + _COLUMNS + """
   FROM measurements GROUP BY run_id, case_id)
-SELECT c.run_id, c.case_id, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.shape AS shape_json,
+SELECT c.run_id, c.case_id, coalesce(c.label, c.case_id) AS label, c.twin_id,
+       coalesce(json_extract_string(c.measurement, '$.method'), '') = 'once' AS emulation, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.shape AS shape_json,
        c.params AS params_json, json_extract_string(r.config, '$.base.workload.train.master_weights') AS run_master_weights,
        json_extract_string(c.measurement, '$.method') AS method,
        c.status,

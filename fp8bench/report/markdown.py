@@ -180,7 +180,8 @@ def parity_block(con) -> str:
              number(r["peak_mem_bytes"] / 2**30, ".2f"),
              "" if r["status"] == "diverged" else number(r["loss_final"], ".4f"), verdict(r),
              f"`{r['run_id']}`", commits.get(r["run_id"], "")]
-            for _, r in t.sort_values(["model", "run_id", "backend", "format", "scaling", "shape_name"]).iterrows()]
+            for _, r in t.sort_values(["model", "run_id", "backend", "format", "scaling", "shape_name", "label",
+                                       "case_id"]).iterrows()]
     return table(["device · model", "batch x seq, steps", "recipe", "tokens/s", "vs BF16", "peak GiB",
                   "final val loss", "parity", "run", "commit"], rows)
 
@@ -208,7 +209,13 @@ def layer_waterfall_block(con) -> str:
                   "kernels / step", "run", "commit"], [r[-1] for r in sorted(rows, key=lambda r: r[:3])])
 
 
-KINDS = {"headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block,
+def recommendation_block(con) -> str:
+    from fp8bench.report.recommendation import markdown
+
+    return markdown(con)
+
+
+KINDS = {"recommendation": recommendation_block, "headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block,
          "layer-waterfall": layer_waterfall_block}
 
 

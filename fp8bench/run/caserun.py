@@ -15,6 +15,7 @@ from fp8bench.core.hardware import DeviceInfo
 from fp8bench.core.records import MEASUREMENT_VERSION, NOT_TIMED, CaseRecord
 from fp8bench.core.types import Status
 from fp8bench.run.plan import Case
+from fp8bench.run.scheduler import slurm_context
 from fp8bench.workloads import get_workload
 from fp8bench.workloads.common import CaseInput, Diverged
 
@@ -60,6 +61,7 @@ def case_record(case: Case, run_id: str, status: Status, reason: str = "", out=N
                       workload=c.workload.name, model=c.model.name, format=c.format.name, scaling=c.scaling.name,
                       backend=c.backend_name, shape_name=case.shape_name, shape=case.shape, params=case.params,
                       ran=what_ran(case, out, device if status is not Status.SKIPPED else None),
+                      scheduler=slurm_context(),
                       status=status.value,
                       reason=reason, metrics=out.metrics if out else [], samples=out.samples if out else {},
                       started_at=started, duration_s=time.time() - started if started else 0.0,

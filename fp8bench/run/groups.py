@@ -14,16 +14,18 @@ to build or finish is recorded `failed` and the unit goes on; a batch whose timi
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
 import torch
 
 from fp8bench.backends import get_backend
+from fp8bench.core.bound import Bound, combine, label_blocks
 from fp8bench.core.hardware import DeviceInfo
-from fp8bench.core.measure import time_interleaved
+from fp8bench.core.intervals import recorded_speedup
+from fp8bench.core.measure import Timing, time_interleaved
 from fp8bench.core.records import CaseRecord, Metric
-from fp8bench.core.speedup import is_host_bound, ratio_interval
 from fp8bench.core.types import Format, Status
 from fp8bench.run.caserun import (
     case_input,
@@ -36,8 +38,9 @@ from fp8bench.run.caserun import (
     run_case,
 )
 from fp8bench.run.plan import INTERLEAVED, Case, needs_twin
+from fp8bench.run.replica import time_elsewhere
 from fp8bench.workloads import get_workload
-from fp8bench.workloads.common import Prepared
+from fp8bench.workloads.common import Prepared, timing_samples
 
 MAX_BATCH = {"gemm": 8, "linear": 8, "mlp": 4, "layer": 4}
 """Recipes built and timed together at most; fewer when GPU memory is short (RESERVE_BYTES)."""
@@ -206,9 +209,14 @@ def _time_batch(twin: Case, twin_prepared: Prepared, record_twin: Case | None, t
                                    slowdown=twin.config.slowdown_for(twin.config.backend_name))
     except Exception:
         return False
-    twin_t = {name: timings[f"twin:{name}"] for name in twin_prepared.timed}
     members = [twin.case_id] + [c.case_id for c, _, _ in batch]
-    method = {"twin": twin.case_id, "rounds": ms.rounds, "timed_with": members}
+    replicas = [time_elsewhere([twin] + [c for c, _, _ in batch], run_id, device.kind)
+                for _ in range(ms.processes - 1)]
+    failures = [r for r in replicas if isinstance(r, str)]
+    timings = _with_replicas(timings, [r for r in replicas if isinstance(r, dict)]) if ms.processes > 1 else timings
+    twin_t = {name: timings[f"twin:{name}"] for name in twin_prepared.timed}
+    method = {"twin": twin.case_id, "rounds": ms.rounds, "timed_with": members,
+              "processes": ms.processes - len(failures)} | ({"replica_failures": failures} if failures else {})
     if record_twin is not None:
         _finish(record_twin, twin_prepared, twin_t, None, twin_started, run_id, emit,
                 measurement_of(record_twin, "interleaved", **method), device)
@@ -219,20 +227,44 @@ def _time_batch(twin: Case, twin_prepared: Prepared, record_twin: Case | None, t
     return True
 
 
-def _speedups(twin, own: dict) -> list[Metric]:
-    """speedup_vs_bf16 (with quantization) and _kernel (the kernel alone) with their intervals, and whether
-    the figure is host-bound (either side's GPU busy under fp8bench.core.speedup.HOST_BOUND_BUSY_PCT)."""
-    out = []
+def _speedups(twin: Timing, own: dict[str, Timing]) -> tuple[list[Metric], dict]:
+    """speedup_vs_bf16 (with quantization) and _kernel (the kernel alone) with their intervals, rebuilt from the
+    samples both records store (fp8bench.core.intervals.recorded_speedup: one implementation for the run, the
+    audit and the tests), and the speedup's bound label: the combination of both sides' (fp8bench.core.bound).
+    Returns the metrics and what the record's measurement adds."""
+    out, extra = [], {}
     for name, suffix in (("time_ms", ""), ("time_ms_kernel", "_kernel")):
         if name not in own:
             continue
-        est = ratio_interval(twin.rounds, own[name].rounds)
+        est = recorded_speedup(timing_samples("time_ms", twin), timing_samples("time_ms", own[name]))
         if est is not None:
-            out += [Metric.of(f"speedup_vs_bf16{suffix}", est.value), Metric.of(f"speedup_vs_bf16{suffix}_lo", est.lo),
-                    Metric.of(f"speedup_vs_bf16{suffix}_hi", est.hi)]
-    bound = is_host_bound(twin.gpu_busy_pct, own["time_ms"].gpu_busy_pct)
-    if bound is not None:
-        out.append(Metric.of("host_bound", float(bound)))
+            out += [Metric.of(k, v) for k, v in est.metrics(f"speedup_vs_bf16{suffix}").items()]
+            extra[f"interval{suffix}"] = est.to_measurement()
+    if twin.bound is not None and own["time_ms"].bound is not None:
+        label = combine(twin.bound.label, own["time_ms"].bound.label)
+        extra["speedup_bound"] = label.value
+        if label in (Bound.HOST, Bound.DEVICE):
+            out.append(Metric.of("host_bound", float(label is Bound.HOST)))
+    return out, extra
+
+
+def _with_replicas(timings: dict[str, Timing], replicas: list[dict]) -> dict[str, Timing]:
+    """Each op's timing with the rounds other processes timed appended (process by process), its samples and
+    bound label over all of them."""
+    out = {}
+    for name, t in timings.items():
+        rounds, procs = list(t.rounds or []), [0] * len(t.rounds or [])
+        wall = list(t.bound.wall_ms) if t.bound else []
+        dev = list(t.bound.device_ms) if t.bound else []
+        for p, rep in enumerate(replicas, 1):
+            rounds += rep[name]["rounds"]
+            procs += [p] * len(rep[name]["rounds"])
+            wall += rep[name]["wall"] or []
+            dev += rep[name]["device"] or []
+        bound = label_blocks(wall, dev) if t.bound is not None else None
+        out[name] = dataclasses.replace(t, samples_ms=[x for r in rounds for x in r], rounds=rounds,
+                                        process_of_round=procs, bound=bound,
+                                        gpu_busy_pct=bound.busy_pct if bound else None)
     return out
 
 
@@ -243,10 +275,15 @@ def _finish(case: Case, prepared: Prepared, timings: dict, twin_timing, started:
     try:
         out = prepared.finish(timings)
         check_ran(case, out)
+        own = timings["time_ms"].bound
+        if own is not None:
+            measurement = {**measurement, "bound": own.to_measurement()}
         if twin_timing is not None:
-            out.metrics += _speedups(twin_timing, timings)
-        elif timings["time_ms"].gpu_busy_pct is not None:  # the twin: its own host-boundness
-            out.metrics.append(Metric.of("host_bound", float(is_host_bound(timings["time_ms"].gpu_busy_pct))))
+            metrics, extra = _speedups(twin_timing, timings)
+            out.metrics += metrics
+            measurement = {**measurement, **extra}
+        elif own is not None and own.label in (Bound.HOST, Bound.DEVICE):  # the twin: its own label
+            out.metrics.append(Metric.of("host_bound", float(own.label is Bound.HOST)))
         record = case_record(case, run_id, Status.OK, "", out, started, measurement, device)
     except Exception as exc:
         record = case_record(case, run_id, Status.FAILED, failure_reason(exc), None, started, measurement, device)

@@ -38,8 +38,9 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(2)
 
 
-RESUME_FREE_KEYS = ("run_id", "resume", "results_dir", "store.")
-"""Overrides a resumed run may change: where it lives and how it is stored, not what it measures."""
+RESUME_FREE_KEYS = ("run_id", "resume", "results_dir", "store.", "hydra/launcher", "hydra.launcher.")
+"""Overrides a resumed run may change: where it lives, how it is stored and where and how long its jobs run,
+not what it measures."""
 
 
 def _measuring(overrides: list[str]) -> list[str]:

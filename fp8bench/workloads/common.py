@@ -83,6 +83,11 @@ def timing_samples(name: str, timing) -> dict[str, list[float]]:
     out = {name: list(timing.samples_ms)}
     if timing.rounds:
         out[f"{name}_round"] = [float(r) for r, rnd in enumerate(timing.rounds) for _ in rnd]
+    if timing.rounds and timing.process_of_round:  # several processes: rounds listed process by process
+        out[f"{name}_process"] = [float(p) for p, rnd in zip(timing.process_of_round, timing.rounds, strict=True)
+                                  for _ in rnd]
+    if timing.bound is not None:  # the evidence of the bound label: every timed block's wall and device time
+        out |= {f"{name}_{k}": v for k, v in timing.bound.samples().items()}
     return out
 
 

@@ -353,6 +353,9 @@ class Stepper:
             with torch.autograd.graph.saved_tensors_hooks(census.pack, census.unpack) if census \
                     else contextlib.nullcontext():
                 loss = self.forward_loss(tokens)
+            planted = self.case.config.diverge_at_step
+            if planted is not None and step >= planted:  # test-only: a divergence planted on any machine
+                loss = loss * float("nan")
             if census:
                 memory["after_forward"] = allocated(self.dev)
             e.backward(self.scaler.scale(loss * cfg.loss_scale if cfg.loss_scale != 1.0 else loss))

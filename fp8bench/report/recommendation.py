@@ -1,0 +1,107 @@
+"""The recipe to train with, from the stored runs: whole-step speeds and loss-parity verdicts read from DuckDB
+and decided by fp8bench.analysis.recommend (the fastest recipe that passes parity at the largest size judged
+with enough seeds; faster ones that fail, or are judged on too few seeds, listed below it). `fp8bench advise`,
+README.md's headline block and the site's front page all show this one decision.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fp8bench.analysis.parity import verdict_from_metrics
+from fp8bench.analysis.recommend import (
+    Recipe,
+    Recommendation,
+    SeedVerdict,
+    Size,
+    SpeedResult,
+    model_params,
+    pool_parity,
+    recommend,
+)
+from fp8bench.config.compose import model_preset
+from fp8bench.core.markdown import table
+from fp8bench.core.records import variant_of
+
+SPEEDS = """
+SELECT c.model, c.format, c.scaling, c.backend, c.label, m.value AS speedup,
+       coalesce(lo_box.value, lo.value) AS lo, coalesce(hi_box.value, hi.value) AS hi,
+       100 * (mem.value / bmem.value - 1) AS mem_change_pct, c.run_id
+FROM cases c JOIN measurements m ON m.run_id = c.run_id AND m.case_id = c.case_id AND m.metric = 'speedup_vs_bf16'
+LEFT JOIN measurements lo ON lo.run_id = c.run_id AND lo.case_id = c.case_id AND lo.metric = 'speedup_vs_bf16_lo'
+LEFT JOIN measurements hi ON hi.run_id = c.run_id AND hi.case_id = c.case_id AND hi.metric = 'speedup_vs_bf16_hi'
+LEFT JOIN measurements lo_box ON lo_box.run_id = c.run_id AND lo_box.case_id = c.case_id
+     AND lo_box.metric = 'speedup_vs_bf16_box_lo'
+LEFT JOIN measurements hi_box ON hi_box.run_id = c.run_id AND hi_box.case_id = c.case_id
+     AND hi_box.metric = 'speedup_vs_bf16_box_hi'
+LEFT JOIN measurements mem ON mem.run_id = c.run_id AND mem.case_id = c.case_id AND mem.metric = 'peak_mem_bytes'
+LEFT JOIN measurements bmem ON bmem.run_id = c.run_id AND bmem.case_id = c.twin_id AND bmem.metric = 'peak_mem_bytes'
+WHERE c.workload = 'train' AND c.status = 'ok' AND c.format != 'bf16'
+  AND coalesce(json_extract_string(c.measurement, '$.method'), '') != 'once'"""
+"""Every whole-step speedup of a training case with its interval and its peak memory against its BF16 twin's."""
+
+VERDICTS = """
+SELECT c.run_id, c.case_id, c.label, c.model, c.format, c.scaling, c.backend, c.shape, c.status, c.reason,
+       map_from_entries(list({'k': m.metric, 'v': m.value}))
+FROM cases c JOIN measurements m USING (run_id, case_id)
+WHERE c.workload = 'train' AND c.format != 'bf16' GROUP BY ALL"""
+
+
+def _recipe(fmt: str, scaling: str, backend: str, label: str) -> Recipe:
+    return Recipe.of(fmt, scaling, backend, variant_of(label))
+
+
+def _size(model: str) -> Size | None:
+    preset = model_preset(model)
+    return Size(params=model_params(preset), model=model) if preset else None
+
+
+def inputs(con) -> tuple[list[SpeedResult], list[SeedVerdict]]:
+    """Whole-step speeds and per-run parity verdicts of the stored training cases (models without a preset here
+    cannot be placed by size and are left out)."""
+    speeds = []
+    for model, f, s, b, label, sp, lo, hi, mem, _ in con.execute(SPEEDS).fetchall():
+        size = _size(model)
+        if size is not None:
+            speeds.append(SpeedResult(recipe=_recipe(f, s, b, label), size=size, speedup=sp, lo=lo, hi=hi,
+                                      mem_change_pct=mem))
+    verdicts = []
+    for _, _, label, model, f, s, b, shape, status, reason, metrics in con.execute(VERDICTS).fetchall():
+        v = verdict_from_metrics(metrics, diverged=reason if status == "diverged" else "")
+        size = _size(model)
+        if v is None or size is None or not (status == "diverged" or "parity_pass" in metrics):
+            continue
+        verdicts.append(SeedVerdict(recipe=_recipe(f, s, b, label), size=size, seed=json.loads(shape)["seed"],
+                                    passed=v.passed, failed_rules=v.failed,
+                                    same_seed_area_gap_pct=v.same_seed_area_gap_pct))
+    return speeds, verdicts
+
+
+def decide(con) -> Recommendation:
+    speeds, verdicts = inputs(con)
+    return recommend(speeds, pool_parity(verdicts))
+
+
+def rows(rec: Recommendation) -> list[list[str]]:
+    """The decision as table rows: the recommended recipe first (or a row saying none passes), then every faster
+    recipe with its verdict."""
+    out = []
+    if rec.chosen is None:
+        out.append(["no recommendation", "", "", "", "no FP8 recipe faster than BF16 passes loss parity with at "
+                    "least three seeds"])
+    for role, c in ([("recommended", rec.chosen)] if rec.chosen else []) + [(c.status, c) for c in rec.faster]:
+        s = c.speed
+        ci = f" ({s.lo:.2f}–{s.hi:.2f})" if s.lo is not None and s.hi is not None else ""
+        mem = "" if s.mem_change_pct is None else f"{s.mem_change_pct:+.0f}%"
+        verdict = c.parity.text() if c.parity else "not judged"
+        verdict += "".join(f"; {p.text()}" for p in c.failed_elsewhere)
+        out.append([role, c.recipe.label(), f"{s.speedup:.2f}x{ci} at {s.size.model}", mem, verdict])
+    return out
+
+
+HEADERS = ["", "recipe", "whole-step speedup vs BF16 (95% interval), where timed", "peak memory vs BF16",
+           "loss parity where judged"]
+
+
+def markdown(con) -> str:
+    return table(HEADERS, rows(decide(con)))
