@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from fp8bench.config.compose import conf_dir, expand_request, group_options
 from fp8bench.core.hardware import DESCRIBED_DEVICES, DeviceInfo
-from fp8bench.core.speedup import speedup_from_samples
+from fp8bench.core.intervals import recorded_speedup
 from fp8bench.run.plan import execution_order, job_groups, needs_twin, plan
 
 CPU = DeviceInfo("cpu", "cpu", None, None)
@@ -112,7 +112,7 @@ def test_every_stored_speedup_recomputes_from_its_row_and_its_recorded_twin(cli,
         twin = by_id.get((r["run_id"], r["twin_id"]))
         assert twin is not None and twin["format"] == "bf16" and twin["status"] == "ok", r["twin_id"]
         assert r["measurement"]["method"] == "interleaved"
-        estimate = speedup_from_samples(samples[(twin["run_id"], twin["case_id"])], samples[key])
+        estimate = recorded_speedup(samples[(twin["run_id"], twin["case_id"])], samples[key])
         assert estimate is not None, f"{r['case_id']}: no rounds recorded"
         stored_metrics = metrics[key]
         assert stored_metrics["speedup_vs_bf16"] == estimate.value, r["case_id"]
