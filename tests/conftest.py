@@ -28,7 +28,7 @@ def _share_the_cores() -> None:
 
 _share_the_cores()
 
-DATA_SIDE = ["test_advisor.py", "test_compare.py", "test_docs.py", "test_launch.py", "test_memory_model.py",
+DATA_SIDE = ["test_advisor.py", "test_audit.py", "test_compare.py", "test_docs.py", "test_launch.py", "test_memory_model.py",
              "test_report.py", "test_report_selection.py", "test_roofline.py", "test_runner.py", "test_shared_results.py", "test_slurm.py", "test_store.py",
              "test_training_steps_report.py", "test_waterfall.py"]
 """Test modules of the data side (DuckDB, the plotly report). A GPU box needs neither library (`fp8bench run`

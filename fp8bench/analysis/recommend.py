@@ -76,6 +76,10 @@ class SpeedResult:
     """95% interval of the speedup (None where not measured)."""
     mem_change_pct: float | None = None
     """Peak memory against the BF16 step's, in percent (positive: FP8 used more)."""
+    run_id: str = ""
+    """The run that timed it ('' where not known)."""
+    measurement_version: int | None = None
+    """That run's measurement version (None where not known)."""
 
     def text(self) -> str:
         ci = f" ({self.lo:.2f}-{self.hi:.2f})" if self.lo is not None and self.hi is not None else ""

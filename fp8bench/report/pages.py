@@ -67,6 +67,8 @@ def advisor(df: pd.DataFrame) -> pd.DataFrame:
     g["recommended"] = ""
     for (_, _, workload), idx in g.groupby(["device", "model", "workload"]).groups.items():
         sub = g.loc[idx]
+        if sub["speedup"].isna().all():  # every speedup of the group withdrawn (fp8bench.report.data.withdraw)
+            continue
         # a training step is recommended on loss parity against the BF16 seed band; the one-step workloads,
         # which have no loss, on their kernels agreeing with the emulator
         trusted = sub["loss_parity"] == "pass" if workload == "train" else sub["kernels"] == "agree with emulator"
