@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # asv: the machine name is the GPU model (or the CPU's), so histories of one GPU kind line up.
 ASV_MACHINE ?= $(shell $(BIN)/python -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '-') if torch.cuda.is_available() else 'cpu-' + __import__('platform').machine())" 2>/dev/null)
 
-.PHONY: run test test-fast lint plan clean asv asv-gate asv-history publish results-page readme-picture slurm-up slurm-down
+.PHONY: run test test-fast lint plan clean asv asv-gate asv-history publish results-page audit readme-picture slurm-up slurm-down
 
 # The venv takes ~2.8 GB (triton ~1 GB, torch ~0.75 GB); --no-cache-dir keeps pip from adding copies of the
 # wheels in ~/.cache on a disk that may be short (a CI run once failed on "No space left on device").
@@ -69,6 +69,11 @@ results-page: $(STAMP)
 	rm -f results/committed.duckdb
 	$(BIN)/fp8bench ingest $(COMMITTED) --db results/committed.duckdb
 	$(BIN)/fp8bench report --markdown README.md docs/results.md docs/training.md docs/why-not-2x.md --db results/committed.duckdb
+
+# Every figure README.md and docs/ publish, rebuilt from the committed samples alone (the sets COMMITTED names);
+# exit 1 naming each that differs or cannot be rebuilt. tests/test_audit.py runs it in `make test`.
+audit: $(STAMP)
+	$(BIN)/fp8bench audit
 
 plan: $(STAMP)
 	$(BIN)/fp8bench plan sweep=$(SWEEP)

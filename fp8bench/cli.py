@@ -29,7 +29,7 @@ def _console(stderr: bool = False) -> Console:
 
 console = _console(stderr=True)
 out = _console()
-COMMANDS = ("run", "plan", "advise", "ingest", "export", "report", "compare", "asv-compare", "history", "calibrate",
+COMMANDS = ("run", "plan", "advise", "ingest", "export", "report", "audit", "compare", "asv-compare", "history", "calibrate",
             "roofline", "waterfall", "memory", "doctor")
 USAGE = """usage: fp8bench COMMAND [ARGS]
 
@@ -42,6 +42,9 @@ USAGE = """usage: fp8bench COMMAND [ARGS]
   export RUN_ID... --out DIR   write runs as Parquet (one file per table) to commit under results/
   report [--db DB] [--out DIR] build the static site (plotly, offline) from DuckDB
   report --markdown FILE...     rewrite the generated results tables of Markdown files (make results-page)
+  audit [PAGE...] [--root DIR] [--db DB] [--verbose]
+                               rebuild every figure README.md and docs/ publish from the committed samples;
+                               exit 1 naming each that differs or cannot be rebuilt
   compare BASE HEAD [--db DB] [--markdown FILE]
                                judge two runs (each a run id, git commit or 'latest') against the
                                variance between runs; exit 1 if anything regressed
@@ -417,6 +420,33 @@ def cmd_report(args: list[str]) -> int:
     return 0
 
 
+def cmd_audit(args: list[str]) -> int:
+    p = _Parser(prog="fp8bench audit", description="Rebuild every figure README.md and docs/*.md publish from the "
+                "committed samples alone (results/: the sets `make results-page` ingests): every generated block "
+                "cell by cell, every speedup from its record's and its BF16 twin's samples, every figure in prose "
+                "that carries a marker (<!-- figure: run=RUN case=CASE metric=METRIC -->1.23x). Exit 1 naming "
+                "each figure that differs beyond its printed rounding or cannot be rebuilt; untagged figures in "
+                "prose are counted as unverifiable. docs/reproducibility.md, 'What fp8bench audit checks'.")
+    p.add_argument("pages", nargs="*", type=Path, metavar="PAGE",
+                   help="Markdown files to check (default: README.md and docs/*.md under --root)")
+    p.add_argument("--root", type=Path, default=Path("."), help="the repository: its results/ and pages (default .)")
+    p.add_argument("--db", type=Path, default=None,
+                   help="a DuckDB file of the committed result sets to read instead of ingesting results/ (never "
+                        "written)")
+    p.add_argument("--verbose", action="store_true", help="list the withdrawn and the unverifiable figures")
+    ns = p.parse_args(args)
+    from fp8bench.report.audit import audit, summary
+
+    result = audit(ns.root, ns.pages or None, ns.db)
+    for problem in result.problems:
+        out.print(problem.text(), highlight=False, markup=False, soft_wrap=True)
+    for line in summary(result, ns.verbose):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    out.print(f"{len(result.problems)} figure(s) differ or cannot be rebuilt" if result.problems
+              else "every checked figure is rebuilt from the committed samples", highlight=False, markup=False)
+    return 1 if result.problems else 0
+
+
 def cmd_calibrate(args: list[str]) -> int:
     from fp8bench.analysis.calibrate import calibrate, write
     from fp8bench.core.hardware import detect_device
@@ -742,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd in ("run", "plan", "doctor") and any(a in ("-h", "--help") for a in rest):
         out.print(_help(cmd), highlight=False, markup=False)
         return 0
-    handlers = {"run": cmd_run, "plan": cmd_plan, "advise": cmd_advise, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report,
+    handlers = {"run": cmd_run, "plan": cmd_plan, "advise": cmd_advise, "ingest": cmd_ingest, "export": cmd_export, "report": cmd_report, "audit": cmd_audit,
                 "compare": cmd_compare, "asv-compare": cmd_asv_compare, "history": cmd_history,
                 "calibrate": cmd_calibrate, "roofline": cmd_roofline, "waterfall": cmd_waterfall, "memory": cmd_memory,
                 "doctor": cmd_doctor}

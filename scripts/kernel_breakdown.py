@@ -20,13 +20,11 @@ from torch.profiler import ProfilerActivity, profile
 
 from fp8bench.backends import get_backend
 from fp8bench.config.compose import expand
-from fp8bench.core.markdown import table
+from fp8bench.report.probe_tables import kernel_breakdown
 from fp8bench.run.plan import plan
 from fp8bench.workloads.profile import category
 
 STEPS = 5
-SHOWN_MS = 0.1
-"""The table lists the kernels taking at least this many milliseconds a step in some file; the rest are summed."""
 
 
 def main() -> int:
@@ -66,27 +64,8 @@ def main() -> int:
     return 0
 
 
-def markdown(paths: list[Path]) -> str:
-    """One row per kernel of SHOWN_MS or more in any file, one column per file (ms a step, launches a step),
-    then the rest and the total of each."""
-    files = [json.loads(p.read_text()) for p in paths]
-    per = [{r["kernel"]: r for r in f["kernels"]} for f in files]
-    names = sorted({k for p in per for k, r in p.items() if r["ms_per_step"] >= SHOWN_MS},
-                   key=lambda k: -max(p[k]["ms_per_step"] if k in p else 0.0 for p in per))
-
-    def cell(p: dict, k: str) -> str:
-        return f"{p[k]['ms_per_step']:.3f} ({p[k]['launches_per_step']:g}x)" if k in p else ""
-    rows = [[f"`{k[:100]}`", category(k), *(cell(p, k) for p in per)] for k in names]
-    rows.append(["the rest", "", *(f"{sum(r['ms_per_step'] for k, r in p.items() if k not in names):.3f}"
-                                   for p in per)])
-    rows.append(["**kernels a step**", "", *(f"**{sum(r['ms_per_step'] for r in p.values()):.3f}**" for p in per)])
-    header = ["kernel", "category", *(f"`{f['case_id'].split('.', 3)[-1]}` ({p.stem.rsplit('_', 1)[-1]}), ms"
-                                      for f, p in zip(files, paths, strict=True))]
-    return table(header, rows)
-
-
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--markdown"]:
-        print(markdown([Path(a) for a in sys.argv[2:]]), end="")
+        print(kernel_breakdown([Path(a) for a in sys.argv[2:]]), end="")
         sys.exit(0)
     sys.exit(main())

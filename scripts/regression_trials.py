@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from fp8bench.core import markdown
+from fp8bench.report.probe_tables import regression_trials
 
 LEVELS = {"A": None, "slow3": "torch:0.03", "slow10": "torch:0.10"}
 
@@ -132,31 +132,6 @@ def judge(folders: list[Path], db: Path, json_out: Path | None) -> int:
     return 0
 
 
-def _short(case_id: str) -> str:
-    workload, _, _, fmt = case_id.split(".")[:4]
-    return f"{'FP8' if fmt != 'bf16' else 'BF16'} {workload}"
-
-
-def table(files: list[Path]) -> str:
-    """One row per judged trials file: A/A pairs, false verdicts, 'insufficient data', and per case how many
-    3% and 10% slowdowns were called regressions."""
-    rows = []
-    for f in files:
-        d = json.loads(f.read_text())
-        cases = d["per_case"]
-        comparisons = sum(c["aa_pairs"] for c in cases.values())
-
-        def caught(level: str, cases: dict = cases) -> str:
-            return "; ".join(f"{_short(k)} {c[f'detected_{level}']}/{c.get(f'compared_{level}', 0)}"
-                             for k, c in sorted(cases.items()))
-        rows.append([f"`{f.name}`", d["pairs"], f"{d['aa_false_regressions']} / {comparisons}",
-                     sum(c["aa_false_improvements"] for c in cases.values()),
-                     sum(c.get("aa_insufficient_data", 0) for c in cases.values()), caught("slow3"),
-                     caught("slow10")])
-    return markdown.table(["trials", "A/A pairs", "false regressions", "false improvements", "insufficient data (A/A)",
-                  "3% caught", "10% caught"], rows)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -174,7 +149,7 @@ def main() -> int:
     t.add_argument("files", type=Path, nargs="+")
     a = ap.parse_args()
     if a.cmd == "table":
-        print(table(a.files), end="")
+        print(regression_trials(a.files), end="")
         return 0
     if a.cmd == "record":
         record(a.out, a.trials, a.batch, a.overrides, a.budget_s)

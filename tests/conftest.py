@@ -28,7 +28,7 @@ def _share_the_cores() -> None:
 
 _share_the_cores()
 
-DATA_SIDE = ["test_advisor.py", "test_compare.py", "test_docs.py", "test_launch.py", "test_memory_model.py",
+DATA_SIDE = ["test_advisor.py", "test_audit.py", "test_compare.py", "test_docs.py", "test_launch.py", "test_memory_model.py",
              "test_report.py", "test_report_selection.py", "test_roofline.py", "test_runner.py", "test_shared_results.py", "test_slurm.py", "test_store.py",
              "test_training_steps_report.py", "test_waterfall.py"]
 """Test modules of the data side (DuckDB, the plotly report). A GPU box needs neither library (`fp8bench run`
@@ -140,9 +140,10 @@ def page_text():
         yield read
 
 
-SLOWEST_FIRST = ["test_slurm.py", "test_asv.py", "test_train_modes.py", "test_report.py", "test_triton_backend.py", "test_cli.py",
-                 "test_compare.py", "test_train_presets.py", "test_train.py", "test_runner.py", "test_launch.py",
-                 "test_te_reference.py", "test_integrations.py"]
+SLOWEST_FIRST = ["test_slurm.py", "test_asv.py", "test_train_modes.py", "test_report.py", "test_sweep_semantics.py",
+                 "test_triton_backend.py", "test_cli.py", "test_compare.py", "test_train_presets.py", "test_train.py",
+                 "test_case_model.py", "test_runner.py", "test_launch.py", "test_te_reference.py", "test_integrations.py",
+                 "test_backend_plugin.py"]
 """Test files by their CPU time in `make test` (`--durations=0` summed per file at 91a5d91, 88 s down to 16 s),
 longest first: `--dist loadfile` hands files to its two workers in collection order, so a long file collected
 last (alphabetically, test_train_modes.py) leaves one worker running alone at the end (~11 s of a 290 s run).

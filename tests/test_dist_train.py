@@ -32,6 +32,8 @@ def test_the_planner_says_why_a_distributed_point_cannot_run(tmp_path):
                       "workload.train.fp8_all_gather=true"])
     assert not ok and "needs GPUs" in why
     ok, why = reason(["format=bf16", "scaling=none", "backend=torch", "workload.train.fp8_all_gather=true"])
+    assert not ok and "torch has no FP8 all-gather" in why  # the knob is torchao's
+    ok, why = reason(["format=bf16", "scaling=none", "backend=torchao", "workload.train.fp8_all_gather=true"])
     assert not ok and "nproc > 1" in why
     ok, why = reason(["format=bf16", "scaling=none", "backend=te", "workload.train.nproc=2"])
     assert not ok  # TE needs a GPU; on one it would say fsdp2 runs torch/torchao only

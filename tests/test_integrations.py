@@ -30,7 +30,7 @@ def _train(tmp_path, *overrides, name="r"):
 
 
 def _by_backend(records):
-    return {r.case_id.split(".")[-1]: r for r in records}
+    return {r.label.split(".")[-1]: r for r in records}
 
 
 @pytest.mark.slow
@@ -72,7 +72,7 @@ def test_unknown_fp8_backend_is_a_config_error(tmp_path):
 def test_integrations_say_why_they_cannot_run_here(tmp_path):
     points, _ = expand([*TINY, "device=cpu", "format=e4m3,hybrid", "scaling=delayed,current",
                         "backend=lightning-te,accelerate-te,coat,msamp", f"results_dir={tmp_path}"], multirun=True)
-    why = {c.case_id.split(".", 4)[-1]: c.reason for c in plan(points) if not c.runnable}
+    why = {c.label.split(".", 4)[-1]: c.reason for c in plan(points) if not c.runnable}
     assert "Transformer Engine" in why["e4m3.delayed.lightning-te"]
     assert "DelayedScaling" in why["e4m3.current.accelerate"]  # Accelerate's TE kwargs build no other recipe
     assert "CPU" in why["hybrid.current.coat"]

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_local_processes_launcher_runs_each_job_in_its_own_process_one_after_another_and_ingests_every_job(cli, tmp_path):
-    r = cli("run", "-m", "workload=gemm", "model=tiny", "backend=torch", "format=e4m3,hybrid", "scaling=current",
+    # two twin groups (a workload's E4M3 cases and their BF16 twins): two jobs
+    r = cli("run", "-m", "workload=gemm,linear", "model=tiny", "backend=torch", "format=e4m3", "scaling=current",
             "workload.linears=[o]", "workload.roles=[fprop,dgrad]", "hydra/launcher=local-processes",
             f"results_dir={tmp_path}", "run_id=proc", timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -34,7 +35,7 @@ def test_local_processes_launcher_runs_each_job_in_its_own_process_one_after_ano
     con = duckdb.connect(str(tmp_path / "fp8bench.duckdb"), read_only=True)
     rows = con.execute("SELECT count(*), count(DISTINCT case_id), count(*) FILTER (WHERE status = 'ok') "
                        "FROM cases WHERE run_id = 'proc'").fetchone()
-    assert rows == (4, 4, 4)  # 2 jobs x 2 GEMMs, nothing lost or duplicated
+    assert rows == (6, 6, 6)  # (2 GEMMs + 1 linear) x (E4M3, its twin), nothing lost or duplicated
 
 
 @pytest.mark.slow
@@ -47,7 +48,7 @@ def test_a_local_processes_job_sees_the_launching_process_gpus_and_can_import_th
     import submitit
 
     register_schema()  # puts fp8bench's hydra_plugins folder on sys.path, as `fp8bench run` does
-    from hydra_plugins.fp8bench_local_processes import job_setup
+    from hydra_plugins.fp8bench_launchers.local_processes import job_setup
 
     if devices is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -57,7 +58,7 @@ def test_a_local_processes_job_sees_the_launching_process_gpus_and_can_import_th
     def seen():
         import importlib.util
 
-        return os.environ.get("CUDA_VISIBLE_DEVICES"), importlib.util.find_spec("hydra_plugins.fp8bench_local_processes") is not None
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), importlib.util.find_spec("hydra_plugins.fp8bench_launchers.local_processes") is not None
 
     executor = submitit.AutoExecutor(cluster="local", folder=tmp_path / "jobs")
     executor.update_parameters(gpus_per_node=0, timeout_min=1, local_setup=job_setup(dict(os.environ)))
@@ -146,35 +147,38 @@ def test_longest_first_orders_by_history_and_keeps_declaration_order_without_it(
     assert longest_first([2.0, None, 9.0, 1.0]) == [2, 1, 0, 3]  # the unknown job counts as the mean, 4.0
 
 
-def _history_record(case_id, fmt, scaling, seconds, started):
+def _history_record(case_id, workload, fmt, scaling, seconds, started):
     from fp8bench.core.records import CaseRecord
 
-    return CaseRecord(run_id="before", case_id=case_id, workload="gemm", model="tiny", format=fmt, scaling=scaling,
+    return CaseRecord(run_id="before", case_id=case_id, workload=workload, model="tiny", format=fmt, scaling=scaling,
                       backend="torch", shape_name="fprop_o", shape={}, status="ok", started_at=started,
                       duration_s=seconds).to_json()
 
 
 @pytest.mark.slow
 def test_local_gpus_launcher_hands_out_the_longest_job_first(cli, tmp_path):
-    """A previous run says the E4M3 job took longest (the later of its two records counts): this sweep runs
-    it as job 0, where Hydra's declaration order would have made it job 3."""
+    """A previous run says the linear workload's twin group took longest (the later of a case's two records
+    counts): this sweep runs it first, where Hydra's declaration order would have run it second."""
     old = tmp_path / "runs" / "before"
     old.mkdir(parents=True)
     (old / "shard-1-1-job0.jsonl").write_text("\n".join([
-        _history_record("gemm.tiny.fprop_o.bf16.none.torch", "bf16", "none", 5.0, 1.0),
-        _history_record("gemm.tiny.fprop_o.e4m3.current.torch", "e4m3", "current", 0.5, 1.0),
-        _history_record("gemm.tiny.fprop_o.e4m3.current.torch", "e4m3", "current", 30.0, 2.0),
+        _history_record("gemm.tiny.fprop_o.bf16.none.torch", "gemm", "bf16", "none", 5.0, 1.0),
+        _history_record("linear.tiny.o.e4m3.current.torch", "linear", "e4m3", "current", 0.5, 1.0),
+        _history_record("linear.tiny.o.e4m3.current.torch", "linear", "e4m3", "current", 30.0, 2.0),
         '{"torn": '])  # a crashed job's last line is skipped
     )
-    r = cli("run", "-m", "workload=gemm", "model=tiny", "backend=torch", "format=bf16,e4m3", "scaling=none,current",
+    r = cli("run", "-m", "workload=gemm,linear", "model=tiny", "backend=torch", "format=e4m3", "scaling=current",
             "workload.linears=[o]", "workload.roles=[fprop]", "hydra/launcher=local-gpus", f"results_dir={tmp_path}",
             "run_id=lpt", "store.ingest=false", timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    jobs = {}
+    jobs, started = {}, {}  # a shard is named by its twin group (declaration order); when it ran, by its records
     for shard in (tmp_path / "runs" / "lpt").glob("shard-*.jsonl"):
         for line in shard.read_text().splitlines():
-            jobs[json.loads(line)["format"]] = shard.stem.rsplit("-", 1)[1]
-    assert jobs == {"e4m3": "job0", "bf16": "job3"}
+            rec = json.loads(line)
+            jobs.setdefault(rec["workload"], set()).add(shard.stem.rsplit("-", 1)[1])
+            started[rec["workload"]] = min(started.get(rec["workload"], rec["started_at"]), rec["started_at"])
+    assert jobs == {"gemm": {"job0"}, "linear": {"job1"}}
+    assert started["linear"] < started["gemm"]
 
 
 def test_job_seconds_come_from_each_cases_latest_run_and_skip_a_torn_line(tmp_path):

@@ -33,8 +33,7 @@ def _gap(a, b) -> float:
 @pytest.mark.slow
 def test_every_mode_trains_the_same_bf16_curve(tmp_path):
     steps = ["workload.train.steps=20", "workload.train.eval_every=10"]
-    recs = {r.case_id.split(".")[-1]: r
-            for r in _train(tmp_path / "one", *steps, "backend=torch,lightning-te,accelerate-te")}
+    recs = {r.backend: r for r in _train(tmp_path / "one", *steps, "backend=torch,lightning-te,accelerate-te")}
     for strategy in ("ddp", "fsdp2"):
         [recs[strategy]] = _train(tmp_path / strategy, *steps, "backend=torch", "workload.train.nproc=2",
                                   f"workload.train.strategy={strategy}")

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fp8bench.analysis.taxonomy import smooth, smoothing_window
-from fp8bench.core.records import CaseRecord, Metric, variant_of
+from fp8bench.core.records import CaseRecord, Metric, is_timed, variant_of
 
 MIN_SEEDS = 3
 PI_LEVEL = 0.975
@@ -388,7 +388,7 @@ def derive_parity(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metr
         if len(seeds) < MIN_SEEDS:
             continue
         verdict = judge_run(r, seeds, by_impl.get(_implementation(r), {}).get(r.shape.get("seed")))
-        base = None if r.backend == "emulated" else bf16_time.get(
+        base = None if not is_timed(r) else bf16_time.get(
             (r.backend, variant_of(r.case_id), _group_key(r), r.shape.get("seed"), _layout(r)))
         finals = [b.metric("loss_final") for b in seeds.values()]
         key = (_group_key(r), _implementation(r), r.format, r.scaling, _setting(r))

@@ -1,4 +1,4 @@
-"""Which FP8 recipe to train with: the fastest one whose loss parity is established (no torch, no duckdb).
+"""Which FP8 recipe to train with: the fastest one whose loss parity is established (no duckdb).
 
 `recommend` returns the fastest recipe, at the size its speed was measured, that passes parity at the largest
 size where it was judged with at least MIN_SEEDS seeds and failed nowhere; the recipes faster than it are
@@ -16,19 +16,23 @@ from fp8bench.analysis.parity import MIN_SEEDS, PAIRED_RULE, Criterion, paired_a
 SCHEDULING_ONLY = frozenset({"compile", "cuda_graph"})
 """Variant tags that change how the kernels are launched (compiled and fused, or replayed from a CUDA graph),
 not which operands are quantized, how they are scaled or rounded: a verdict holds with or without them."""
-SAME_QUANTIZATION = {"te-layer": "te"}
-"""Backends that quantize the same GEMM operands with the same recipe as another. TE's TransformerLayer path
-(backend=te-layer) builds each block from TE modules that fuse the RMSNorm into the cast of the QKV and MLP
-inputs and run TE's attention in BF16; its linears quantize their inputs, weights and gradients with the same
-DelayedScaling/Float8CurrentScaling/Float8BlockScaling recipe as te.Linear, so a recipe's loss behaviour is
-one fact for both paths. An integration that wraps TE (accelerate, lightning-te) keeps its own name: it
-chooses its own recipe defaults and which modules it converts."""
+
+
+def quantizes_as(backend: str) -> str:
+    """The backend whose quantization `backend` shares (its declaration, `Backend.quantizes_as`: TE's
+    TransformerLayer path and te.Linear quantize the same GEMM operands with the same recipe, so a recipe's
+    loss behaviour is one fact for both), else `backend` itself. An integration that wraps a library keeps its
+    own name: it chooses its own recipe defaults and which modules it converts. Reading a declaration imports
+    the backends' registry, and torch with it."""
+    from fp8bench import backends
+
+    return str(backends.declared(backend, "quantizes_as", "") or backend)
 
 
 @dataclass(frozen=True, order=True)
 class Recipe:
     """A recipe's identity across sizes and runs: number format, scaling, and the numerics path (the backend
-    with SAME_QUANTIZATION applied and SCHEDULING_ONLY variant tags dropped)."""
+    whose quantization it shares, `quantizes_as`, with SCHEDULING_ONLY variant tags dropped)."""
 
     format: str
     scaling: str
@@ -37,7 +41,7 @@ class Recipe:
     @classmethod
     def of(cls, format: str, scaling: str, backend: str, variant: str = "") -> Recipe:
         tags = [t for t in variant.split("+") if t and t not in SCHEDULING_ONLY]
-        return cls(format, scaling, "+".join([SAME_QUANTIZATION.get(backend, backend), *tags]))
+        return cls(format, scaling, "+".join([quantizes_as(backend), *tags]))
 
     def label(self) -> str:
         return f"{self.format}/{self.scaling} · {self.path}"
@@ -72,6 +76,10 @@ class SpeedResult:
     """95% interval of the speedup (None where not measured)."""
     mem_change_pct: float | None = None
     """Peak memory against the BF16 step's, in percent (positive: FP8 used more)."""
+    run_id: str = ""
+    """The run that timed it ('' where not known)."""
+    measurement_version: int | None = None
+    """That run's measurement version (None where not known)."""
 
     def text(self) -> str:
         ci = f" ({self.lo:.2f}-{self.hi:.2f})" if self.lo is not None and self.hi is not None else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from fp8bench.core.markdown import table
+from fp8bench.core.records import TIMED_SQL
 
 SERIES = {"with quantization": "speedup_vs_bf16", "kernel only": "speedup_vs_bf16_kernel"}
 COLUMNS = ("cases", "host-bound", "unlabelled", "not host-bound", "within box intervals", "within round intervals",
@@ -21,7 +22,7 @@ def run_metrics(con, run_id: str) -> dict[str, dict]:
     out: dict[str, dict] = defaultdict(dict)
     for case, workload, model, metric, value in con.execute(
             "SELECT c.case_id, c.workload, c.model, m.metric, m.value FROM cases c JOIN measurements m "
-            "USING (run_id, case_id) WHERE c.run_id = ? AND c.status = 'ok' AND c.backend != 'emulated'",
+            f"USING (run_id, case_id) WHERE c.run_id = ? AND c.status = 'ok' AND {TIMED_SQL}",
             [run_id]).fetchall():
         out[case].update({"workload": workload, "model": model, metric: value})
     return out

@@ -16,10 +16,11 @@ That table is a fused cast (TE's, torchao's compiled, fp8bench's Triton kernels)
 op by op in eager torch, the way a user without those libraries writes it: upcast to FP32, abs, amax, scale,
 clamp, downcast, each a kernel reading and writing whole FP32 tensors. `EAGER_CAST` counts what those kernels
 move (39 bytes per BF16 element, against 5 for a fused two-pass cast), so a case is modelled with the casts
-its backend really runs (`CAST_IMPL`); `expected_fused` is what the same GEMM would give with fused casts.
+its backend really runs (`cast_impl`); `expected_fused` is what the same GEMM would give with fused casts.
 
 Expected speedup = expected BF16 time / expected FP8 time. Ceilings come from `fp8bench calibrate`; no
-number here is a guess about the hardware. Torch-free: it runs on DuckDB rows anywhere.
+number here is a guess about the hardware. The model itself is torch-free; which casts a backend runs is its
+declaration, read through the backends' registry.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from fp8bench.core.records import VARIANT_SQL
+from fp8bench.core.records import TIMED_SQL, VARIANT_SQL
 
 LAUNCH_US = 4.0
 """Per-kernel launch and tail floor (µs): a CUDA kernel launch plus a wave's tail on an idle GPU."""
@@ -47,8 +48,12 @@ bytes), `abs` (4 + 4), `amax` (4), `* scale` (4 + 4), `clamp` (4 + 4), `.to(fp8)
 scale kernels. tests/test_roofline.py recounts them with a dispatch mode, so the table cannot drift from the
 code. (The torch backend computes delayed scaling's amax from the tensor itself, like current.)"""
 
-CAST_IMPL = {"torch": "eager"}
-"""Backends whose casts are eager torch ops; every other backend's are fused kernels."""
+def cast_impl(backend: str) -> str:
+    """'eager' for a backend whose casts are eager torch ops (its declaration, `Backend.eager_casts`), else
+    'fused'. Reading a declaration imports the backends' registry, and torch with it."""
+    from fp8bench import backends
+
+    return "eager" if backends.declared(backend, "eager_casts", False) else "fused"
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,7 @@ def expected_vs_measured(con, with_quant: bool = False):
                  max(m.value) FILTER (WHERE m.metric = 'speedup_vs_bf16_kernel') AS side_by_side_kernel,
                  """ + VARIANT_SQL + """ AS variant
           FROM cases c JOIN runs r USING (run_id) JOIN measurements m USING (run_id, case_id)
-          WHERE c.workload = 'gemm' AND c.status = 'ok' AND c.backend != 'emulated' GROUP BY ALL)
+          WHERE c.workload = 'gemm' AND c.status = 'ok' AND """ + TIMED_SQL + """ GROUP BY ALL)
         SELECT f.*, b.time_ms AS bf16_ms, k.bf16_tflops, k.fp8_tflops, k.copy_gbps
         FROM g f JOIN g b ON b.run_id = f.run_id AND b.model = f.model AND b.shape_name = f.shape_name
              AND b.backend = f.backend AND b.variant = f.variant AND b.format = 'bf16'
@@ -137,7 +142,7 @@ def expected_vs_measured(con, with_quant: bool = False):
         measured_ms = r.time_ms if with_quant else r.time_ms_kernel
         if not measured_ms or r.scaling not in CAST:
             continue
-        cast = CAST_IMPL.get(r.backend, "fused") if with_quant else "none"
+        cast = cast_impl(r.backend) if with_quant else "none"
         args = (shape["m"], shape["n"], shape["k"], r.format, r.scaling, ceiling, with_quant,
                 shape.get("role") != "wgrad")
         exp = expected_speedup(*args, cast=cast)

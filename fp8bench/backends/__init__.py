@@ -15,7 +15,16 @@ import importlib
 import pkgutil
 from collections.abc import Mapping
 
-from fp8bench.backends.base import Backend, GemmOp, Knobs, LinearOp, QuantizeOp, Recipe, TrainSetup
+from fp8bench.backends.base import (
+    Backend,
+    GemmOp,
+    Knobs,
+    LinearOp,
+    QuantizeOp,
+    Recipe,
+    TrainSetup,
+    variant_of_knobs,
+)
 from fp8bench.config.schema import ConfigError, ScalingConfig
 from fp8bench.core.hardware import DeviceInfo
 from fp8bench.core.types import Format, Scaling
@@ -70,6 +79,14 @@ def get_backend(name: str) -> Backend:
     return cls()
 
 
+def declared(name: str, attribute: str, default: object = None) -> object:
+    """What backend `name` declares as `attribute` (a class attribute of its adapter: `timed`, `eager_casts`,
+    `quantizes_as`, ...), read without building it; `default` for a name no adapter here has (a record of a
+    backend this checkout does not have)."""
+    cls = _adapters().get(name)
+    return getattr(cls, attribute, default) if cls is not None else default
+
+
 def knob_catalog() -> dict[str, tuple[object, list[str]]]:
     """Every knob any backend declares: name → (its default, the backends that declare it). Backends that
     declare one knob give it one default (checked here): that default is what every other backend does."""
@@ -99,9 +116,11 @@ def build_knobs(backend: str, given: Mapping[str, object]) -> tuple[Knobs, dict[
         if key == "name":
             continue
         if key in own:
-            want = _TYPES.get(str(own[key].type))
+            annotation = own[key].type  # a string under `from __future__ import annotations`, else the type
+            type_name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+            want = _TYPES.get(type_name)
             if want is not None and (not isinstance(value, want) or (want is not bool and isinstance(value, bool))):
-                raise ConfigError(f"backend.{key}={value!r} must be of type {own[key].type} (a knob of {backend!r})")
+                raise ConfigError(f"backend.{key}={value!r} must be of type {type_name} (a knob of {backend!r})")
             values[key] = value
         elif key in catalog:
             if value != catalog[key][0]:
@@ -113,6 +132,30 @@ def build_knobs(backend: str, given: Mapping[str, object]) -> tuple[Knobs, dict[
         return cls(**values), foreign
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def recorded_knobs(backend: str, params: Mapping[str, object], variant: str) -> Knobs | None:
+    """The backend's `Knobs` a record states: from its identity (`params`' `backend.*` keys), or, where the
+    record's params carry none (records from before they did), from its id's variant (`Knobs.variant`: a set
+    boolean by name, another value by itself, in field order). None where neither reads as this backend's
+    knobs (an unknown backend, a knob it no longer declares)."""
+    given = {k.removeprefix("backend."): v for k, v in params.items() if k.startswith("backend.")}
+    try:
+        if given:
+            return build_knobs(backend, given)[0]
+        cls = get_backend(backend).knobs
+        fields = dataclasses.fields(cls)
+        flags = {f.name for f in fields if f.type in ("bool", bool)}
+        tags = [t for t in variant.split("+") if t]
+        values: dict[str, object] = {t: True for t in tags if t in flags}
+        others = iter(t for t in tags if t not in flags)
+        for f in fields:
+            if f.name not in flags and (tag := next(others, None)) is not None:
+                values[f.name] = tag
+        knobs = cls(**values)
+    except (ConfigError, TypeError, ValueError):
+        return None
+    return knobs if knobs.variant() == variant else None
 
 
 def make_recipe(backend: str, fmt: str, scaling: str, scaling_cfg: ScalingConfig | None = None, **knobs) -> Recipe:
@@ -135,5 +178,6 @@ def capability(name: str, fmt: str, scaling: str, device: DeviceInfo) -> tuple[b
     return get_backend(name).capability(fmt, scaling, device)
 
 
-__all__ = ["Backend", "GemmOp", "Knobs", "LinearOp", "QuantizeOp", "Recipe", "TrainSetup", "available", "capability",
-           "build_knobs", "get_backend", "knob_catalog", "make_recipe", "names", "register", "unregister"]
+__all__ = ["Backend", "GemmOp", "Knobs", "LinearOp", "QuantizeOp", "Recipe", "TrainSetup", "available", "build_knobs",
+           "capability", "declared", "get_backend", "knob_catalog", "make_recipe", "names", "recorded_knobs", "register",
+           "unregister", "variant_of_knobs"]

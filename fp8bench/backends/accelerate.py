@@ -18,6 +18,8 @@ import contextlib
 from dataclasses import dataclass
 
 from fp8bench.backends.base import Backend, Knobs, Recipe, cpu_scaled_mm_path, import_probe, load_te_first
+from fp8bench.backends.te import TEBackend
+from fp8bench.backends.torchao import TorchaoBackend, TorchaoKnobs
 from fp8bench.core.hardware import FP8, Rule
 from fp8bench.core.types import Format, Scaling
 
@@ -30,10 +32,15 @@ def reset_accelerate_state() -> None:
     GradientState._reset_state()
 
 
+FP8_BACKENDS = (TEBackend.name, TorchaoBackend.name)
+"""The backends whose libraries Accelerate hands FP8 to: TE (TERecipeKwargs) and torchao (AORecipeKwargs)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class AccelerateKnobs(Knobs):
-    fp8_backend: str = "te"
-    """The library Accelerate hands FP8 to: `te` (TERecipeKwargs) or `torchao` (AORecipeKwargs)."""
+    fp8_backend: str = TEBackend.name
+    """The library Accelerate hands FP8 to, by the name of its backend here: `te` (TERecipeKwargs) or
+    `torchao` (AORecipeKwargs)."""
     compile: bool = False
     """Accelerate's TorchDynamo plugin with regional compilation (each block compiled)."""
     cpu_onednn: bool = False
@@ -42,8 +49,8 @@ class AccelerateKnobs(Knobs):
     """torchao rowwise: keep the weight-gradient GEMM in high precision (recipe rowwise_with_gw_hp)."""
 
     def __post_init__(self) -> None:
-        if self.fp8_backend not in ("te", "torchao"):
-            raise ValueError(f"backend.fp8_backend={self.fp8_backend!r} is not valid; choose one of ['te', 'torchao']")
+        if self.fp8_backend not in FP8_BACKENDS:
+            raise ValueError(f"backend.fp8_backend={self.fp8_backend!r} is not valid; choose one of {list(FP8_BACKENDS)}")
 
 
 class AccelerateBackend(Backend):
@@ -70,26 +77,22 @@ class AccelerateBackend(Backend):
         ok, why = super().supports(workload, recipe, device)
         if not ok or recipe.format is Format.BF16:
             return ok, why
-        if recipe.knobs.fp8_backend == "te":
+        if recipe.knobs.fp8_backend == TEBackend.name:
             if recipe.scaling is not Scaling.DELAYED:
                 return False, (f"Accelerate's TERecipeKwargs builds TE's DelayedScaling (or MXFP8BlockScaling) only; "
                                f"{recipe.format.value}/{recipe.scaling.value} is not reachable through it")
             if device.type != "cuda":
                 return False, "Accelerate's TE backend needs Transformer Engine, which needs a CUDA GPU"
             return True, ""
-        from fp8bench.backends.torchao import TorchaoBackend
-
         return TorchaoBackend().supports(workload, recipe, device)
 
     def probe(self, workload, recipe):
         if recipe.format is Format.BF16:
             return True, ""
-        if recipe.knobs.fp8_backend == "te":
+        if recipe.knobs.fp8_backend == TEBackend.name:
             from fp8bench.backends.te import te_runs
 
             return te_runs(recipe, "Accelerate's TE backend")
-        from fp8bench.backends.torchao import TorchaoBackend
-
         ok, why = TorchaoBackend().available()
         return (True, "") if ok else (False, f"Accelerate's torchao backend needs torchao: {why}")
 
@@ -100,11 +103,13 @@ class AccelerateBackend(Backend):
         return (TE_SCALING_KNOBS | TORCHAO_SCALING_KNOBS).get(scaling, frozenset())
 
     def effective_recipe(self, recipe):
-        from fp8bench.backends.te import TEBackend
-        from fp8bench.backends.torchao import TorchaoBackend
-
-        inner = TEBackend() if recipe.knobs.fp8_backend == "te" else TorchaoBackend()
+        inner = TEBackend() if recipe.knobs.fp8_backend == TEBackend.name else TorchaoBackend()
         return inner.effective_recipe(recipe)
+
+    def direct(self, knobs):
+        if knobs.fp8_backend == TEBackend.name:  # its other knobs are torchao's or compile, which TE does not run
+            return None if knobs.set_knobs() else (TEBackend.name, TEBackend.knobs())
+        return TorchaoBackend.name, TorchaoKnobs(compile=knobs.compile, cpu_onednn=knobs.cpu_onednn, gw_hp=knobs.gw_hp)
 
     def accelerator(self, recipe: Recipe, device):
         """A fresh Accelerator for this case (Accelerate keeps process-wide state: it is reset first, so one
@@ -119,7 +124,7 @@ class AccelerateBackend(Backend):
             kwargs["dynamo_plugin"] = TorchDynamoPlugin(backend="inductor", use_regional_compilation=True)
         if recipe.format is Format.BF16:
             return Accelerator(mixed_precision="bf16", **kwargs)
-        if recipe.knobs.fp8_backend == "te":
+        if recipe.knobs.fp8_backend == TEBackend.name:
             from accelerate.utils import TERecipeKwargs
 
             sc = recipe.scaling_cfg
@@ -137,6 +142,6 @@ class AccelerateBackend(Backend):
 
     def step_context(self, recipe: Recipe, device):
         """torchao's FP8 GEMMs on CPU take torch's own path unless oneDNN is asked for (base.cpu_scaled_mm_path)."""
-        if recipe.knobs.fp8_backend == "torchao":
+        if recipe.knobs.fp8_backend == TorchaoBackend.name:
             return cpu_scaled_mm_path(recipe, device)
         return contextlib.nullcontext()

@@ -38,7 +38,12 @@ class Knobs:
     def variant(self) -> str:
         """The case id's readable suffix for the knobs set (`compile+cuda_graph`): a set boolean by its name,
         another value by itself; '' when every knob holds its default."""
-        return "+".join(k if v is True else str(v) for k, v in self.set_knobs().items())
+        return variant_of_knobs(self.set_knobs())
+
+
+def variant_of_knobs(set_knobs: dict[str, object]) -> str:
+    """`Knobs.variant` of knobs set to other than their default, by name (those of another backend too)."""
+    return "+".join(k if v is True else str(v) for k, v in set_knobs.items())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -308,6 +313,25 @@ class Backend:
     its default is skipped with the reason (a framework's loop checkpoints or scales losses its own way)."""
     strategies: frozenset[str] = frozenset()
     """Distributed training strategies (`workload.train.strategy` with nproc > 1) this backend runs."""
+    quantizes_as: str = ""
+    """Another backend whose linears quantize the same GEMM operands with the same recipe as this one's (TE's
+    per-block path and te.Linear), so a recipe's loss behaviour is one fact for both
+    (fp8bench.analysis.recommend); '' where there is none."""
+    eager_casts: bool = False
+    """Its FP8 casts are eager torch ops, op by op, not fused kernels: the roofline models their traffic as
+    such (fp8bench.analysis.roofline)."""
+    path: str = ""
+    """How its training step runs a recipe, in words, where the report sets one library's paths side by side
+    (TE per linear, per block); '' to show the backend's name."""
+    memory_modelled: bool = False
+    """fp8bench.analysis.memory_model models what its layer and train cases save for backward: the report sets
+    the model beside what the case measured."""
+
+    def direct(self, knobs: Knobs) -> tuple[str, Knobs] | None:
+        """For a framework integration: the backend it hands FP8 to, with the knobs that run it the same way
+        (the report sets the integration's training step beside that backend's: what the framework costs);
+        None for a backend that is no integration, or has no such direct run."""
+        return None
 
     def available(self) -> tuple[bool, str]:
         """Is the backend's software importable here? (ok, reason with the fix)."""

@@ -56,6 +56,11 @@ class LightningTEBackend(Backend):
 
         return TEBackend().effective_recipe(recipe)
 
+    def direct(self, knobs):
+        from fp8bench.backends.te import TEBackend
+
+        return TEBackend.name, TEBackend.knobs()
+
     def precision(self, recipe: Recipe, mixed: bool):
         """The Trainer's precision: the TE plugin (`plugins=`) for an FP8 recipe, Lightning's BF16 autocast
         (`precision=`) otherwise. `mixed`: FP32 master weights; else the weights themselves are BF16."""

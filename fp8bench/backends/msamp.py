@@ -37,8 +37,14 @@ class MsampBackend(AccelerateBackend):
     def probe(self, workload, recipe):
         return True, ""
 
+    def direct(self, knobs):
+        return None  # MS-AMP runs its own FP8, not a backend fp8bench runs directly
+
     def scaling_knobs(self, scaling):
         return frozenset()  # MS-AMP keeps its own amax history and margin
+
+    def effective_recipe(self, recipe):
+        return recipe  # not Accelerate's TE or torchao numerics: it has no `fp8_backend` to pick them by
 
     def accelerator(self, recipe, device):
         if recipe.format is Format.BF16:

@@ -177,6 +177,7 @@ class ScaledMMBackend(Backend):
     name = "torch"
     knobs = TorchKnobs
     order = 1
+    eager_casts = True
     strategies = frozenset({"fsdp2", "ddp"})
     rules = (
         Rule(frozenset({"hybrid"}), frozenset({"blockwise"}), None, None, False,

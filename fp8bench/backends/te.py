@@ -107,6 +107,8 @@ class TEBackend(Backend):
     name = "te"
     knobs = TEKnobs
     order = 2
+    path = "per linear (te.Linear)"
+    memory_modelled = True
     strategies = frozenset({"ddp"})
     rules = (
         Rule(FP8, TENSORWISE, (8, 9), None, False, "TE DelayedScaling / Float8CurrentScaling: sm_89+"),

@@ -37,6 +37,11 @@ class TELayerBlock(nn.Module):
 
 class TELayerBackend(TEBackend):
     name = "te-layer"
+    quantizes_as = TEBackend.name
+    """Its blocks' TE modules fuse the RMSNorm into the casts of the QKV and MLP inputs and run TE's attention in
+    BF16; their linears quantize inputs, weights and gradients with the same recipe as te.Linear."""
+    path = "per block (te.TransformerLayer)"
+    memory_modelled = False
     workloads = frozenset({"train"})
     rope_workloads = frozenset({"train"})
     knobs = Knobs

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from fp8bench.backends import Recipe, build_knobs
+from fp8bench.backends import Recipe, build_knobs, variant_of_knobs
 from fp8bench.cases import identity as ident_mod
 from fp8bench.config.schema import Config, FormatConfig, ScalingConfig, check_name
 from fp8bench.core.types import FP8_ALL_GATHER_TAG, Format, Scaling
@@ -62,12 +62,17 @@ def build(config: Config, shape_name: str, shape: dict) -> Case:
     knobs, unhonoured = build_knobs(config.backend_name, config.backend)
     recipe = Recipe(format=Format(config.format.name), scaling=Scaling(config.scaling.name),
                     scaling_cfg=config.scaling, backend=config.backend_name, knobs=knobs)
-    ident = ident_mod.identity(config, knobs.values(), shape_name, shape)
-    variant = knobs.variant()
+    for key, value in {**knobs.set_knobs(), **unhonoured}.items():  # a knob's value is part of the id, a path
+        if isinstance(value, str):
+            check_name(f"backend.{key}", value)
+    # a knob the backend does not honour is part of what was asked: its case is skipped under an id of its own
+    asked = {**knobs.values(), **unhonoured}
+    ident = ident_mod.identity(config, asked, shape_name, shape)
+    variant = variant_of_knobs({**knobs.set_knobs(), **unhonoured})
     cid = ident_mod.case_id(ident, variant)
     check_name("shape", shape_name)
-    twin = cid if recipe.format is Format.BF16 else _twin_id(config, shape_name, knobs.values(), variant)
-    point = ident_mod.identity(twin_config(config), knobs.values(), "", {})
+    twin = cid if recipe.format is Format.BF16 else _twin_id(config, shape_name, asked, variant)
+    point = ident_mod.identity(twin_config(config), asked, "", {})
     group = ident_mod.prefix(point, variant) + "~" + ident_mod.digest({k: v for k, v in point.items() if k != "shape"})
     return Case(config=config, shape_name=shape_name, shape=shape, recipe=recipe, unhonoured=unhonoured,
                 identity=ident, case_id=cid, label=ident_mod.prefix(ident, variant), twin_id=twin, group=group)

@@ -58,7 +58,8 @@ HASH_CHARS = 8
 
 def identity(config: Config, knobs: dict[str, object], shape_name: str, shape: dict) -> dict[str, object]:
     """The case's identity (see the module docstring). `knobs`: the backend's knobs, every one it declares,
-    typed (`Knobs.values()`)."""
+    typed (`Knobs.values()`), and any knob of another backend the point sets (one this backend does not
+    honour: its case is skipped, under an id of its own)."""
     c = config
     out: dict[str, object] = {"workload": c.workload.name, "model": c.model.name, "shape": shape_name,
                               "format": c.format.name, "scaling": c.scaling.name, "backend": c.backend_name}
@@ -111,7 +112,7 @@ def reference(ident: dict[str, object]) -> dict[str, object]:
     dims = preset_values("model", model)
     if dims is not None:
         ref |= {f"model.{k}": v for k, v in _model(model).items()}
-    ref_shape = _reference_shapes(workload, model).get(str(ident["shape"]))
+    ref_shape = _reference_shapes(workload, model, str(ident["backend"])).get(str(ident["shape"]))
     if ref_shape is not None:
         ref = {k: v for k, v in ref.items() if not k.startswith("shape.")} | {f"shape.{k}": v for k, v in ref_shape.items()}
     if ident["format"] != "bf16":
@@ -146,11 +147,11 @@ def _scaling_defaults(name: str) -> dict:
 
 
 @functools.cache
-def _reference_shapes(workload: str, model: str) -> dict[str, dict]:
+def _reference_shapes(workload: str, model: str, backend: str) -> dict[str, dict]:
     if preset_values("model", model) is None:
         return {}
     config = Config(workload=_workload(workload), model=ModelConfig(**preset_values("model", model)),
-                    format=_format_bf16(), scaling=ScalingConfig(name="none"))
+                    format=_format_bf16(), scaling=ScalingConfig(name="none"), backend={"name": backend})
     return dict(shapes_module.shapes(config))
 
 

@@ -303,8 +303,9 @@ class Config:
     model: ModelConfig
     format: FormatConfig
     scaling: ScalingConfig
-    backend: dict[str, Any] = field(default_factory=lambda: {"name": "emulated"})
-    """The backend's `name` and its knobs as given (conf/backend/<preset>.yaml and `backend.<knob>=` overrides).
+    backend: dict[str, Any] = field(default_factory=dict)
+    """The backend's `name` and its knobs as given (conf/backend/<preset>.yaml, conf/config.yaml's default
+    preset, and `backend.<knob>=` overrides).
     Which knobs exist, their types and defaults is each backend's own declaration (its `Knobs` dataclass, in
     its module under fp8bench/backends/): a knob the named backend does not honour makes the case skipped."""
     measure: MeasureConfig = field(default_factory=MeasureConfig)
@@ -370,8 +371,9 @@ NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
 
 def check_name(field_name: str, value: object) -> None:
     """A value that becomes part of a path (run ids, resume ids, sweep and model names): letters, digits,
-    '-', '_', '.', never '..' and never absolute, so nothing is written outside results_dir."""
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value:
+    '-', '_', '.', never '..' and never absolute, so nothing is written outside results_dir (nor `.` alone,
+    which names the folder it would be made in)."""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value or value == ".":
         raise ConfigError(f"{field_name}={value!r} is not a valid name: use letters, digits, '-', '_' and '.' "
                           "(no '/', no '..'), e.g. run_id=my-run.1")
 

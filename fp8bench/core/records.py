@@ -296,6 +296,20 @@ VARIANT_SQL = ("CASE WHEN position('+' IN c.label) > 0 THEN substr(c.label, posi
 accelerate)."""
 
 
+NOT_TIMED = "once"
+"""The `measurement.method` of a case whose time is not a kernel's: the emulator's, run once (what emulation
+costs). Speedups, roofline and reproducibility figures leave such cases out."""
+
+
+def is_timed(record: CaseRecord) -> bool:
+    """Its time is a kernel's (its `measurement.method` is not NOT_TIMED)."""
+    return record.measurement.get("method") != NOT_TIMED
+
+
+TIMED_SQL = f"coalesce(json_extract_string(c.measurement, '$.method'), '') != '{NOT_TIMED}'"
+"""is_timed in SQL, over a `cases` table aliased `c`."""
+
+
 def pairs(records: list[CaseRecord]) -> list[tuple[CaseRecord, CaseRecord]]:
     """(recipe, its BF16 twin) for every ok recipe of one run whose twin is an ok case of the same run: the one
     pairing every speedup, parity verdict and comparison uses (a record names its twin: `twin_id`)."""
@@ -311,7 +325,7 @@ def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Me
     out = []
     for r, twin in pairs(records):
         t, b = r.metric("time_ms"), twin.metric("time_ms")
-        if r.measurement.get("method") == "once" or r.metric("speedup_vs_bf16") is not None or not t or not b:
+        if not is_timed(r) or r.metric("speedup_vs_bf16") is not None or not t or not b:
             continue
         out.append((r, [Metric.of("speedup_vs_bf16", b / t)], True))
     return out

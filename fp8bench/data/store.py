@@ -148,6 +148,27 @@ def connect(db: str | Path, read_only: bool = False, wait_s: float = LOCK_WAIT_S
     return con
 
 
+def in_memory_copy(db: str | Path) -> duckdb.DuckDBPyConnection:
+    """A connection to an in-memory copy of the DuckDB file `db` (read, never written): what a caller may
+    change freely without touching the file. A missing file is an error."""
+    src = Path(db)
+    if not src.is_file():
+        raise StoreError(f"--db {str(src)!r} does not exist; give a DuckDB file that `fp8bench ingest` wrote")
+    con = connect(":memory:")
+    try:
+        con.execute(f"ATTACH '{str(src).replace(chr(39), chr(39) * 2)}' AS src (READ_ONLY)")
+    except duckdb.Error as exc:
+        raise StoreError(f"--db {str(src)!r} cannot be opened: {str(exc).splitlines()[0]}") from None
+    present = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables WHERE table_catalog = 'src'")
+               .fetchall()}
+    for table in ("runs", "environments", "cases", "measurements", "samples", "ceilings", "speedup_spreads"):
+        if table in present:  # by name: a file written before a column existed leaves it NULL
+            con.execute(f"INSERT INTO main.{table} BY NAME SELECT * FROM src.{table}")
+    con.execute("DETACH src")
+    _fill_legacy_versions(con)
+    return con
+
+
 def _needs_migration(con) -> bool:
     has_runs = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchone()[0]
     has_version = con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'runs' "
@@ -249,9 +270,18 @@ def _stored_records(con, where: str, params: list, metrics: tuple[str, ...]) -> 
 
 
 def _insert_derived(con, derived: list[tuple[CaseRecord, list[Metric], bool]]) -> None:
+    import pyarrow as pa
+
     rows = [(r.run_id, r.case_id, m.name, m.value, m.unit, m.direction) for r, ms, _ in derived for m in ms]
-    if rows:
-        con.executemany("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, true)", rows)
+    if not rows:
+        return
+    con.register("derived_in", pa.table(list(zip(*rows, strict=True)),
+                                        names=["run_id", "case_id", "metric", "value", "unit", "direction"]))
+    try:
+        con.execute("INSERT INTO measurements SELECT run_id, case_id, metric, CAST(value AS DOUBLE), unit, direction, "
+                    "true FROM derived_in")
+    finally:
+        con.unregister("derived_in")
 
 
 def _rederive_box_intervals(con, device: str) -> None:
@@ -280,12 +310,13 @@ def training_records(con, run_ids: list[str]) -> list[CaseRecord]:
     """The stored training cases of `run_ids` that trained (ok or diverged), with their shape, measured
     (not derived) metrics and loss curves: what the parity verdicts and curve classes read."""
     rows = con.execute("""
-        SELECT run_id, case_id, model, format, scaling, backend, shape_name, shape, status, reason FROM cases
-        WHERE workload = 'train' AND status IN ('ok', 'diverged')
+        SELECT run_id, case_id, model, format, scaling, backend, shape_name, shape, status, reason, measurement
+        FROM cases WHERE workload = 'train' AND status IN ('ok', 'diverged')
           AND run_id IN (SELECT unnest(?::VARCHAR[]))""", [run_ids]).fetchall()
     recs = {(r[0], r[1]): CaseRecord(run_id=r[0], case_id=r[1], workload="train", model=r[2], format=r[3],
                                      scaling=r[4], backend=r[5], shape_name=r[6], shape=json.loads(r[7] or "{}"),
-                                     status=r[8], reason=r[9] or "") for r in rows}
+                                     status=r[8], reason=r[9] or "", measurement=json.loads(r[10] or "{}"))
+            for r in rows}
     for run_id, case_id, metric, value in con.execute("""
             SELECT run_id, case_id, metric, value FROM measurements
             WHERE NOT derived AND run_id IN (SELECT unnest(?::VARCHAR[]))""", [run_ids]).fetchall():

@@ -3,8 +3,10 @@ DataFrame; the report never imports duckdb itself."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
+from fp8bench.analysis.rebuild import withdrawn
 from fp8bench.core.records import VARIANT_SQL
 from fp8bench.core.speedup import bound_label
 
@@ -35,6 +37,7 @@ WITH m AS (
 SELECT c.run_id, c.case_id, coalesce(c.label, c.case_id) AS label, c.twin_id,
        coalesce(json_extract_string(c.measurement, '$.method'), '') = 'once' AS emulation, c.workload, c.model, c.format, c.scaling, c.backend, c.shape_name, c.shape AS shape_json,
        c.params AS params_json, json_extract_string(r.config, '$.base.workload.train.master_weights') AS run_master_weights,
+       json_extract_string(c.measurement, '$.method') AS method,
        c.status,
        c.reason, r.device_name, e.device_kind, r.started_at, r.git_commit, r.measurement_version,
        CASE WHEN m.tflops IS NOT NULL
@@ -57,13 +60,35 @@ def _has_ceilings(con) -> bool:
 
 
 def cases(con) -> pd.DataFrame:
-    """Every case of every run, measurements pivoted wide, with a `recipe` label."""
+    """Every case of every run, measurements pivoted wide, with a `recipe` label; speedups that cannot be
+    rebuilt from the committed samples are withdrawn (`withdraw`)."""
     df = con.execute(WIDE.format(ceilings="ceilings" if _has_ceilings(con) else NO_CEILINGS)).fetchdf()
     if df.empty:
-        return df.assign(recipe=pd.Series(dtype=str), device=pd.Series(dtype=str))
+        return df.assign(recipe=pd.Series(dtype=str), device=pd.Series(dtype=str), withdrawn=pd.Series(dtype=str))
     df["device"] = df["device_name"].fillna("unknown device")
     backend = df["backend"] + df["variant"].map(lambda v: f"+{v}" if v else "")
     df["recipe"] = df["format"] + "/" + df["scaling"] + " · " + backend
+    return withdraw(df, withdrawn(con))
+
+
+WITHDRAWN_COLUMNS = {"speedup_vs_bf16": ("speedup", "speedup_lo", "speedup_hi", "speedup_box_lo", "speedup_box_hi"),
+                     "speedup_vs_bf16_kernel": ("speedup_kernel", "speedup_kernel_lo", "speedup_kernel_hi",
+                                                "speedup_kernel_box_lo", "speedup_kernel_box_hi")}
+"""The columns of a speedup, and of its intervals, that go when it is withdrawn."""
+
+
+def withdraw(df: pd.DataFrame, gone: dict[tuple[str, str, str], str]) -> pd.DataFrame:
+    """`df` with each speedup in `gone` ({(run_id, case_id, metric): why}: fp8bench.analysis.rebuild.withdrawn)
+    blanked, with its intervals, and why in `withdrawn`: a figure the committed samples cannot rebuild is not
+    published (`fp8bench audit` lists them)."""
+    keys = list(zip(df["run_id"], df["case_id"], strict=True))
+    reasons = []
+    df = df.copy()
+    for metric, cols in WITHDRAWN_COLUMNS.items():
+        why = pd.Series([gone.get((r, c, metric), "") for r, c in keys], index=df.index, dtype=object)
+        df.loc[why != "", [c for c in cols if c in df]] = np.nan
+        reasons.append(why)
+    df["withdrawn"] = reasons[0].where(reasons[0] != "", reasons[1])
     return df
 
 
@@ -104,6 +129,7 @@ def train_curves(con) -> pd.DataFrame:
 def runs(con) -> pd.DataFrame:
     return con.execute("""
         SELECT r.run_id, r.started_at, r.git_commit, r.git_dirty, r.device_name, r.env_id, r.config, r.source,
+               r.measurement_version,
                e.torch, e.cuda, e.driver, e.transformer_engine, e.torchao, e.triton, e.python, e.details,
                (SELECT count(*) FROM cases c WHERE c.run_id = r.run_id) AS n_cases,
                (SELECT count(*) FROM cases c WHERE c.run_id = r.run_id AND c.status = 'ok') AS n_ok,

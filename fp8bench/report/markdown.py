@@ -41,13 +41,21 @@ def _text(v) -> str:
     return "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v)
 
 
+def _versions(runs: pd.DataFrame) -> pd.Series:
+    """Each run's measurement version as the tables print it (`v4`), by run id (`runs`: data.runs)."""
+    return runs.set_index("run_id")["measurement_version"].map(lambda v: "" if pd.isna(v) else f"v{int(v)}")
+
+
 def _headline(con, runs: pd.DataFrame) -> pd.DataFrame:
-    """headline() of the latest run of each case, with each row's commit (from `runs`: data.runs)."""
-    h = headline(data.latest(data.cases(con)))
+    """headline() of the latest run of each case, run by run, so that each row's figure comes from the one run
+    it names, with that run's commit and measurement version (from `runs`: data.runs)."""
+    latest = data.latest(data.cases(con))
+    h = pd.concat([headline(d) for _, d in latest.groupby("run_id")]) if not latest.empty else latest
     if h.empty:
         return h
     commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
-    return h.assign(commit=h["run_id"].map(commits).fillna("")).sort_values(["workload", "label", "recipe"])
+    return h.assign(commit=h["run_id"].map(commits).fillna(""), version=h["run_id"].map(_versions(runs)).fillna("")
+                    ).sort_values(["workload", "label", "recipe", "run_id"]).reset_index(drop=True)
 
 
 def parity_where_judged(con) -> dict[str, str]:
@@ -78,9 +86,9 @@ def headline_block(con) -> str:
     best = h.loc[h.groupby(["label", "workload"])["speedup"].idxmax()].sort_values(["workload", "label"])
     rows = [[r["label"], r["workload"], r["recipe"], _fmt_speedup(r), r["bound"] or "",
              parity.get(r["recipe"], "not judged") if r["workload"] == "train" else "", f"`{r['run_id']}`",
-             r["commit"]] for _, r in best.iterrows()]
+             r["version"], r["commit"]] for _, r in best.iterrows()]
     return table(["device · model", "workload", "fastest FP8 recipe", "speedup vs BF16 (95% interval)", "bound",
-                  "loss parity where judged", "run", "commit"], rows)
+                  "loss parity where judged", "run", "measurement version", "commit"], rows)
 
 
 def results_block(con) -> str:
@@ -88,15 +96,17 @@ def results_block(con) -> str:
     runs = data.runs(con)
     h = _headline(con, runs)
     rows = [[r["label"], r["workload"], r["recipe"], _fmt_speedup(r), r["bound"] or "", f"`{r['run_id']}`",
-             r["commit"]] for _, r in h.iterrows()]
+             r["version"], r["commit"]] for _, r in h.iterrows()]
     out = "### Speedup over BF16 per recipe (whole layers, MLPs and training steps)\n\n"
-    out += table(["device · model", "workload", "recipe", "speedup (95% interval)", "bound", "run", "commit"], rows)
+    out += table(["device · model", "workload", "recipe", "speedup (95% interval)", "bound", "run",
+                  "measurement version", "commit"], rows)
     runs = runs.sort_values(["started_at", "run_id"])  # run id breaks ties: runs recorded in the same minute
     out += "\n### The runs\n\n"
-    out += table(["run", "started (UTC)", "commit", "device", "cases", "ok", "failed"], [
+    versions = _versions(runs)
+    out += table(["run", "started (UTC)", "commit", "measurement version", "device", "cases", "ok", "failed"], [
         [f"`{r['run_id']}`", pd.Timestamp(r["started_at"]).strftime("%Y-%m-%d %H:%M") if pd.notna(r["started_at"])
-         else "", _text(r["git_commit"])[:7] + ("+dirty" if r["git_dirty"] is True else ""), _text(r["device_name"]),
-         int(r["n_cases"]), int(r["n_ok"]), int(r["n_failed"])] for _, r in runs.iterrows()])
+         else "", _text(r["git_commit"])[:7] + ("+dirty" if r["git_dirty"] is True else ""), versions[r["run_id"]],
+         _text(r["device_name"]), int(r["n_cases"]), int(r["n_ok"]), int(r["n_failed"])] for _, r in runs.iterrows()])
     return out
 
 
@@ -109,12 +119,15 @@ def steps_block(con) -> str:
     if steps.empty:
         return "No Llama-scale training step is recorded.\n"
     commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
+    versions = _versions(runs)
     best = fastest_per_path(steps).sort_values(["device", "hidden", "layers", "seq", "speedup"], ascending=[True, True, True, True, False])
     out = table(["device · model", "layers", "batch x seq, master weights, GPUs", "path", "fastest FP8 recipe",
-                 "speedup vs BF16", "tokens/s", "BF16 tokens/s", "peak GiB (vs BF16)", "run", "commit"],
+                 "speedup vs BF16", "tokens/s", "BF16 tokens/s", "peak GiB (vs BF16)", "run", "measurement version",
+                 "commit"],
                 [[f"{r['device']} · {r['model']}", int(r["layers"]), r["setting"], r["path"], r["recipe_only"],
                   f"{r['speedup']:.2f}x", f"{r['tokens_per_s']:,.0f}", f"{r['bf16_tokens_per_s']:,.0f}",
-                  f"{r['peak_gib']:.1f} ({r['mem_change_pct']:+.0f}%)", f"`{r['run_id']}`", commits.get(r["run_id"], "")]
+                  f"{r['peak_gib']:.1f} ({r['mem_change_pct']:+.0f}%)", f"`{r['run_id']}`", versions[r["run_id"]],
+                  commits.get(r["run_id"], "")]
                  for _, r in best.iterrows()])
     parts = step_parts(head[head["workload"] == "train"], deepest_steps(best))
     if not parts.empty:
@@ -135,6 +148,7 @@ def parity_block(con) -> str:
     the verdict."""
     runs = data.runs(con)
     commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
+    versions = _versions(runs)
     none = "No training run with a loss-parity verdict is recorded.\n"
     t = data.cases(con)
     t = t[(t["workload"] == "train") & t["status"].isin(["ok", "diverged"])]
@@ -179,11 +193,11 @@ def parity_block(con) -> str:
              number(r["tokens_per_s"], ",.0f"), "" if pd.isna(r["speedup"]) else f"{r['speedup']:.2f}x",
              number(r["peak_mem_bytes"] / 2**30, ".2f"),
              "" if r["status"] == "diverged" else number(r["loss_final"], ".4f"), verdict(r),
-             f"`{r['run_id']}`", commits.get(r["run_id"], "")]
+             f"`{r['run_id']}`", versions[r["run_id"]], commits.get(r["run_id"], "")]
             for _, r in t.sort_values(["model", "run_id", "backend", "format", "scaling", "shape_name", "label",
                                        "case_id"]).iterrows()]
     return table(["device · model", "batch x seq, steps", "recipe", "tokens/s", "vs BF16", "peak GiB",
-                  "final val loss", "parity", "run", "commit"], rows)
+                  "final val loss", "parity", "run", "measurement version", "commit"], rows)
 
 
 def layer_waterfall_block(con) -> str:
@@ -196,7 +210,8 @@ def layer_waterfall_block(con) -> str:
     if not falls:
         return "No FP8 layer with kernel times is recorded.\n"
     cases = data.cases(con).set_index(["run_id", "case_id"])
-    commits = data.runs(con).set_index("run_id")["git_commit"].fillna("").str[:7]
+    runs = data.runs(con)
+    commits, versions = runs.set_index("run_id")["git_commit"].fillna("").str[:7], _versions(runs)
     rows = []
     for f in falls:
         c = cases.loc[(f.run_id, f.case_id)]
@@ -204,9 +219,9 @@ def layer_waterfall_block(con) -> str:
         rows.append((c["device"], c["model"], -w.measured, [
             f"{c['device']} · {c['model']}", c["recipe"], *(f"{v:.2f}x" for v in (
                 w.ideal, w.gemm_only, w.with_casts, w.with_non_gemm, w.measured)),
-            f"{w.explained_pct:.1f}%", f"`{f.run_id}`", commits.get(f.run_id, "")]))
+            f"{w.explained_pct:.1f}%", f"`{f.run_id}`", versions[f.run_id], commits.get(f.run_id, "")]))
     return table(["device · model", "recipe", "ideal", "GEMM kernels", "+ casts", "+ non-GEMM", "measured",
-                  "kernels / step", "run", "commit"], [r[-1] for r in sorted(rows, key=lambda r: r[:3])])
+                  "kernels / step", "run", "measurement version", "commit"], [r[-1] for r in sorted(rows, key=lambda r: r[:3])])
 
 
 def recommendation_block(con) -> str:
@@ -215,7 +230,13 @@ def recommendation_block(con) -> str:
     return markdown(con)
 
 
-KINDS = {"recommendation": recommendation_block, "headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block,
+def withdrawn_block(con) -> str:
+    from fp8bench.report.withdrawn import markdown
+
+    return markdown(con)
+
+
+KINDS = {"withdrawn": withdrawn_block, "recommendation": recommendation_block, "headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block,
          "layer-waterfall": layer_waterfall_block}
 
 

@@ -10,6 +10,8 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from fp8bench import backends
+from fp8bench.core.records import NOT_TIMED
 from fp8bench.report.data import bound_labels, interval, not_measured, not_measured_by_reason
 from fp8bench.report.html import Page, esc
 
@@ -22,8 +24,13 @@ OPEN_RUNS_PER_MODEL = 4
 """Loss curves are drawn lower: a training page holds two per run."""
 
 
+def _timed(df: pd.DataFrame) -> pd.Series:
+    """Cases whose time is a kernel's (not the emulator's: fp8bench.core.records.is_timed)."""
+    return df["method"].fillna("") != NOT_TIMED
+
+
 def _real(df: pd.DataFrame) -> pd.DataFrame:
-    return df[(df["status"] == "ok") & (df["backend"] != "emulated")]
+    return df[(df["status"] == "ok") & _timed(df)]
 
 
 def _with_bf16(df: pd.DataFrame, cols: tuple[str, ...] = ("time_ms", "peak_mem_bytes"),
@@ -94,6 +101,8 @@ def _recommended(sub: pd.DataFrame, workload: str) -> pd.DataFrame:
     step is recommended on its recipe's loss parity (three or more seeds, all passing); the one-step workloads,
     which have no loss, on their numerics."""
     sub = sub.copy()
+    if sub["speedup"].isna().all():  # every speedup of the group withdrawn (fp8bench.report.data.withdraw)
+        return sub
     trusted = sub["parity_ok"].fillna(False).astype(bool) if workload == "train" else sub["numerics_ok"]
     good = sub[trusted & (sub["speedup"] > 1.0)]
     if good.empty:
@@ -299,7 +308,7 @@ ROOFLINE_SHORT = 0.85
 def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd.DataFrame | None = None) -> Page:
     p = Page("gemm.html", "GEMMs: speedup per shape and recipe")
     g = _with_bf16(df[df["workload"] == "gemm"], ("time_ms",))
-    g = g[(g["backend"] != "emulated") & (g["format"] != "bf16")]
+    g = g[_timed(g) & (g["format"] != "bf16")]
     if g.empty:
         p.note("No real-kernel GEMM cases recorded.")
     for device, d in g.groupby("device"):
@@ -429,7 +438,7 @@ def _module_sections(p: Page, df: pd.DataFrame) -> None:
     from fp8bench.report.charts import style_traces
 
     mods = _with_bf16(df[df["workload"].isin(["linear", "mlp", "layer"])])
-    mods = mods[mods["backend"] != "emulated"]
+    mods = mods[_timed(mods)]
     for (device, workload), d in mods.groupby(["device", "workload"]):
         d = d.assign(shape=d["model"] + " " + d["shape_name"])
         p.h2(f"{device}: {workload} fwd+bwd time (ms)")
@@ -497,7 +506,8 @@ def memory_vs_model(df: pd.DataFrame) -> pd.DataFrame:
     fp8bench.analysis.memory_model expects from the shapes (training cases from their BF16 twin's census)."""
     from fp8bench.analysis.memory_model import expected_saved
 
-    te = df[(df["backend"] == "te") & (df["status"] == "ok") & df["mem_saved_hp_bytes"].notna()
+    modelled = df["backend"].map(lambda b: bool(backends.declared(b, "memory_modelled", False)))
+    te = df[modelled & (df["status"] == "ok") & df["mem_saved_hp_bytes"].notna()
             & df["workload"].isin(["layer", "train"])]
     if te.empty:
         return pd.DataFrame()
@@ -538,9 +548,14 @@ def _parity(row) -> str:
     return run_verdict(row)
 
 
-INTEGRATIONS = {("lightning-te", ""): ("te", ""), ("accelerate", ""): ("te", ""),
-                ("accelerate", "torchao+compile"): ("torchao", "compile"), ("accelerate", "torchao"): ("torchao", "")}
-"""A framework integration (backend, variant) → the direct backend it drives, run the same way."""
+def direct_of(backend: str, params_json: object, variant: str) -> tuple[str, str] | None:
+    """(backend, variant) of the direct run a framework integration's case sets its step beside: the backend
+    it hands FP8 to, run the same way (its adapter's `direct`, from the knobs the case recorded); None for a
+    case of no integration, or of a backend this checkout does not have."""
+    params = json.loads(params_json) if isinstance(params_json, str) else {}
+    knobs = backends.recorded_knobs(backend, params, variant)
+    found = None if knobs is None else backends.get_backend(backend).direct(knobs)
+    return None if found is None else (found[0], found[1].variant())
 
 
 def integration_overhead(t: pd.DataFrame) -> pd.DataFrame:
@@ -548,9 +563,14 @@ def integration_overhead(t: pd.DataFrame) -> pd.DataFrame:
     framework costs in tokens/s and memory, and whether it quantizes the same linears."""
     ok = t[t["status"] == "ok"]
     key = ["run_id", "model", "shape_name", "format", "scaling"]
-    both = pd.concat([ok[(ok["backend"] == backend) & (ok["variant"] == variant)].merge(
-        ok[(ok["backend"] == direct) & (ok["variant"] == direct_variant)], on=key, suffixes=("", "_direct"))
-        for (backend, variant), (direct, direct_variant) in INTEGRATIONS.items()], ignore_index=True)
+    direct = {i: d for i, b, p, v in zip(ok.index, ok["backend"], ok["params_json"], ok["variant"], strict=True)
+              if (d := direct_of(b, p, v)) is not None}
+    by_direct: dict[tuple[str, str], list] = {}
+    for i, d in direct.items():
+        by_direct.setdefault(d, []).append(i)
+    both = pd.concat([ok.loc[[]].merge(ok.loc[[]], on=key, suffixes=("", "_direct"))] + [ok.loc[rows].merge(
+        ok[(ok["backend"] == name) & (ok["variant"] == variant)], on=key, suffixes=("", "_direct"))
+        for (name, variant), rows in by_direct.items()], ignore_index=True)
     if both.empty:
         return both
 
@@ -586,8 +606,6 @@ def integration_summary(fw: pd.DataFrame) -> pd.DataFrame:
 LLAMA_SCALE_HIDDEN = 4096
 """Training cases of models at least this wide (Llama-2-7B, Llama-3-8B and their layer subsets) are the
 whole-step study of the Training page: depth, sequence length, TE path, the published figures."""
-
-PATHS = {"te": "per linear (te.Linear)", "te-layer": "per block (te.TransformerLayer)"}
 
 
 def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
@@ -640,8 +658,10 @@ def _twin_shape(shape_name: pd.Series) -> pd.Series:
 
 
 def _path(df: pd.DataFrame) -> pd.Series:
-    """How a training case ran its recipe: the backend and variant, TE's two paths by name."""
-    return (df["backend"] + df["variant"].map(lambda v: f"+{v}" if v else "")).map(lambda b: PATHS.get(b, b))
+    """How a training case ran its recipe: the backend and variant, or in words where the backend declares
+    its path (`Backend.path`: TE's two paths)."""
+    return pd.Series([(v and f"{b}+{v}") or backends.declared(b, "path", "") or b
+                      for b, v in zip(df["backend"], df["variant"], strict=True)], index=df.index, dtype=object)
 
 
 def fastest_per_path(steps: pd.DataFrame) -> pd.DataFrame:
@@ -939,7 +959,7 @@ def history_page(df: pd.DataFrame, asv_index: Path | None, steps: list | None = 
         p.raw('<p class="note">asv\'s own history of the curated suite: <a href="asv/index.html">asv site</a>.</p>')
     else:
         p.note("No asv results are published into this site yet (results/site/asv).")
-    ok = df[(df["status"] == "ok") & df["time_ms"].notna() & (df["backend"] != "emulated")]
+    ok = df[(df["status"] == "ok") & df["time_ms"].notna() & _timed(df)]
     counts = ok.groupby(["device", "case_id"])["run_id"].nunique()
     tracked = counts[counts >= 2].sort_values(ascending=False).head(24)
     if tracked.empty:

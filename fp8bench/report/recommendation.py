@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from fp8bench.analysis.parity import verdict_from_metrics
+from fp8bench.analysis.rebuild import withdrawn
 from fp8bench.analysis.recommend import (
     Recipe,
     Recommendation,
@@ -26,8 +27,8 @@ from fp8bench.core.records import variant_of
 SPEEDS = """
 SELECT c.model, c.format, c.scaling, c.backend, c.label, m.value AS speedup,
        coalesce(lo_box.value, lo.value) AS lo, coalesce(hi_box.value, hi.value) AS hi,
-       100 * (mem.value / bmem.value - 1) AS mem_change_pct, c.run_id
-FROM cases c JOIN measurements m ON m.run_id = c.run_id AND m.case_id = c.case_id AND m.metric = 'speedup_vs_bf16'
+       100 * (mem.value / bmem.value - 1) AS mem_change_pct, c.run_id, c.case_id, r.measurement_version
+FROM cases c JOIN runs r USING (run_id) JOIN measurements m ON m.run_id = c.run_id AND m.case_id = c.case_id AND m.metric = 'speedup_vs_bf16'
 LEFT JOIN measurements lo ON lo.run_id = c.run_id AND lo.case_id = c.case_id AND lo.metric = 'speedup_vs_bf16_lo'
 LEFT JOIN measurements hi ON hi.run_id = c.run_id AND hi.case_id = c.case_id AND hi.metric = 'speedup_vs_bf16_hi'
 LEFT JOIN measurements lo_box ON lo_box.run_id = c.run_id AND lo_box.case_id = c.case_id
@@ -38,7 +39,8 @@ LEFT JOIN measurements mem ON mem.run_id = c.run_id AND mem.case_id = c.case_id 
 LEFT JOIN measurements bmem ON bmem.run_id = c.run_id AND bmem.case_id = c.twin_id AND bmem.metric = 'peak_mem_bytes'
 WHERE c.workload = 'train' AND c.status = 'ok' AND c.format != 'bf16'
   AND coalesce(json_extract_string(c.measurement, '$.method'), '') != 'once'"""
-"""Every whole-step speedup of a training case with its interval and its peak memory against its BF16 twin's."""
+"""Every whole-step speedup of a training case with its interval, its peak memory against its BF16 twin's, and the
+run and measurement version it comes from."""
 
 VERDICTS = """
 SELECT c.run_id, c.case_id, c.label, c.model, c.format, c.scaling, c.backend, c.shape, c.status, c.reason,
@@ -58,13 +60,15 @@ def _size(model: str) -> Size | None:
 
 def inputs(con) -> tuple[list[SpeedResult], list[SeedVerdict]]:
     """Whole-step speeds and per-run parity verdicts of the stored training cases (models without a preset here
-    cannot be placed by size and are left out)."""
+    cannot be placed by size and are left out, and so are speeds the committed samples cannot rebuild:
+    fp8bench.analysis.rebuild.withdrawn)."""
     speeds = []
-    for model, f, s, b, label, sp, lo, hi, mem, _ in con.execute(SPEEDS).fetchall():
+    gone = withdrawn(con)
+    for model, f, s, b, label, sp, lo, hi, mem, run_id, case_id, version in con.execute(SPEEDS).fetchall():
         size = _size(model)
-        if size is not None:
+        if size is not None and (run_id, case_id, "speedup_vs_bf16") not in gone:
             speeds.append(SpeedResult(recipe=_recipe(f, s, b, label), size=size, speedup=sp, lo=lo, hi=hi,
-                                      mem_change_pct=mem))
+                                      mem_change_pct=mem, run_id=run_id, measurement_version=version))
     verdicts = []
     for _, _, label, model, f, s, b, shape, status, reason, metrics in con.execute(VERDICTS).fetchall():
         v = verdict_from_metrics(metrics, diverged=reason if status == "diverged" else "")
@@ -88,19 +92,21 @@ def rows(rec: Recommendation) -> list[list[str]]:
     out = []
     if rec.chosen is None:
         out.append(["no recommendation", "", "", "", "no FP8 recipe faster than BF16 passes loss parity with at "
-                    "least three seeds"])
+                    "least three seeds", "", ""])
     for role, c in ([("recommended", rec.chosen)] if rec.chosen else []) + [(c.status, c) for c in rec.faster]:
         s = c.speed
         ci = f" ({s.lo:.2f}–{s.hi:.2f})" if s.lo is not None and s.hi is not None else ""
         mem = "" if s.mem_change_pct is None else f"{s.mem_change_pct:+.0f}%"
         verdict = c.parity.text() if c.parity else "not judged"
         verdict += "".join(f"; {p.text()}" for p in c.failed_elsewhere)
-        out.append([role, c.recipe.label(), f"{s.speedup:.2f}x{ci} at {s.size.model}", mem, verdict])
+        version = "" if s.measurement_version is None else f"v{s.measurement_version}"
+        out.append([role, c.recipe.label(), f"{s.speedup:.2f}x{ci} at {s.size.model}", mem, verdict,
+                    f"`{s.run_id}`" if s.run_id else "", version])
     return out
 
 
 HEADERS = ["", "recipe", "whole-step speedup vs BF16 (95% interval), where timed", "peak memory vs BF16",
-           "loss parity where judged"]
+           "loss parity where judged", "run", "measurement version"]
 
 
 def markdown(con) -> str:

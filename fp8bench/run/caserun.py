@@ -12,7 +12,7 @@ import torch
 from fp8bench.backends import get_backend
 from fp8bench.config.schema import Config
 from fp8bench.core.hardware import DeviceInfo
-from fp8bench.core.records import MEASUREMENT_VERSION, CaseRecord
+from fp8bench.core.records import MEASUREMENT_VERSION, NOT_TIMED, CaseRecord
 from fp8bench.core.types import Status
 from fp8bench.run.plan import Case
 from fp8bench.run.scheduler import slurm_context
@@ -28,7 +28,7 @@ def measurement_of(case: Case, method: str, **extra) -> dict:
     """The record's `measurement`: the version, how the case was timed and the timer's settings (whether the
     timed work replayed graphs is what ran: the record's `ran`)."""
     if method == "alone" and not get_backend(case.config.backend_name).timed:
-        method = "once"  # the emulator: its time is what emulation costs, run once
+        method = NOT_TIMED  # the emulator: its time is what emulation costs, run once
     timer = {k: v for k, v in vars(case.config.measure).items() if k != "cuda_graph"}
     return {"version": MEASUREMENT_VERSION, "method": method, **timer, **extra}
 
