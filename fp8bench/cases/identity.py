@@ -21,9 +21,11 @@ import functools
 import hashlib
 import json
 
+from fp8bench.backends import get_backend
 from fp8bench.config.compose import preset_values, root_values
 from fp8bench.config.schema import (
     Config,
+    ConfigError,
     MeasureConfig,
     ModelConfig,
     ScalingConfig,
@@ -71,9 +73,28 @@ def identity(config: Config, knobs: dict[str, object], shape_name: str, shape: d
     out |= {"measure.flush_l2": c.measure.flush_l2, "measure.cuda_graph": c.measure.cuda_graph}
     if c.workload.name == "train":  # the seed is the shape's (one case per seed)
         out |= {f"workload.train.{k}": _plain(getattr(c.workload.train, k)) for k in TRAIN_KEYS}
+        out |= _unhonoured_operational(c)
     else:
         out["seed"] = c.seed
     return out
+
+
+def _unhonoured_operational(c: Config) -> dict[str, object]:
+    """The OPERATIONAL settings a point sets that its backend's training loop does not honour: what was asked
+    (its case is skipped), so part of the id, where an honoured one is not."""
+    train, defaults = c.workload.train, type(c.workload.train)()
+    return {key: getattr(train, name) for key in _refused_operational(c.backend_name)
+            if getattr(train, name := key.removeprefix("workload.train.")) != getattr(defaults, name)}
+
+
+def _refused_operational(backend: str) -> tuple[str, ...]:
+    """The OPERATIONAL keys `backend`'s training loop does not honour (none for a backend this checkout
+    does not have: its committed records are read, never planned)."""
+    try:
+        unsupported = get_backend(backend).unsupported_train
+    except ConfigError:
+        return ()
+    return tuple(key for key in OPERATIONAL if key.removeprefix("workload.train.") in unsupported)
 
 
 def _plain(value: object) -> object:
@@ -122,6 +143,8 @@ def reference(ident: dict[str, object]) -> dict[str, object]:
     if workload == "train":
         train = _workload(workload).train
         ref |= {f"workload.train.{k}": _plain(getattr(train, k)) for k in TRAIN_KEYS}
+        for key in _refused_operational(str(ident["backend"])):  # refused where set: the reference is unset
+            ref[key] = getattr(TrainConfig(), key.removeprefix("workload.train."))
     else:
         ref["seed"] = root_values().get("seed", 0)
     return ref
