@@ -24,7 +24,8 @@ def _recommendation(con):
 
     from fp8bench.report.recommendation import HEADERS, decide, rows
 
-    return pd.DataFrame(rows(decide(con)), columns=HEADERS)
+    table = pd.DataFrame(rows(decide(con)), columns=HEADERS)
+    return table.assign(run=table["run"].str.strip("`"))  # markdown's code quotes, not part of the id
 
 
 def build_site(con, out: Path) -> list[Path]:
