@@ -53,11 +53,6 @@ LONG = [*GEMMS, "format=e4m3,hybrid", "scaling=current", "workload.tokens=98304"
 of at most 10 minutes: submitit takes Slurm's signal to such a job for its time limit (to a longer job whose
 limit an operator lowered, for a preemption, which it requeues)."""
 
-STATE_HOOK = ("no record states how Slurm ended the failed job: after a job fails, the launching process (or "
-              "resume) must record each case the job did not finish as `failed` with `scheduler` = "
-              "{job_id, state} from sacct (CANCELLED, TIMEOUT, NODE_FAIL) and the state in `reason`")
-
-
 def expected_cases(overrides: list[str]) -> set[str]:
     """The case ids the sweep plans here."""
     from fp8bench.config.compose import expand
@@ -319,7 +314,6 @@ def test_no_case_is_measured_twice(name, request):
     assert {c: n for c, n in measured.items() if n > 1} == {}
 
 
-@pytest.mark.xfail(strict=True, reason=STATE_HOOK)
 @pytest.mark.parametrize("name", ["cancelled", "drained_node", "expired"])
 def test_the_cases_a_failed_job_did_not_finish_are_recorded_with_slurms_state(name, request):
     fault = request.getfixturevalue(name)
@@ -331,11 +325,6 @@ def test_the_cases_a_failed_job_did_not_finish_are_recorded_with_slurms_state(na
     assert all(r["scheduler"].get("state") == state and state in r["reason"] for r in failed.values())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Slurm's time-limit warning (--signal USR2, hydra.launcher.signal_delay_s) reaches submitit's handler, "
-    "which raises UncompletedJobError inside the case in flight: run_case records it as that recipe's failure "
-    "and the job starts the next case until SIGKILL. A job must stop at the signal (the case in flight left "
-    "for resume, or checkpointed) instead"))
 def test_a_time_limit_is_not_recorded_as_a_failure_of_the_case_in_flight(expired):
     reasons = [r["reason"] for r in expired.records_before_resume if r["status"] == "failed"]
     assert not [r for r in reasons if "UncompletedJobError" in r], reasons
@@ -347,10 +336,6 @@ def test_the_cases_a_requeued_job_measured_say_it_was_its_second_run(requeued):
     assert runs[0] >= 2 and runs[1] >= 1, runs
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Ctrl-C of `fp8bench run -m` under the slurm launchers leaves the sweep's submitted jobs queued (they run "
-    "later, into the same run folder, beside a resume): cmd_run's KeyboardInterrupt path must cancel the jobs "
-    "it submitted (submitit's Job.cancel) or name them"))
 def test_interrupting_a_slurm_sweep_cancels_its_queued_jobs(drained_node):
     assert drained_node.first_rc == 130
     assert drained_node.queued_after_interrupt == {}
