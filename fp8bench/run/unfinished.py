@@ -48,7 +48,7 @@ def record_unfinished(run_dir: Path, run_id: str, group: int, job_id: str, state
     if not cases:
         return []
     context = {"scheduler": scheduler, "job_id": job_id, "state": state}
-    reason = f"{scheduler} job {job_id} ended {state} before this case finished"
+    reason = f"{scheduler.capitalize()} job {job_id} ended {state} before this case finished"
     with ShardWriter(run_dir, f"job{group}-{state.lower()}") as shard:
         for case in cases:
             shard.write(replace(case_record(case, run_id, Status.FAILED, reason), scheduler=context))
