@@ -109,6 +109,9 @@ def test_one_gpu_or_none_needs_no_pinning(monkeypatch):
     assert pin_worker_gpu() is None and gpu_count() == 1
 
 
+SLURM_LAUNCHER = "hydra_plugins.fp8bench_launchers.slurm.SlurmSweepLauncher"
+
+
 def test_slurm_launcher_config_composes_with_one_gpu_per_task():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -120,7 +123,7 @@ def test_slurm_launcher_config_composes_with_one_gpu_per_task():
                       return_hydra_config=True)
     GlobalHydra.instance().clear()
     launcher = cfg.hydra.launcher
-    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher._target_ == SLURM_LAUNCHER
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
 
 
@@ -135,7 +138,7 @@ def test_slurm_cpu_launcher_config_asks_for_one_core_and_no_gpu():
                       return_hydra_config=True)
     GlobalHydra.instance().clear()
     launcher = cfg.hydra.launcher
-    assert launcher._target_.endswith("SlurmLauncher") and launcher.name == "fp8bench"
+    assert launcher._target_ == SLURM_LAUNCHER and launcher.name == "fp8bench"
     assert (launcher.gpus_per_node, launcher.cpus_per_task, launcher.mem_gb, launcher.partition) == (None, 1, 2, None)
     assert launcher.submitit_folder == "/shared/x/hydra/.submitit/%j"  # the jobs' logs sit beside the results
 

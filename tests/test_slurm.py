@@ -3,14 +3,15 @@ submits one job per sweep point, and after each fault a cluster deals out (a job
 while jobs wait, a job past its time limit, a job requeued) `resume=<run_id>` with the same launcher completes
 the sweep: every case once, the shards already written untouched, no duplicate rows in DuckDB.
 
-Each scenario runs once per module (a fixture) and several tests read what it left. The tests marked xfail
-name the hook the run side lacks for them (a record that says which Slurm job ran it and how that job ended,
-a requeued job that skips what its first run recorded, an interrupted sweep that cancels its queued jobs).
+Each scenario runs once per module (a fixture) and several tests read what it left: the cases a failed job
+did not finish are recorded with the job's id and Slurm's state, an interrupted sweep cancels its queued
+jobs, a time limit fails no case in flight, and the site shows the job and its state.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -52,11 +53,6 @@ LONG = [*GEMMS, "format=e4m3,hybrid", "scaling=current", "workload.tokens=98304"
 """Two jobs of about 50 s of cases each: still running when Slurm's time-limit check (every 30 s) comes. Jobs
 of at most 10 minutes: submitit takes Slurm's signal to such a job for its time limit (to a longer job whose
 limit an operator lowered, for a preemption, which it requeues)."""
-
-STATE_HOOK = ("no record states how Slurm ended the failed job: after a job fails, the launching process (or "
-              "resume) must record each case the job did not finish as `failed` with `scheduler` = "
-              "{job_id, state} from sacct (CANCELLED, TIMEOUT, NODE_FAIL) and the state in `reason`")
-
 
 def expected_cases(overrides: list[str]) -> set[str]:
     """The case ids the sweep plans here."""
@@ -100,6 +96,11 @@ class Fault:
     def run_dir(self) -> Path:
         return self.results_dir / "runs" / self.run_id
 
+    @property
+    def kept_before_resume(self) -> Path:
+        """A copy of the run folder as the fault left it (the resume's records supersede its failed ones)."""
+        return self.results_dir / "before-resume"
+
 
 def finish(fault: Fault, axes: list[str]) -> Fault:
     """After the fault: wait until no job of the sweep is left in the queue, keep what the run folder holds,
@@ -108,6 +109,7 @@ def finish(fault: Fault, axes: list[str]) -> Fault:
     fault.victim_states = job_states([fault.victim], history=True)[fault.victim]
     fault.before_resume = snapshot(fault.run_dir)
     fault.records_before_resume = all_records(fault.run_dir)
+    shutil.copytree(fault.run_dir, fault.kept_before_resume / fault.run_id)
     resumed = Sweep(fault.results_dir, *axes, f"resume={fault.run_id}", log_name="resume")
     try:
         fault.resume_rc = resumed.wait(600)
@@ -319,7 +321,6 @@ def test_no_case_is_measured_twice(name, request):
     assert {c: n for c, n in measured.items() if n > 1} == {}
 
 
-@pytest.mark.xfail(strict=True, reason=STATE_HOOK)
 @pytest.mark.parametrize("name", ["cancelled", "drained_node", "expired"])
 def test_the_cases_a_failed_job_did_not_finish_are_recorded_with_slurms_state(name, request):
     fault = request.getfixturevalue(name)
@@ -331,14 +332,35 @@ def test_the_cases_a_failed_job_did_not_finish_are_recorded_with_slurms_state(na
     assert all(r["scheduler"].get("state") == state and state in r["reason"] for r in failed.values())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Slurm's time-limit warning (--signal USR2, hydra.launcher.signal_delay_s) reaches submitit's handler, "
-    "which raises UncompletedJobError inside the case in flight: run_case records it as that recipe's failure "
-    "and the job starts the next case until SIGKILL. A job must stop at the signal (the case in flight left "
-    "for resume, or checkpointed) instead"))
 def test_a_time_limit_is_not_recorded_as_a_failure_of_the_case_in_flight(expired):
     reasons = [r["reason"] for r in expired.records_before_resume if r["status"] == "failed"]
     assert not [r for r in reasons if "UncompletedJobError" in r], reasons
+
+
+def test_the_site_shows_the_slurm_job_and_state_of_the_cases_it_did_not_finish(cancelled, tmp_path, page_text):
+    """The run as the cancelled job left it, ingested and built into the site: headless Chromium finds the job
+    id and the state the launcher recorded from accounting in one row of the runs page's batch-job table."""
+    from fp8bench.data import store
+    from fp8bench.report import build_site
+    from fp8bench.report.browser import chromium_path
+
+    if chromium_path() is None:
+        if os.environ.get("CI"):
+            raise RuntimeError("CI must install Debian's chromium (.ci/run does) for the report tests")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    stated = {(r["scheduler"]["job_id"], r["scheduler"]["state"]) for r in cancelled.records_before_resume
+              if (r.get("scheduler") or {}).get("state")}
+    assert stated
+    con = store.connect(tmp_path / "db.duckdb")
+    try:
+        store.ingest(con, [cancelled.kept_before_resume])
+        build_site(con, tmp_path / "site")
+    finally:
+        con.close()
+    rows = page_text(tmp_path / "site", "runs.html",
+                     "Array.from(document.querySelectorAll('tr')).map(r => Array.from(r.cells).map(c => c.innerText))")
+    for job, state in stated:
+        assert any(job in row and state in row and cancelled.run_id in row for row in rows), (job, state, rows)
 
 
 def test_the_cases_a_requeued_job_measured_say_it_was_its_second_run(requeued):
@@ -347,10 +369,6 @@ def test_the_cases_a_requeued_job_measured_say_it_was_its_second_run(requeued):
     assert runs[0] >= 2 and runs[1] >= 1, runs
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Ctrl-C of `fp8bench run -m` under the slurm launchers leaves the sweep's submitted jobs queued (they run "
-    "later, into the same run folder, beside a resume): cmd_run's KeyboardInterrupt path must cancel the jobs "
-    "it submitted (submitit's Job.cancel) or name them"))
 def test_interrupting_a_slurm_sweep_cancels_its_queued_jobs(drained_node):
     assert drained_node.first_rc == 130
     assert drained_node.queued_after_interrupt == {}

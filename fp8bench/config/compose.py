@@ -419,7 +419,8 @@ def expand(overrides: list[str] | tuple[str, ...] = (), multirun: bool = False) 
 
 # --------------------------------------------------------------------------- Hydra's launchers
 
-LAUNCHERS = ("hydra_plugins.fp8bench_launchers.local_gpus", "hydra_plugins.fp8bench_launchers.local_processes")
+LAUNCHERS = ("hydra_plugins.fp8bench_launchers.local_gpus", "hydra_plugins.fp8bench_launchers.local_processes",
+             "hydra_plugins.fp8bench_launchers.slurm")
 """fp8bench's own launcher plugins (hydra_plugins/fp8bench_launchers/), registered with Hydra by class."""
 
 

@@ -45,7 +45,7 @@ def build_site(con, out: Path) -> list[Path]:
     built = [pages.overview(head, runs, falls, _recommendation(con)), pages.gemm_page(head, roof, roof_quant),
              pages.modules_page(head, falls), pages.training_page(head, data.train_curves(con), falls),
              pages.numerics_page(head), pages.history_page(df, asv if asv.is_file() else None, history_steps(con)),
-             pages.runs_page(runs)]
+             pages.runs_page(runs, data.batch_jobs(con), data.unfinished_by_jobs(con))]
     written = []
     for page in built:
         path = out / page.filename

@@ -137,6 +137,30 @@ def runs(con) -> pd.DataFrame:
         FROM runs r LEFT JOIN environments e USING (env_id) ORDER BY r.started_at DESC, r.run_id""").fetchdf()
 
 
+
+def batch_jobs(con) -> pd.DataFrame:
+    """One row per batch job that ran cases of a run (a record's `scheduler`): its id, node and partition, the
+    state the scheduler ended it in where it ended before some of its cases did, and its cases by status."""
+    return con.execute("""
+        WITH s AS (SELECT c.run_id, c.status, json_extract_string(c.scheduler, '$.job_id') AS job_id,
+                          json_extract_string(c.scheduler, '$.node') AS node,
+                          json_extract_string(c.scheduler, '$.partition') AS partition,
+                          json_extract_string(c.scheduler, '$.state') AS state
+                   FROM cases c WHERE c.scheduler IS NOT NULL)
+        SELECT run_id, job_id, any_value(node) AS node, any_value(partition) AS partition,
+               coalesce(string_agg(DISTINCT state, ', '), '') AS state, count(*) AS cases,
+               count(*) FILTER (WHERE status = 'ok') AS n_ok, count(*) FILTER (WHERE status = 'failed') AS n_failed
+        FROM s WHERE job_id IS NOT NULL GROUP BY run_id, job_id ORDER BY run_id, job_id""").fetchdf()
+
+
+def unfinished_by_jobs(con) -> pd.DataFrame:
+    """The cases a batch job did not finish: each with its job's id and the state the scheduler ended it in."""
+    return con.execute("""
+        SELECT c.run_id, coalesce(c.label, c.case_id) AS label, json_extract_string(c.scheduler, '$.job_id') AS job_id,
+               json_extract_string(c.scheduler, '$.state') AS state, c.reason
+        FROM cases c WHERE json_extract_string(c.scheduler, '$.state') IS NOT NULL
+        ORDER BY c.run_id, job_id, c.case_id""").fetchdf()
+
 def not_measured(df: pd.DataFrame, workloads: tuple[str, ...] | None = None) -> pd.DataFrame:
     """Skipped and failed cases grouped by what and why (a table, not thousands of rows)."""
     sub = df[df["status"] != "ok"]

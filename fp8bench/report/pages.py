@@ -978,7 +978,7 @@ def history_page(df: pd.DataFrame, asv_index: Path | None, steps: list | None = 
     return p
 
 
-def runs_page(runs: pd.DataFrame) -> Page:
+def runs_page(runs: pd.DataFrame, jobs: pd.DataFrame | None = None, unfinished: pd.DataFrame | None = None) -> Page:
     p = Page("runs.html", "Runs: every run with its environment and config")
     cols = ["run_id", "started_at", "git_commit", "git_dirty", "device_name", "torch", "cuda", "driver",
             "transformer_engine", "torchao", "triton", "n_cases", "n_ok", "n_failed", "source"]
@@ -994,4 +994,14 @@ def runs_page(runs: pd.DataFrame) -> Page:
         env = r["details"] if isinstance(r["details"], str) else ""
         p.raw(f"<details><summary>{esc(r['run_id'])}: config and environment</summary>"
               f"<pre>{esc(cfg)}</pre><pre>{esc(env)}</pre></details>")
+    if jobs is not None and not jobs.empty:
+        p.h2("Batch jobs")
+        p.note("Every Slurm job that ran cases of a run, as its records name it: node, partition, and the state "
+               "Slurm's accounting gave a job that ended before some of its cases did (CANCELLED, TIMEOUT, "
+               "NODE_FAIL); those cases are recorded failed until a resume runs them.")
+        p.table(jobs)
+        if unfinished is not None and not unfinished.empty:
+            p.raw(f"<details><summary>{len(unfinished)} case(s) a batch job did not finish</summary>")
+            p.table(unfinished)
+            p.raw("</details>")
     return p
