@@ -149,7 +149,8 @@ def test_report_pairs_each_integration_with_its_direct_run_over_repeats(tmp_path
     r1 = fw[fw["run_id"] == "r1"].iloc[0]
     assert r1["overhead_pct"] == pytest.approx((140 / 120 - 1) * 100)
     assert (r1["fp8_linears"], r1["fp8_linears_direct"]) == ("47/49", "48/49")
-    assert (r1["verdict"], r1["verdict_direct"]) == ("FAIL", "pass")
+    # a stored FAIL stands though the figures of its rules were not stored with it
+    assert r1["verdict"].startswith("FAIL") and r1["verdict_direct"] == "pass"
     [summary] = integration_summary(fw).to_dict("records")
     assert summary["runs"] == 3 and summary["parity"] == "0/3 pass"
     assert summary["overhead_median_pct"] == pytest.approx((140 / 120 - 1) * 100)

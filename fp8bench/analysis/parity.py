@@ -52,6 +52,7 @@ FINAL_RULE = "final-loss prediction interval"
 AREA_RULE = "curve-area prediction interval"
 PAIRED_RULE = "same-seed paired curve area"
 DIVERGED_RULE = "diverged"
+RECORDED_RULE = "stored verdict (its rules' figures were not stored)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,19 +90,29 @@ class RunVerdict:
     """The curve area against that same BF16 run's, in percent (what the paired test averages)."""
     exit_step: int | None = None
     """The step from which the smoothed training loss stays above the band's upper edge to the end."""
+    recorded_pass: bool | None = None
+    """The verdict the run stored (parity_pass), which stands even where the figures of its rules were not
+    stored with it."""
+
+    @property
+    def _unexplained_fail(self) -> bool:
+        return self.recorded_pass is False and all(c.passed for c in self.criteria)
 
     @property
     def passed(self) -> bool:
-        return not self.diverged and all(c.passed for c in self.criteria)
+        return not self.diverged and all(c.passed for c in self.criteria) and self.recorded_pass is not False
 
     @property
     def failed(self) -> tuple[str, ...]:
-        return ((DIVERGED_RULE,) if self.diverged else ()) + tuple(c.rule for c in self.criteria if not c.passed)
+        return (((DIVERGED_RULE,) if self.diverged else ()) + tuple(c.rule for c in self.criteria if not c.passed)
+                + ((RECORDED_RULE,) if self._unexplained_fail and not self.diverged else ()))
 
     def text(self) -> str:
         if self.diverged:
             return f"FAIL: {DIVERGED_RULE} ({self.diverged})"
         bad = [c.text() for c in self.criteria if not c.passed]
+        if not bad and self._unexplained_fail:
+            bad = [RECORDED_RULE]
         return "FAIL: " + "; ".join(bad) if bad else "pass"
 
 
@@ -126,7 +137,7 @@ def verdict_from_metrics(m: Mapping[str, float | None], diverged: str = "") -> R
     step = _number(m, "loss_band_exit_step")
     return RunVerdict(criteria=criteria, same_seed_gap=_number(m, "loss_gap_same_seed"),
                       same_seed_area_gap_pct=_number(m, "loss_area_gap_same_seed_pct"),
-                      exit_step=None if step is None else int(step))
+                      exit_step=None if step is None else int(step), recorded_pass=_number(m, "parity_pass") >= 0.5)
 
 
 def prediction_allowance(values: list[float], level: float = PI_LEVEL) -> float:
