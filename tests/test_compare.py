@@ -2,6 +2,7 @@
 bound labels decide what is judged, exit codes, change points, the knob."""
 
 import random
+import re
 
 import pytest
 
@@ -264,18 +265,25 @@ def test_change_points_ignore_noise_and_blips():
 def test_injected_slowdown_is_caught_end_to_end(tmp_path, cli):
     """The pipeline end to end (knob -> samples -> compare -> exit code). The knob slows every torch case alike:
     a shift of their whole class, judged against how far the class moved between the base commit's earlier
-    runs (four here, each its own process). On a shared 2-core VM a ~1 ms eager FP8 GEMM's runs move by 5-25%,
-    so inject +300%; the 3%/10% detection rates are measured on the GPU (scripts/regression_trials.py)."""
+    runs (eight here, each its own process). On a shared 2-core VM a ~1 ms eager FP8 GEMM's runs move by 5-25%,
+    so inject +300%; the 3%/10% detection rates are measured on the GPU (scripts/regression_trials.py). With
+    four earlier runs (3 degrees of freedom) a class's shift of 15 standard deviations has p ~ 0.001, short of
+    what Benjamini-Hochberg asks of the first of 88 tests (1.1e-4): the history, not the injected size, is
+    what makes a whole class's slowdown visible."""
     args = ["run", "workload=gemm", "backend=torch", "workload.linears=[qkv,o,gate_up,down]",
             "workload.roles=[fprop,dgrad,wgrad]", "workload.tokens=256", "measure.iters=20", "measure.min_samples=10",
             "measure.max_time_s=1", f"results_dir={tmp_path}"]
-    for k in range(5):
+    for k in range(9):
         assert cli(*args, f"run_id=fast{k}").returncode == 0
     slowed = cli(*args, "run_id=slow", "slowdown=torch:3.0")
     assert slowed.returncode == 0, slowed.stderr
-    res = cli("compare", "fast4", "slow", "--db", str(tmp_path / "fp8bench.duckdb"))
+    res = cli("compare", "fast8", "slow", "--db", str(tmp_path / "fp8bench.duckdb"))
     assert res.returncode == 1, res.stdout
-    assert "moved +" in res.stdout and "together: regression" in res.stdout
+    # the slowdown is caught as its class's shift where the class moved together; where contention spread the
+    # slowed series apart (no shift they share), each is judged on its own change instead
+    regressed = re.search(r"^(\d+) regression", res.stdout, re.M)
+    assert ("moved +" in res.stdout and "together: regression" in res.stdout) or (
+        regressed and int(regressed.group(1)) >= 12), res.stdout
 
 
 @pytest.mark.slow
