@@ -1,8 +1,10 @@
 """`fp8bench audit`: the repository's pages pass it, and an edit of any one figure in its scope (a generated
 cell, a marked figure in prose, a stored speedup its samples do not give) fails it, naming the figure."""
 
+import math
 import re
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -242,3 +244,71 @@ def test_a_block_differs_by_row_and_column():
 def test_bad_input_exits_2_with_one_message(tmp_path, capsys, args, message):
     code, out = audit(capsys, *(a.format(tmp=tmp_path) for a in args))
     assert code == 2 and message.format(tmp=tmp_path) in out, out
+
+
+def _interleaved_pair(rng, shape: str, speedup: float, processes: int = 3, rounds: int = 10):
+    """A recipe and its BF16 twin timed side by side in `processes` processes of `rounds` rounds, as the run
+    records them: samples with their round and process, the speedup over the processes' own interval."""
+    from fp8bench.core.intervals import recorded_speedup
+    from fp8bench.core.records import CaseRecord, Metric
+
+    def timing(ms, offsets):
+        values = [ms * off * float(rng.lognormal(0, 0.01)) for p in range(processes) for _ in range(rounds * 3)
+                  for off in [offsets[p]]]
+        order = [(float(r), float(p)) for p in range(processes) for r in range(rounds) for _ in range(3)]
+        return {"time_ms": values, "time_ms_round": [r for r, _ in order], "time_ms_process": [p for _, p in order]}
+    offsets = rng.normal(0, 0.01, processes)
+    twin_s = timing(2.0, [1.0] * processes)
+    case_s = timing(2.0 / speedup, list(1 + offsets))
+    est = recorded_speedup(twin_s, case_s)
+    method = {"method": "interleaved", "rounds": rounds, "processes": processes, "timed_with": [shape]}
+    common = dict(run_id="r", workload="gemm", model="tiny", backend="torch", shape_name=shape, shape={},
+                  params={}, status="ok")
+    twin_id, case_id = f"gemm.tiny.{shape}.bf16.none.torch", f"gemm.tiny.{shape}.e4m3.current.torch"
+    twin = CaseRecord(case_id=twin_id, twin_id=twin_id, format="bf16", scaling="none", measurement=method,
+                      metrics=[Metric.of("time_ms", 2.0)], samples=twin_s, **common)
+    case = CaseRecord(case_id=case_id, twin_id=twin_id, format="e4m3", scaling="current",
+                      measurement=method | {"interval": est.to_measurement(), "speedup_bound": "device"},
+                      metrics=[Metric.of("time_ms", 2.0 / speedup)]
+                      + [Metric.of(k, v) for k, v in est.metrics().items()], samples=case_s, **common)
+    return twin, case, est
+
+
+@pytest.mark.parametrize("shapes", [10, 3])
+def test_ingest_publishes_a_run_s_like_speedups_moderated_and_the_audit_rebuilds_them(tmp_path, shapes):
+    """What the run stores is each speedup's interval over its own three processes; ingest publishes it
+    moderated over the run's like speedups where they are enough to fit a prior, and the audit rebuilds the
+    published figure from the samples alone."""
+    import numpy as np
+
+    from fp8bench.core.records import ShardWriter, write_manifest
+
+    rng = np.random.default_rng(3)
+    run_dir = tmp_path / "runs" / "r"
+    write_manifest(run_dir, {"run_id": "r", "started_at": 1.7e9, "git_commit": "abc", "git_dirty": False,
+                             "device_name": "H", "env": {"env_id": "e1", "device_name": "H"}, "config": {}})
+    own = {}
+    with ShardWriter(run_dir) as w:
+        for k in range(shapes):
+            twin, case, est = _interleaved_pair(rng, f"s{k}", 1.2 + 0.05 * k)
+            w.write(twin)
+            w.write(case)
+            own[case.case_id] = est
+    con = store.connect(tmp_path / "r.duckdb")
+    store.ingest(con, [tmp_path / "runs"])
+    rows = {cid: (unit, lo, hi) for cid, unit, lo, hi in con.execute(
+        "SELECT c.case_id, json_extract_string(c.measurement, '$.interval.unit'), lo.value, hi.value FROM cases c "
+        "JOIN measurements lo USING (run_id, case_id) JOIN measurements hi USING (run_id, case_id) "
+        "WHERE lo.metric = 'speedup_vs_bf16_lo' AND hi.metric = 'speedup_vs_bf16_hi'").fetchall()}
+    rebuilt = rebuild.rebuild(con)
+    con.close()
+    assert len(rows) == shapes and len(rebuilt) == shapes
+    widths = [math.log(hi / lo) for _, lo, hi in rows.values()]
+    own_widths = [math.log(own[cid].hi / own[cid].lo) for cid in rows]
+    if shapes >= 8:  # a prior over the run's like speedups: narrower than two degrees of freedom allow alone
+        assert {unit for unit, _, _ in rows.values()} == {"processes + run prior"}
+        assert statistics.median(widths) < 0.8 * statistics.median(own_widths)
+    else:
+        assert {unit for unit, _, _ in rows.values()} == {"processes"}
+        assert widths == pytest.approx(own_widths)
+    assert all(r.reason == "" and not r.differences() for r in rebuilt), [r.differences() for r in rebuilt]

@@ -11,11 +11,13 @@ from fp8bench.core.intervals import (
     box_variance,
     fit_prior,
     moderate,
+    moderated_intervals,
     process_interval,
     process_log_ratios,
     run_prior,
     sandwich,
     sandwich_logs,
+    speedup_class,
     speedup_of_rounds,
     training_interval,
 )
@@ -48,20 +50,25 @@ def _interleaved_runs(rng, offset_sd: float):
 
 @pytest.mark.parametrize("offset_sd", [0.005, 0.01])
 def test_the_process_interval_covers_a_planted_speedup_and_is_not_wider_than_it_must_be(offset_sd):
+    """Through the published path: each case's interval over its own processes (what the run stores), then
+    moderated over the run's like cases (what ingest and the audit publish)."""
     logs, truth = _interleaved_runs(np.random.default_rng(58), offset_sd)
     covered = np.zeros((TRIALS, CASES), bool)
-    half = np.zeros((TRIALS, CASES))
+    half, own_half = np.zeros((TRIALS, CASES)), np.zeros((TRIALS, CASES))
+    like = speedup_class("gemm", False, "device")
     for t in range(TRIALS):
-        prior = fit_prior(np.var(logs[t], ddof=1, axis=-1), PROCESSES - 1)  # the run's like cases
-        for k in range(CASES):
-            est = process_interval(logs[t, k], prior=prior)
+        stored = [process_interval(logs[t, k]) for k in range(CASES)]
+        published = moderated_intervals([(like, est) for est in stored])
+        for k, est in enumerate(published):
+            assert est.unit == "processes + run prior"
             covered[t, k] = est.lo <= math.exp(truth[k]) <= est.hi
-            half[t, k] = est.half_width_log
+            half[t, k], own_half[t, k] = est.half_width_log, stored[k].half_width_log
     # the oracle knows the planted noise: the estimator's true spread, per case
     oracle = 1.96 * np.std(logs.mean(axis=-1) - truth, axis=0)
     coverage, width = covered.mean(), np.median(half / oracle)
     print(f"offset {offset_sd:.1%}: coverage {coverage:.3f}, median half-width / oracle {width:.2f}, worst "
-          f"case's {np.median(half / oracle, axis=0).max():.2f}")
+          f"case's {np.median(half / oracle, axis=0).max():.2f} (each case's own processes alone: "
+          f"{np.median(own_half / oracle):.2f})")
     assert coverage >= 0.93
     assert covered[:, 0].mean() >= 0.93  # one planted speedup per trial, as well as all of them
     assert np.median(half / oracle, axis=0).max() <= 1.5
@@ -181,3 +188,18 @@ def test_a_record_s_rounds_give_its_published_speedup_and_what_it_rests_on():
                                   "speedup_vs_bf16_processes"}
     assert est.to_measurement()["processes"] == 3 and len(est.to_measurement()["per_process"]) == 3
     assert run_prior([[0.4]] * 20) is None  # one process each: nothing to pool
+
+
+def test_a_run_publishes_its_like_speedups_moderated_and_leaves_other_intervals_alone():
+    rng = np.random.default_rng(7)
+    like, other = speedup_class("gemm", False, "device"), speedup_class("gemm", True, "device")
+    stored = [process_interval(np.log(1.4) + rng.normal(0, 0.01, 3)) for _ in range(10)]
+    few = [process_interval(np.log(1.2) + rng.normal(0, 0.01, 3)) for _ in range(3)]
+    alone = RatioEstimate(1.3, 1.25, 1.35, 10, 0.98)
+    one = process_interval([np.log(1.3)], within=alone)
+    out = moderated_intervals([(like, s) for s in stored] + [(other, s) for s in few] + [(like, one), (like, None)])
+    assert all(o.unit == "processes + run prior" and o.df > 2 for o in out[:10])
+    assert [o.value for o in out[:10]] == pytest.approx([s.value for s in stored])
+    assert out[10:13] == few  # three like speedups fit no prior: each keeps its own processes' interval
+    assert out[13] is one and out[14] is None
+    assert moderated_intervals([(like, o) for o in out[:10]]) == out[:10]  # moderated once, not twice

@@ -5,8 +5,11 @@ diverged)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from fp8bench.analysis.parity import PARITY_METRICS, derive_parity
 from fp8bench.analysis.taxonomy import CURVE_METRICS, curve_metrics
+from fp8bench.core.intervals import SpeedupInterval, moderated_intervals, speedup_class
 from fp8bench.core.records import CaseRecord, Metric, derive_box_intervals, derive_speedups, pairs
 from fp8bench.core.speedup import is_host_bound
 
@@ -61,3 +64,42 @@ def derived_metrics(records: list[CaseRecord], spread: dict[str, float] | None =
     derive_box_intervals), the training parity verdicts and curve classes."""
     return (derive_speedups(records) + derive_train_host_bound(records) + derive_box_intervals(records, spread or {})
             + derive_training_verdicts(records))
+
+
+INTERVALS = {"speedup_vs_bf16": "interval", "speedup_vs_bf16_kernel": "interval_kernel"}
+"""Each interleaved speedup and the key of its record's measurement that says what its interval rests on."""
+
+
+def _stored_interval(r: CaseRecord, name: str) -> SpeedupInterval | None:
+    """The interval the run stored for `name`, over the processes its measurement lists."""
+    what = r.measurement.get(INTERVALS[name]) or {}
+    value, lo, hi = r.metric(name), r.metric(f"{name}_lo"), r.metric(f"{name}_hi")
+    per = tuple(float(x) for x in what.get("per_process") or ())
+    if r.status != "ok" or None in (value, lo, hi) or not per:
+        return None
+    return SpeedupInterval(value, lo, hi, int(what.get("processes") or len(per)), what.get("unit", ""),
+                           what.get("df"), per, int(what.get("boxes") or 1))
+
+
+def moderate_speedup_intervals(records: list[CaseRecord]) -> list[CaseRecord]:
+    """One run's records with each speedup interval over several processes moderated by its class's prior over
+    the run (fp8bench.core.intervals.moderated_intervals: what the pages publish), its measurement saying so;
+    every other record as it is."""
+    keyed, where = [], []
+    for i, r in enumerate(records):
+        for name in INTERVALS:
+            iv = _stored_interval(r, name)
+            if iv is not None:
+                keyed.append((speedup_class(r.workload, name.endswith("_kernel"), r.measurement.get("speedup_bound")),
+                              iv))
+                where.append((i, name))
+    out = list(records)
+    for (i, name), (_, before), after in zip(where, keyed, moderated_intervals(keyed), strict=True):
+        if after is before or after is None:
+            continue
+        r = out[i]
+        replaced = {f"{name}_lo": after.lo, f"{name}_hi": after.hi}
+        metrics = [Metric.of(m.name, replaced[m.name]) if m.name in replaced else m for m in r.metrics]
+        measurement = {**r.measurement, INTERVALS[name]: after.to_measurement()}
+        out[i] = dataclasses.replace(r, metrics=metrics, measurement=measurement)
+    return out

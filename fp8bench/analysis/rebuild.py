@@ -4,7 +4,9 @@ A speedup is rebuilt from the recipe's samples and its BF16 twin's (same run, `t
 that recorded it followed (`measurement.method`):
 
 - `interleaved` with `<metric>_round` samples: fp8bench.core.intervals.recorded_speedup, the function the run
-  itself stores (method ROUNDS).
+  itself stores (method ROUNDS); where several processes timed it, its interval is then moderated by the
+  prior of its class over the run's rebuilt speedups (fp8bench.core.intervals.moderated_intervals), as ingest
+  publishes it.
 - `interleaved` without them (measurement version 4): the run timed `measurement.rounds` rounds of an equal
   block of iterations per op and stored the samples round by round, so the round of sample i is
   i // (samples / rounds); the speedup is then the same recorded_speedup: the median of the per-round ratios
@@ -26,12 +28,13 @@ No torch, no duckdb: queries go through the store connection.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from fp8bench.core.intervals import recorded_speedup
+from fp8bench.core.intervals import SpeedupInterval, moderated_intervals, recorded_speedup, speedup_class
 
 SPEEDUPS = {"speedup_vs_bf16": "time_ms", "speedup_vs_bf16_kernel": "time_ms_kernel"}
 """Each stored speedup and the recipe's samples it is formed from (the twin's side is its `time_ms`)."""
@@ -49,7 +52,7 @@ _AVAILABILITY = """
 WITH n AS (SELECT run_id, case_id, metric, count(*) AS n FROM samples
            WHERE metric IN ('time_ms', 'time_ms_kernel') GROUP BY ALL)
 SELECT m.run_id, m.case_id, m.metric, m.value, lo.value, hi.value, c.twin_id, c.measurement,
-       t.status, t.measurement, nc.n, nt.n, tc.value, tt.value
+       t.status, t.measurement, nc.n, nt.n, tc.value, tt.value, c.workload
 FROM measurements m JOIN cases c USING (run_id, case_id)
 LEFT JOIN measurements lo ON lo.run_id = m.run_id AND lo.case_id = m.case_id AND lo.metric = m.metric || '_lo'
 LEFT JOIN measurements hi ON hi.run_id = m.run_id AND hi.case_id = m.case_id AND hi.metric = m.metric || '_hi'
@@ -128,6 +131,7 @@ class _Row:
     case_time: float | None
     """The recipe's stored time (`time_ms`, or `time_ms_kernel` for a kernel-only speedup)."""
     twin_time: float | None
+    workload: str
 
     @property
     def interleaved(self) -> bool:
@@ -194,24 +198,37 @@ def _with_blocks(samples: dict[str, list[float]], rounds: int) -> dict[str, list
     return {**samples, f"{TWIN_SAMPLES}_round": [float(i // block) for i in range(n)]}
 
 
-def rebuild_one(metric: str, measurement: Mapping, case: Mapping[str, list[float]],
-                twin: Mapping[str, list[float]]) -> tuple:
-    """(value, lo, hi, method, reason) of one speedup from the recipe's and the twin's samples (all metrics of
-    each record, as _samples gives them)."""
+def _estimate(metric: str, measurement: Mapping, case: Mapping[str, list[float]],
+              twin: Mapping[str, list[float]]) -> tuple:
+    """(SpeedupInterval or a ratio of medians, method, reason) of one speedup from its samples (rebuild_one)."""
     own, base = _as(case, SPEEDUPS[metric]), _as(twin, TWIN_SAMPLES)
     if measurement.get("method") != "interleaved":
-        return (statistics.median(base[TWIN_SAMPLES]) / statistics.median(own[TWIN_SAMPLES]), None, None, MEDIANS, "")
+        return statistics.median(base[TWIN_SAMPLES]) / statistics.median(own[TWIN_SAMPLES]), MEDIANS, ""
     method = ROUNDS
     if f"{TWIN_SAMPLES}_round" not in own or f"{TWIN_SAMPLES}_round" not in base:
         rounds = int(measurement.get("rounds") or 0)
         own, base, method = _with_blocks(own, rounds), _with_blocks(base, rounds), BLOCKS
         if own is None or base is None:
-            return None, None, None, method, (f"its samples ({len(case[SPEEDUPS[metric]])} and the twin's "
-                                              f"{len(twin[TWIN_SAMPLES])}) do not split into its {rounds} rounds")
+            return None, method, (f"its samples ({len(case[SPEEDUPS[metric]])} and the twin's "
+                                  f"{len(twin[TWIN_SAMPLES])}) do not split into its {rounds} rounds")
     est = recorded_speedup(base, own)
     if est is None:
-        return None, None, None, method, "its rounds are too few for the interval it stores"
-    return est.value, est.lo, est.hi, method, ""
+        return None, method, "its rounds are too few for the interval it stores"
+    return est, method, ""
+
+
+def _parts(est) -> tuple:
+    if isinstance(est, SpeedupInterval):
+        return est.value, est.lo, est.hi
+    return est, None, None
+
+
+def rebuild_one(metric: str, measurement: Mapping, case: Mapping[str, list[float]],
+                twin: Mapping[str, list[float]]) -> tuple:
+    """(value, lo, hi, method, reason) of one speedup from the recipe's and the twin's samples (all metrics of
+    each record, as _samples gives them), its interval over its own processes (rebuild moderates a run's)."""
+    est, method, why = _estimate(metric, measurement, case, twin)
+    return (*_parts(est), method, why)
 
 
 def rebuild(con, run_ids: Iterable[str] | None = None) -> list[Rebuilt]:
@@ -219,18 +236,31 @@ def rebuild(con, run_ids: Iterable[str] | None = None) -> list[Rebuilt]:
     alone without samples (a record written by hand, a test's) is divided by its stored median."""
     rows = [r for r in _rows(con) if run_ids is None or r.run_id in set(run_ids)]
     samples = _samples(con, sorted({r.run_id for r in rows}))
-    out = []
+    out, estimates = [], []
     for r in rows:
         head = dict(run_id=r.run_id, case_id=r.case_id, twin_id=r.twin_id or "", metric=r.metric, stored=r.value,
                     stored_lo=r.lo, stored_hi=r.hi)
         why = r.unavailable()
         if why:
             out.append(Rebuilt(**head, reason=why))
+            estimates.append(None)
             continue
         case = dict(samples.get((r.run_id, r.case_id), {}))
         twin = dict(samples.get((r.run_id, r.twin_id), {}))
         case.setdefault(SPEEDUPS[r.metric], [r.case_time])
         twin.setdefault(TWIN_SAMPLES, [r.twin_time])
-        got, got_lo, got_hi, method, why = rebuild_one(r.metric, r.measurement, case, twin)
-        out.append(Rebuilt(**head, value=got, lo=got_lo, hi=got_hi, method=method, reason=why))
-    return out
+        est, method, why = _estimate(r.metric, r.measurement, case, twin)
+        out.append(Rebuilt(**head, method=method, reason=why))
+        estimates.append(est)
+    # a run's intervals over several processes are published moderated by their class's prior over the run
+    by_run: dict[str, list[int]] = {}
+    for i, est in enumerate(estimates):
+        if isinstance(est, SpeedupInterval):
+            by_run.setdefault(rows[i].run_id, []).append(i)
+    for idx in by_run.values():
+        keyed = [(speedup_class(rows[i].workload, rows[i].metric.endswith("_kernel"),
+                                rows[i].measurement.get("speedup_bound")), estimates[i]) for i in idx]
+        for i, est in zip(idx, moderated_intervals(keyed), strict=True):
+            estimates[i] = est
+    return [dataclasses.replace(o, **dict(zip(("value", "lo", "hi"), _parts(est), strict=True)))
+            if est is not None else o for o, est in zip(out, estimates, strict=True)]

@@ -237,6 +237,32 @@ def run_prior(per_process_logs: Sequence[Sequence[float]], source: str = "run") 
     return fit_prior(s2, df, source) if s2 else None
 
 
+def speedup_class(workload: str, kernel_only: bool, bound: str | None) -> tuple:
+    """The class whose like speedups of one run give a speedup's prior (run_prior): its workload, whether it is
+    kernel-only, and its bound label."""
+    return (workload, kernel_only, bound or "")
+
+
+def moderated_intervals(keyed: Sequence[tuple[object, SpeedupInterval | None]]) -> list[SpeedupInterval | None]:
+    """One run's speedup intervals, each over several processes moderated by the prior its class (the key,
+    speedup_class) fits over the run's like speedups (run_prior): the published intervals. An interval of one
+    process, one already moderated, or one of a class too small to fit a prior comes back as it is. The run
+    stores each interval over its own processes; ingest and the audit both publish through this."""
+    out = [iv for _, iv in keyed]
+    by: dict[object, list[int]] = {}
+    for i, (key, iv) in enumerate(keyed):
+        if iv is not None and iv.unit == "processes" and iv.processes >= 2 and len(iv.per_process) == iv.processes:
+            by.setdefault(key, []).append(i)
+    for idx in by.values():
+        logs = [np.log(np.asarray(out[i].per_process, dtype=float)) for i in idx]
+        prior = run_prior(logs)
+        if prior is None:
+            continue
+        for i, x in zip(idx, logs, strict=True):
+            out[i] = process_interval(x, prior=prior)
+    return out
+
+
 def speedup_of_rounds(twin_rounds: Sequence[Sequence[float]], recipe_rounds: Sequence[Sequence[float]], *,
                       prior: VariancePrior | None = None, within: RatioEstimate | None = None,
                       box: VariancePrior | None = None, boxes: int = 1) -> SpeedupInterval | None:

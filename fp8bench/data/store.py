@@ -20,6 +20,7 @@ from fp8bench.analysis.derive import (
     derive_train_host_bound,
     derive_training_verdicts,
     derived_metrics,
+    moderate_speedup_intervals,
 )
 from fp8bench.core.records import (
     LEGACY_VERSION_SQL,
@@ -458,6 +459,7 @@ def _replace_run(con, run_id: str, manifest: dict | None, records: list[CaseReco
                         json.dumps(m.get("config")), source, (measurement or {}).get("version"),
                         json.dumps(measurement) if measurement else None])
         _fill_legacy_versions(con)
+        records = moderate_speedup_intervals(records)  # the published intervals, before what derives from them
         derived = derived_metrics(records, spread_for(con, m.get("device_name")))
         def cell(r: CaseRecord, k: str):
             if k == "legacy_case_id":
