@@ -105,8 +105,10 @@ class Sweep:
             self.stop()
             raise
 
-    def interrupt(self, timeout: float = 60) -> int:
-        """Ctrl-C, as a user who gives up waiting."""
+    def interrupt(self, timeout: float = 240) -> int:
+        """Ctrl-C, as a user who gives up waiting. The launcher then cancels the sweep's jobs, waits for them
+        to leave the queue and reads their end from accounting: on a loaded two-core box that can pass a
+        minute."""
         self.proc.send_signal(signal.SIGINT)
         return self.wait(timeout)
 
