@@ -82,6 +82,12 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, every
 # --- a sweep through Slurm -------------------------------------------------------------------------------
 
 
+def _default_sigint() -> None:
+    """In the sweep's process: Ctrl-C interrupts it, as at a terminal, even where the tests were started in
+    the background (a shell's background job ignores SIGINT, and its children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Sweep:
     """`fp8bench run -m OVERRIDES` started in its own process group, its output in a file."""
 
@@ -93,7 +99,8 @@ class Sweep:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "fp8bench", "run", "-m", *overrides, f"results_dir={results_dir}"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_default_sigint)
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -105,10 +112,9 @@ class Sweep:
             self.stop()
             raise
 
-    def interrupt(self, timeout: float = 240) -> int:
-        """Ctrl-C, as a user who gives up waiting. The launcher then cancels the sweep's jobs, waits for them
-        to leave the queue and reads their end from accounting: on a loaded two-core box that can pass a
-        minute."""
+    def interrupt(self, timeout: float = 120) -> int:
+        """Ctrl-C, as a user who gives up waiting: the launcher cancels the sweep's jobs, waits for them to leave
+        the queue and reads their end from accounting."""
         self.proc.send_signal(signal.SIGINT)
         return self.wait(timeout)
 

@@ -409,3 +409,38 @@ def test_a_two_process_training_case_through_slurm_matches_the_same_case_without
     assert through["scheduler"]["job_id"] and not local["scheduler"]
     assert through["samples"]["loss"] == local["samples"]["loss"]
     assert through["samples"]["val_loss"] == local["samples"]["val_loss"]
+
+
+def test_a_resume_refuses_while_jobs_of_a_killed_launcher_still_run(slurm_cluster, tmp_path):
+    """A launcher killed outside Ctrl-C (SIGKILL, a lost login session) leaves its jobs queued and running:
+    resume names them and exits 2 before submitting anything; once they are cancelled and gone, resume
+    completes the sweep with every case once."""
+    axes = [*FAULT, "hydra.launcher.array_parallelism=1"]
+    expected = expected_cases(axes)
+    run_dir = tmp_path / "runs" / "killed"
+    sweep = Sweep(tmp_path, *axes, "run_id=killed")
+    try:
+        running_job_with_records(tmp_path, run_dir, at_least=1)
+    finally:
+        sweep.stop()  # SIGKILL: the launcher cancels nothing
+    jobs = submitted_jobs(tmp_path)
+    assert queued(jobs), "the killed launcher's jobs should still be in the queue"
+    refused = Sweep(tmp_path, *axes, "resume=killed", log_name="refused")
+    try:
+        assert refused.wait(120) == 2, refused.output[-3000:]
+    finally:
+        refused.stop()
+    left = sorted(queued(jobs))
+    assert "still queued or running" in refused.output and any(j in refused.output for j in left), refused.output
+    assert submitted_jobs(tmp_path) == jobs  # nothing submitted
+    for job in left:
+        cancel(job)
+    wait_gone(jobs)
+    resumed = Sweep(tmp_path, *axes, "resume=killed", log_name="resume")
+    try:
+        assert resumed.wait(600) == 0, resumed.output[-3000:]
+    finally:
+        resumed.stop()
+    assert [c for c, _ in db_cases(tmp_path, "killed")] == sorted(expected)
+    measured = Counter(r["case_id"] for r in all_records(run_dir) if r["status"] == "ok")
+    assert set(measured) == expected and max(measured.values()) == 1

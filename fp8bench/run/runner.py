@@ -61,6 +61,13 @@ def check_resume(config: Config, overrides: list[str] | None = None) -> None:
         raise ConfigError(f"resume={config.resume!r} was a run of {' '.join(_measuring(recorded)) or 'the defaults'}; "
                           f"this command asks for {' '.join(_measuring(overrides)) or 'the defaults'}; resume it with "
                           f"the same overrides, or start a new run")
+    from fp8bench.run.slurm_jobs import still_queued
+
+    if left := still_queued(run_dir):
+        arrays = " ".join(sorted({j.split("_")[0] for j in left}))
+        raise ConfigError(f"resume={config.resume!r}: Slurm jobs {' '.join(left)} of this run's earlier launch are "
+                          f"still queued or running, and would measure their cases beside the resume; `scancel "
+                          f"{arrays}` or wait for them to end, then resume")
 
 
 def manifest_for(config: Config, run_id: str, overrides: list[str], n_cases: int) -> dict:

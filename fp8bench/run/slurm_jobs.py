@@ -12,6 +12,33 @@ RUNNING_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CON
 """States of a job that has not ended (its processes may still write)."""
 
 
+JOBS_FILE = "slurm-jobs.txt"
+"""In a run folder: the ids of the Slurm jobs each launch of the run submitted, one a line."""
+
+
+def remember(run_dir, job_ids: list[str]) -> None:
+    """Add a launch's job ids to the run folder's JOBS_FILE (what resume asks the queue about)."""
+    from pathlib import Path
+
+    path = Path(run_dir) / JOBS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write("".join(f"{j}\n" for j in job_ids))
+
+
+def still_queued(run_dir) -> list[str]:
+    """The jobs an earlier launch of the run submitted that Slurm still lists (a launcher killed without
+    Ctrl-C leaves them running); [] where none was submitted or no `squeue` answers here."""
+    from pathlib import Path
+
+    path = Path(run_dir) / JOBS_FILE
+    ids = [line.strip() for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    try:
+        return sorted(queued(ids), key=lambda j: tuple(int(x) for x in j.split("_") if x.isdigit()))
+    except (OSError, RuntimeError, subprocess.TimeoutExpired):
+        return []
+
+
 def _slurm(*args: str, timeout: float = 60) -> str:
     res = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0:

@@ -99,6 +99,7 @@ class SlurmSweepLauncher(SlurmLauncher):
             params.append((list(overrides), "hydra.sweep.dir", initial_job_idx + offset,
                            f"job_id_for_{initial_job_idx + offset}", Singleton.get_state()))
         jobs = executor.map_array(self, *zip(*params, strict=True))
+        self._remember(jobs, job_overrides)
         try:
             while not all(j.done() for j in jobs):
                 time.sleep(POLL_S)
@@ -108,6 +109,23 @@ class SlurmSweepLauncher(SlurmLauncher):
             raise
         self._record_unfinished(jobs, job_overrides)
         return [j.results()[0] for j in jobs]
+
+    def _remember(self, jobs: list, job_overrides: Sequence[Sequence[str]]) -> None:
+        """Each run folder of the sweep lists the jobs submitted into it: a resume after a launcher killed
+        outside Ctrl-C finds those still queued."""
+        from fp8bench.run import slurm_jobs
+
+        assert self.hydra_context is not None and self.config is not None
+        by_run: dict[Path, list[str]] = {}
+        where: dict[tuple, Path] = {}  # composed once per distinct run_id= / results_dir= of the jobs
+        for job, overrides in zip(jobs, job_overrides, strict=True):
+            key = tuple(o for o in overrides if o.startswith(("run_id=", "results_dir=")))
+            if key not in where:
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                where[key] = Path(str(cfg.results_dir)) / "runs" / str(cfg.run_id)
+            by_run.setdefault(where[key], []).append(job.job_id)
+        for run_dir, ids in by_run.items():
+            slurm_jobs.remember(run_dir, ids)
 
     def _cancel(self, jobs: list) -> None:
         from fp8bench.run import slurm_jobs
