@@ -561,7 +561,8 @@ def cmd_asv_compare(args: list[str]) -> int:
 
     p = _Parser(prog="fp8bench asv-compare", description="Judge every series two commits recorded by asv share on "
                 "a machine, direction-aware, against the variance between runs (the machine's earlier commits, "
-                "else the spread of like series), all at once (Benjamini-Hochberg); memory and SQNR by value. "
+                "else the spread of like series), all at once (Benjamini-Hochberg); memory and SQNR by value; "
+                "TFLOPS and time vs BF16 take the verdict of the time and speedup they invert. "
                 "The CPU suite on a GPU machine, host-bound and unsettled series are listed as not judged. "
                 "Exit 1 if anything regressed.")
     p.add_argument("base", metavar="BASE", help="a commit (a prefix of its hash) with results on the machine")

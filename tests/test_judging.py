@@ -10,6 +10,7 @@ from fp8bench.core.judging import (
     benjamini_hochberg,
     history_stats,
     judge_comparison,
+    qn_scale,
 )
 
 SERIES, COMPARISONS, HISTORY = 2760, 200, 5
@@ -85,6 +86,19 @@ def test_benjamini_hochberg_is_the_step_up_rule():
     assert benjamini_hochberg(p, 0.05).tolist() == [True, True] + [False] * 7
     assert benjamini_hochberg(p, 0.2).tolist() == [True] * 7 + [False, False]
     assert not benjamini_hochberg([np.nan, np.nan]).any() and FDR == 0.01
+
+
+def test_qn_is_the_standard_deviation_for_normal_data_and_ignores_one_wild_value():
+    """The cross-section's spread: 1..12 by hand (the 21st smallest of the 66 distances is 2, times 2.2219 and
+    12 / 15.8); about 1 over normal samples of a dozen; one value moved 10 spreads out moves it by a sixth,
+    where the standard deviation grows four-fold (a lone change must not widen the spread it is judged by)."""
+    assert qn_scale(np.arange(1.0, 13.0)) == pytest.approx(2 * 2.2219 * 12 / 15.8)
+    rng = np.random.default_rng(7)
+    samples = rng.normal(0, 1, (4000, 12))
+    assert np.mean([qn_scale(x) for x in samples]) == pytest.approx(1.0, abs=0.03)
+    x, wild = samples[0], np.append(samples[0][:-1], 10.0)
+    assert qn_scale(wild) / qn_scale(x) < 1.25 and np.std(wild) / np.std(x) > 4
+    assert qn_scale(np.array([3.0])) == 0.0
 
 
 def test_history_stats_reads_ragged_runs_and_takes_each_run_s_class_offset_out():

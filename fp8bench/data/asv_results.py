@@ -6,7 +6,10 @@
 runs: asv keeps one number per benchmark and commit, so that variance is the series' history (the commits
 recorded before the head on the machine, same benchmark version) or, without one, the spread of its class
 (same benchmark, bound label, workload and model) in this comparison. All series are judged at once by
-Benjamini-Hochberg. Deterministic series (peak memory, SQNR and noise power) are compared by value.
+Benjamini-Hochberg. Deterministic series (peak memory, SQNR and noise power) are compared by value. A series
+that is another's inverse on a fixed case (TFLOPS of time, time vs BF16 of speedup) is one measurement with
+it: it is judged there, once, and listed as its inverse, so that Benjamini-Hochberg does not count one
+measurement twice.
 
 Not judged, and listed with their count: the CPU suite's cases on a GPU machine (microsecond kernels whose time
 is the host's launches), host-bound and unsettled series (the suite's `track_bound`: a host-bound series'
@@ -34,7 +37,11 @@ BY_VALUE = {"track_peak_mem_bytes": 0.01, "track_noise_power": 10 ** 0.05 - 1, "
 """Deterministic series and the relative change that counts (SQNR: SQNR_TOLERANCE_DB in dB; noise power: the
 same 0.5 dB)."""
 SQNR_TOLERANCE_DB = 0.5
+INVERSES = {"track_tflops": "track_time_ms", "track_time_vs_bf16": "track_speedup_vs_bf16"}
+"""Series whose value is 1 / another's times a constant of the case (the case's FLOPs; 1): where both commits
+recorded the other, the verdict is the other's."""
 NOT_JUDGED = "not judged"
+INVERSE = "inverse"
 
 
 def direction(benchmark: str) -> str:
@@ -51,7 +58,7 @@ class AsvChange:
     head: float
     rel_change: float
     verdict: str
-    """regression | improvement | unchanged | not judged"""
+    """regression | improvement | unchanged | not judged | inverse (of a series judged in its place)"""
     versions: str = ""
     """'fp8bench-measurement-3 → fp8bench-measurement-4' when the commits' results come from different
     benchmark versions (asv-compare --across-versions)."""
@@ -84,9 +91,10 @@ class AsvComparison:
     def summary(self) -> str:
         counts = ", ".join(f"{sum(c.verdict == v for c in self.changes)} {v}" for v in (REGRESSION, IMPROVEMENT,
                                                                                          UNCHANGED))
+        inverses = sum(c.verdict == INVERSE for c in self.changes)
         nj = self.not_judged()
-        return (f"{counts} (BH at {FDR:.0%}); {sum(nj.values())} not judged"
-                + (": " + ", ".join(f"{r} {n}" for r, n in nj.items()) if nj else ""))
+        return (f"{counts} (BH at {FDR:.0%}); {inverses} inverses of judged series (judged once); "
+                f"{sum(nj.values())} not judged" + (": " + ", ".join(f"{r} {n}" for r, n in nj.items()) if nj else ""))
 
 
 @dataclass(frozen=True)
@@ -163,6 +171,12 @@ def _why_not(bench: str, case_id: str, a: _Result, b: _Result, on_gpu: bool, dif
     return bound.value if bound else "", ""
 
 
+def _inverted(bench: str, case_id: str, a: _Result, b: _Result) -> str:
+    """The series `bench` is the inverse of, where both commits recorded it, else ''."""
+    other = INVERSES.get(bench, "")
+    return other if other and all((other, case_id) in r.values for r in (a, b)) else ""
+
+
 def _by_value(bench: str, base: float, head: float) -> str:
     limit = BY_VALUE[bench]
     worse_if_higher = direction(bench) == "lower"
@@ -194,7 +208,8 @@ def compare_commits(results_dir: Path, machine: str, base: str, head: str, min_c
     judged, info = [], {}
     for key in sorted(k for k in set(a.values) & set(b.values) if k[0] != BOUND_SERIES):
         info[key] = _why_not(*key, a, b, on_gpu, differ)
-        if not info[key][1] and key[0] not in BY_VALUE and a.values[key] > 0 and b.values[key] > 0:
+        if (not info[key][1] and key[0] not in BY_VALUE and not _inverted(*key, a, b) and a.values[key] > 0
+                and b.values[key] > 0):
             judged.append(key)
     d = [math.log(b.values[k] / a.values[k]) for k in judged]
     levels = [[(k[0], info[k][0], *k[1].split(".")[:2]) for k in judged]]
@@ -205,7 +220,8 @@ def compare_commits(results_dir: Path, machine: str, base: str, head: str, min_c
     for key, (bound, why) in info.items():
         va, vb = a.values[key], b.values[key]
         rel = (vb - va) / abs(va) if va else 0.0
-        i = where.get(key)
+        other = _inverted(*key, a, b)
+        i = where.get((other, key[1]) if other else key)  # an inverse takes the verdict of the series it inverts
         if why:
             out.changes.append(AsvChange(*key, va, vb, rel, NOT_JUDGED, differ.get(key[0], ""), bound, why))
         elif key[0] in BY_VALUE:
@@ -213,6 +229,8 @@ def compare_commits(results_dir: Path, machine: str, base: str, head: str, min_c
         elif i is None or not result.verdict[i]:
             out.changes.append(AsvChange(*key, va, vb, rel, NOT_JUDGED, "", bound,
                                          "no variance (no history, and under 8 like series)"))
+        elif other:
+            out.changes.append(AsvChange(*key, va, vb, rel, INVERSE, "", bound, f"1 / {other}: judged there"))
         else:
             out.changes.append(AsvChange(*key, va, vb, rel, str(result.verdict[i]), "", bound, str(result.source[i]),
                                          float(result.p[i]), float(result.detectable[i])))
