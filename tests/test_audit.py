@@ -47,6 +47,9 @@ def test_the_repository_passes_its_audit(capsys):
     for page in ("README.md", "docs/results.md", "docs/training.md", "docs/why-not-2x.md", "docs/kernels.md"):
         assert re.search(rf"^{re.escape(page)} \| [1-9]\d* \| [1-9]", out, re.M), page
     assert "cannot be rebuilt and are withdrawn from the pages" in out
+    # speedups shown with an interval and withdrawn, the last two columns
+    for page in ("README.md", "docs/results.md", "docs/training.md", "docs/why-not-2x.md"):
+        assert re.search(rf"^{re.escape(page)} \| \d+ \| \d+ \| [1-9]\d* \|.* \| [1-9]\d* \| [1-9]\d*$", out, re.M), page
 
 
 # --------------------------------------------------------------------------- one figure edited
@@ -111,6 +114,39 @@ def test_an_edited_marked_figure_fails_naming_it(committed_db, tmp_path, capsys)
     code, out = audit(capsys, page, "--root", ROOT, "--db", committed_db)
     assert code == 1, out
     assert f"{page}:1: figure 1.48x marked {PUBLISHED}: the committed data give 1.45" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after,says", [
+    ("", "a speedup in prose shows its interval and measurement version after it"),
+    (" (1.44–1.50)", "a speedup in prose shows its interval and measurement version after it"),
+    (" (1.44–1.52, v4)", "its interval (1.44–1.52): the committed data give 1.4"),
+    (" (1.44–1.50, v3)", "its measurement version v3: run hopper-e is v4")])
+def test_a_marked_speedup_without_its_interval_and_version_fails(committed_db, tmp_path, capsys, after, says):
+    page = tmp_path / "page.md"
+    page.write_text(f"E4M3 delayed <!-- figure: {PUBLISHED} -->1.46x{after} on one layer.\n")
+    code, out = audit(capsys, page, "--root", ROOT, "--db", committed_db)
+    assert code == 1, out
+    assert f"{page}:1: figure 1.46x marked {PUBLISHED}: {says}" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page,command", [("docs/results.md", "--markdown results"),
+                                          ("README.md", "--markdown headline"),
+                                          ("docs/why-not-2x.md", "--markdown layer-waterfall")])
+def test_a_page_with_one_interval_removed_fails_naming_the_speedup(committed_db, tmp_path, capsys, page, command):
+    """The check on the published speedups: the first interval of a block taken out of a copy of its page
+    fails the audit, naming page, block, row and column, beside the cell's difference from its rebuild."""
+    text = (ROOT / page).read_text()
+    start = text.index(f"<!-- generated: fp8bench report {command} -->")
+    m = re.compile(r"(\d+\.\d+x) \(\d+\.\d+–\d+\.\d+\)").search(text, start)
+    copy = tmp_path / Path(page).name
+    copy.write_text(text[:m.start()] + m.group(1) + text[m.end():])
+    code, out = audit(capsys, copy, "--root", ROOT, "--db", committed_db)
+    assert code == 1, out
+    line = text.count("\n", 0, start) + 1
+    assert re.search(rf"^{re.escape(str(copy))}:{line}: block `fp8bench report {command}`, row \d+ \([^)]*\), "
+                     rf"column '[^']*': the speedup {re.escape(m.group(1))} shows no interval", out, re.M), out
 
 
 @pytest.mark.slow
