@@ -424,9 +424,11 @@ def cmd_audit(args: list[str]) -> int:
     p = _Parser(prog="fp8bench audit", description="Rebuild every figure README.md and docs/*.md publish from the "
                 "committed samples alone (results/: the sets `make results-page` ingests): every generated block "
                 "cell by cell, every speedup from its record's and its BF16 twin's samples, every figure in prose "
-                "that carries a marker (<!-- figure: run=RUN case=CASE metric=METRIC -->1.23x). Exit 1 naming "
-                "each figure that differs beyond its printed rounding or cannot be rebuilt; untagged figures in "
-                "prose are counted as unverifiable. docs/reproducibility.md, 'What fp8bench audit checks'.")
+                "that carries a marker (<!-- figure: run=RUN case=CASE metric=METRIC -->1.23x), and that every "
+                "speedup shown carries its interval and measurement version or is withdrawn with the reason. "
+                "Exit 1 naming each figure that differs beyond its printed rounding, cannot be rebuilt or is a "
+                "speedup shown bare; untagged figures in prose are counted as unverifiable. "
+                "docs/reproducibility.md, 'What fp8bench audit checks'.")
     p.add_argument("pages", nargs="*", type=Path, metavar="PAGE",
                    help="Markdown files to check (default: README.md and docs/*.md under --root)")
     p.add_argument("--root", type=Path, default=Path("."), help="the repository: its results/ and pages (default .)")
@@ -442,8 +444,9 @@ def cmd_audit(args: list[str]) -> int:
         out.print(problem.text(), highlight=False, markup=False, soft_wrap=True)
     for line in summary(result, ns.verbose):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
-    out.print(f"{len(result.problems)} figure(s) differ or cannot be rebuilt" if result.problems
-              else "every checked figure is rebuilt from the committed samples", highlight=False, markup=False)
+    verdict = (f"{len(result.problems)} figure(s) differ, cannot be rebuilt or are speedups shown bare"
+               if result.problems else "every checked figure is rebuilt from the committed samples")
+    out.print(verdict, highlight=False, markup=False)
     return 1 if result.problems else 0
 
 

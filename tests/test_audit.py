@@ -46,8 +46,10 @@ def test_the_repository_passes_its_audit(capsys):
     assert "every checked figure is rebuilt from the committed samples" in out
     for page in ("README.md", "docs/results.md", "docs/training.md", "docs/why-not-2x.md", "docs/kernels.md"):
         assert re.search(rf"^{re.escape(page)} \| [1-9]\d* \| [1-9]", out, re.M), page
-    assert re.search(r"^docs/training\.md \| \d+ \| \d+ \| [1-9]\d* \| [1-9]\d* \|", out, re.M)  # speedups, marked
     assert "cannot be rebuilt and are withdrawn from the pages" in out
+    # speedups shown with an interval and withdrawn, the last two columns
+    for page in ("README.md", "docs/results.md", "docs/training.md", "docs/why-not-2x.md"):
+        assert re.search(rf"^{re.escape(page)} \| \d+ \| \d+ \| [1-9]\d* \|.* \| [1-9]\d* \| [1-9]\d*$", out, re.M), page
 
 
 # --------------------------------------------------------------------------- one figure edited
@@ -99,17 +101,52 @@ def test_an_edited_generated_cell_fails_naming_page_block_row_and_column(committ
     assert f"the page shows {edited!r}" in problem and "stale or edited by hand" in problem
 
 
+PUBLISHED = "run=hopper-e case=layer.llama2-7b.b2s4096.e4m3.delayed.te metric=speedup_vs_bf16"
+"""A layer speedup timed side by side, with its interval: 1.46x (1.44–1.50), measurement version 4."""
+
+
 @pytest.mark.slow
 def test_an_edited_marked_figure_fails_naming_it(committed_db, tmp_path, capsys):
-    text = (ROOT / "docs" / "training.md").read_text()
-    marked = "metric=speedup_vs_bf16 -->1.43x"
-    assert marked in text
-    copy = tmp_path / "training.md"
-    copy.write_text(text.replace(marked, "metric=speedup_vs_bf16 -->1.45x"))
+    page = tmp_path / "page.md"
+    page.write_text(f"E4M3 delayed <!-- figure: {PUBLISHED} -->1.46x (1.44–1.50, v4) on one layer.\n")
+    assert audit(capsys, page, "--root", ROOT, "--db", committed_db)[0] == 0
+    page.write_text(f"E4M3 delayed <!-- figure: {PUBLISHED} -->1.48x (1.44–1.50, v4) on one layer.\n")
+    code, out = audit(capsys, page, "--root", ROOT, "--db", committed_db)
+    assert code == 1, out
+    assert f"{page}:1: figure 1.48x marked {PUBLISHED}: the committed data give 1.45" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after,says", [
+    ("", "a speedup in prose shows its interval and measurement version after it"),
+    (" (1.44–1.50)", "a speedup in prose shows its interval and measurement version after it"),
+    (" (1.44–1.52, v4)", "its interval (1.44–1.52): the committed data give 1.4"),
+    (" (1.44–1.50, v3)", "its measurement version v3: run hopper-e is v4")])
+def test_a_marked_speedup_without_its_interval_and_version_fails(committed_db, tmp_path, capsys, after, says):
+    page = tmp_path / "page.md"
+    page.write_text(f"E4M3 delayed <!-- figure: {PUBLISHED} -->1.46x{after} on one layer.\n")
+    code, out = audit(capsys, page, "--root", ROOT, "--db", committed_db)
+    assert code == 1, out
+    assert f"{page}:1: figure 1.46x marked {PUBLISHED}: {says}" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page,command", [("docs/results.md", "--markdown results"),
+                                          ("README.md", "--markdown headline"),
+                                          ("docs/why-not-2x.md", "--markdown layer-waterfall")])
+def test_a_page_with_one_interval_removed_fails_naming_the_speedup(committed_db, tmp_path, capsys, page, command):
+    """The check on the published speedups: the first interval of a block taken out of a copy of its page
+    fails the audit, naming page, block, row and column, beside the cell's difference from its rebuild."""
+    text = (ROOT / page).read_text()
+    start = text.index(f"<!-- generated: fp8bench report {command} -->")
+    m = re.compile(r"(\d+\.\d+x) \(\d+\.\d+–\d+\.\d+\)").search(text, start)
+    copy = tmp_path / Path(page).name
+    copy.write_text(text[:m.start()] + m.group(1) + text[m.end():])
     code, out = audit(capsys, copy, "--root", ROOT, "--db", committed_db)
     assert code == 1, out
-    assert ("figure 1.45x marked run=depth-b case=train.llama2-7b.b2s4096n20.seed0.hybrid.delayed.te-layer "
-            "metric=speedup_vs_bf16: the committed data give 1.43") in out
+    line = text.count("\n", 0, start) + 1
+    assert re.search(rf"^{re.escape(str(copy))}:{line}: block `fp8bench report {command}`, row \d+ \([^)]*\), "
+                     rf"column '[^']*': the speedup {re.escape(m.group(1))} shows no interval", out, re.M), out
 
 
 @pytest.mark.slow

@@ -74,6 +74,8 @@ class SpeedResult:
     lo: float | None = None
     hi: float | None = None
     """95% interval of the speedup (None where not measured)."""
+    seeds: int = 0
+    """Seeds the speedup and its interval are over (fp8bench.analysis.seeds; 0: one case's own)."""
     mem_change_pct: float | None = None
     """Peak memory against the BF16 step's, in percent (positive: FP8 used more)."""
     run_id: str = ""

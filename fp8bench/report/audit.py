@@ -9,7 +9,9 @@ From a DuckDB of the committed result sets (what `make results-page` ingests), i
    are not committed cannot be rebuilt: the pages withdraw it (fp8bench.report.data.withdraw) and the
    audit lists it;
 3. every figure in prose that carries a marker (fp8bench.report.audit_pages): the stored (rebuilt) value it
-   names, to the digits it prints.
+   names, to the digits it prints;
+4. every speedup the pages publish, in any generated table or behind a marker: that it shows its interval and
+   its measurement version, or is withdrawn with the reason (fp8bench.report.audit_speedups).
 Figures with a unit in prose without a marker are counted as unverifiable. A problem is anything that
 differs or cannot be rebuilt; `audit` returns them all, never the first alone.
 """
@@ -28,6 +30,7 @@ from fp8bench.analysis import rebuild as rb
 from fp8bench.core.records import StoreError
 from fp8bench.data import store
 from fp8bench.report import audit_pages as ap
+from fp8bench.report import audit_speedups as aus
 
 REPORT = ("fp8bench", "report", "--markdown")
 """The header of the blocks `fp8bench report --markdown` writes from the store: those that show speedups."""
@@ -58,6 +61,8 @@ class Counts:
     """Speedup cells of `fp8bench report` blocks, rendered again from the rebuilt speedups."""
     tagged: int = 0
     unverifiable: int = 0
+    shown: aus.Tally = field(default_factory=aus.Tally)
+    """Speedups the page shows with an interval and a measurement version, and withdrawn."""
 
 
 @dataclass
@@ -131,12 +136,16 @@ def _where(block: ap.Block, d: ap.CellDiff | None = None) -> str:
 
 
 def _check_blocks(page: ap.Page, con, root: Path, audit: Audit, counts: Counts) -> dict[int, str]:
-    """Each block against what its generator writes from the stored data; returns those renders."""
+    """Each block against what its generator writes from the stored data, and each speedup it shows against
+    the rule for a published one; returns those renders."""
     rendered = {}
     for block in page.blocks:
         counts.blocks += 1
         cells, speedups = ap.table_cells(block.body)
         counts.cells += cells
+        for row, column, what in aus.table_problems(block.body, counts.shown):
+            audit.problems.append(Problem(page.name, block.line, _where(block, ap.CellDiff(row, column, "", "")),
+                                          what))
         try:
             rendered[block.line] = body = render(block.command, con, root)
         except (Unrenderable, OSError, ValueError, KeyError) as exc:
@@ -236,7 +245,9 @@ def _marked_value_problem(con, m: ap.Marker, withdrawn: dict[tuple[str, str, str
     if row is None or row[0] is None:
         return f"names no stored {metric!r} of case {ids[0]!r}"
     value = row[0] * float(m.spec.get("scale", 1))
-    return "" if ap.matches(value, m.figure) else f"the committed data give {value:.6g}"
+    if not ap.matches(value, m.figure):
+        return f"the committed data give {value:.6g}"
+    return aus.marker_problem(con, run, ids[0], metric, m.figure, m.after)
 
 
 def audit(root: Path, pages: list[Path] | None = None, db: Path | None = None) -> Audit:
@@ -273,13 +284,17 @@ def summary(a: Audit, verbose: bool = False) -> list[str]:
     """What the audit checked, by page and kind, and what it found; with `verbose`, every withdrawn and every
     unverifiable figure too."""
     total = Counts()
-    lines = ["page | generated blocks | cells | speedups rebuilt | tagged figures | unverifiable"]
+    lines = ["page | generated blocks | cells | speedups rebuilt | tagged figures | unverifiable | "
+             "speedups shown with interval | withdrawn"]
     for name, c in a.pages.items():
-        lines.append(f"{name} | {c.blocks} | {c.cells} | {c.speedups} | {c.tagged} | {c.unverifiable}")
+        lines.append(f"{name} | {c.blocks} | {c.cells} | {c.speedups} | {c.tagged} | {c.unverifiable} | "
+                     f"{c.shown.with_interval} | {c.shown.withdrawn}")
         for k in ("blocks", "cells", "speedups", "tagged", "unverifiable"):
             setattr(total, k, getattr(total, k) + getattr(c, k))
+        total.shown.with_interval += c.shown.with_interval
+        total.shown.withdrawn += c.shown.withdrawn
     lines.append(f"all {len(a.pages)} pages | {total.blocks} | {total.cells} | {total.speedups} | {total.tagged} | "
-                 f"{total.unverifiable}")
+                 f"{total.unverifiable} | {total.shown.with_interval} | {total.shown.withdrawn}")
     methods = Counter(r.method for r in a.rebuilt if r.rebuilt)
     lines.append(f"stored speedups of the committed runs (what the pages and the site read): {len(a.rebuilt)}; "
                  + ", ".join(f"{n} rebuilt by {m}" for m, n in sorted(methods.items()))

@@ -3,12 +3,14 @@ prose states without one, and how a block differs, cell by cell, from its rebuil
 
 A figure in hand-written prose names its source with a marker just before it:
 
-    <!-- figure: run=hopper-e case=layer.llama2-7b.b2s4096.e4m3.delayed.te metric=speedup_vs_bf16 -->1.46x
+    <!-- figure: run=hopper-e case=layer.llama2-7b.b2s4096.e4m3.delayed.te metric=speedup_vs_bf16 -->1.46x (1.44–1.50, v4)
 
 `run`, `case` (a case id, or a label that names one case of the run) and `metric` (a stored measurement) are
 required; `scale=` multiplies the stored value before it is compared (`scale=100` for a fraction printed in
 percent). The figure is the number right after the marker (a unit may follow it); it must equal the stored
-value to the digits it prints. Markers, figures and tables inside code (fenced or inline) are never read.
+value to the digits it prints; a speedup's interval and measurement version follow it, as
+fp8bench.report.audit_speedups reads them. Markers, figures and tables inside code (fenced or inline) are never
+read.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class Marker:
     spec: dict[str, str]
     figure: str
     """The printed figure ('' when none follows the marker)."""
+    after: str = ""
+    """The rest of the line after the figure (a speedup's interval is read there)."""
     problem: str = ""
     """What is wrong with the marker itself ('' when it can be looked up)."""
 
@@ -139,7 +143,8 @@ def _marker(line: int, m: re.Match, text: str) -> tuple[Marker, int]:
     f = FIGURE.match(text, start)
     if not f:
         problems.append("no figure follows it")
-    return Marker(line, spec, f.group(0) if f else "", "; ".join(problems)), f.end() if f else m.end()
+    return (Marker(line, spec, f.group(0) if f else "", text[f.end():] if f else "", "; ".join(problems)),
+            f.end() if f else m.end())
 
 
 def printed(figure: str) -> tuple[float, int]:
@@ -223,9 +228,23 @@ def _line_diff(line_a: str, line_b: str, name: tuple[list[str] | None, str]) -> 
             for k, (x, y) in enumerate(zip(ca, cb, strict=True)) if x != y]
 
 
+def table_rows(body: str):
+    """(header cells, how to name the row, cells) of each data row of the tables in a block's body."""
+    lines = body.split("\n")
+    for (header, name), line in zip(_rows(lines), lines, strict=True):
+        c = cells(line)
+        if header is not None and c is not None:
+            yield header, name, c
+
+
+SPEEDUP_HEADER = re.compile(r"(?:\w[\w-]* )*speedup(?: vs BF16)?|vs BF16")
+"""A header that names a speedup over BF16 and nothing else ('speedup', 'measured speedup', 'vs BF16')."""
+
+
 def is_speedup_column(header: str) -> bool:
-    """A column of speedups over BF16 ('speedup vs BF16', 'vs BF16', a waterfall's 'measured')."""
-    return "speedup" in header or header in ("vs BF16", "measured")
+    """A column of speedups over BF16: its header names its interval (`(95% interval)`), as every generated
+    table heads one ('speedup vs BF16 (95% interval)'), or is SPEEDUP_HEADER."""
+    return "(95% interval)" in header or bool(SPEEDUP_HEADER.fullmatch(header))
 
 
 def table_cells(body: str) -> tuple[int, int]:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from fp8bench.analysis.parity import MIN_SEEDS
 from fp8bench.core.markdown import table
-from fp8bench.report import data
+from fp8bench.report import data, published
 from fp8bench.report.pages import (
     deepest_steps,
     distributed_layout,
@@ -28,13 +28,6 @@ from fp8bench.report.pages import (
 
 BLOCK = re.compile(r"(<!-- generated: fp8bench report --markdown (?P<kind>[a-z-]+) -->\n)(.*?)(<!-- end generated -->)",
                    re.S)
-
-
-def _fmt_speedup(r) -> str:
-    s = f"{r['speedup']:.2f}x"
-    if pd.notna(r["lo"]) and pd.notna(r["hi"]):
-        s += f" ({r['lo']:.2f}–{r['hi']:.2f})"
-    return s
 
 
 def _text(v) -> str:
@@ -49,7 +42,7 @@ def _versions(runs: pd.DataFrame) -> pd.Series:
 def _headline(con, runs: pd.DataFrame) -> pd.DataFrame:
     """headline() of the latest run of each case, run by run, so that each row's figure comes from the one run
     it names, with that run's commit and measurement version (from `runs`: data.runs)."""
-    latest = data.latest(data.cases(con))
+    latest = data.latest(published.cases(con))
     h = pd.concat([headline(d) for _, d in latest.groupby("run_id")]) if not latest.empty else latest
     if h.empty:
         return h
@@ -77,14 +70,16 @@ def parity_where_judged(con) -> dict[str, str]:
 
 
 def headline_block(con) -> str:
-    """The fastest FP8 recipe per device · model and workload (whole layers, MLPs, whole training steps); for a
-    training step, what that recipe did to the loss where a run judged it."""
+    """The fastest FP8 recipe per device · model and workload (whole layers, MLPs, whole training steps), among
+    those shown with an interval where any is (else the fastest by its withdrawn point estimate, its figure
+    withdrawn); for a training step, what that recipe did to the loss where a run judged it."""
     h = _headline(con, data.runs(con))
     if h.empty:
         return "No FP8 layer or training case with a speedup is recorded.\n"
     parity = parity_where_judged(con)
-    best = h.loc[h.groupby(["label", "workload"])["speedup"].idxmax()].sort_values(["workload", "label"])
-    rows = [[r["label"], r["workload"], r["recipe"], _fmt_speedup(r), r["bound"] or "",
+    rank = h["speedup"].where(h["shown"].map(lambda s: s.published), h["speedup"] - 1e6)
+    best = h.loc[rank.groupby([h["label"], h["workload"]]).idxmax()].sort_values(["workload", "label"])
+    rows = [[r["label"], r["workload"], r["recipe"], r["shown"].text(), r["bound"] or "",
              parity.get(r["recipe"], "not judged") if r["workload"] == "train" else "", f"`{r['run_id']}`",
              r["version"], r["commit"]] for _, r in best.iterrows()]
     return table(["device · model", "workload", "fastest FP8 recipe", "speedup vs BF16 (95% interval)", "bound",
@@ -95,7 +90,7 @@ def results_block(con) -> str:
     """Every FP8 layer, MLP and training recipe's speedup, then the runs they come from."""
     runs = data.runs(con)
     h = _headline(con, runs)
-    rows = [[r["label"], r["workload"], r["recipe"], _fmt_speedup(r), r["bound"] or "", f"`{r['run_id']}`",
+    rows = [[r["label"], r["workload"], r["recipe"], r["shown"].text(), r["bound"] or "", f"`{r['run_id']}`",
              r["version"], r["commit"]] for _, r in h.iterrows()]
     out = "### Speedup over BF16 per recipe (whole layers, MLPs and training steps)\n\n"
     out += table(["device · model", "workload", "recipe", "speedup (95% interval)", "bound", "run",
@@ -114,7 +109,7 @@ def steps_block(con) -> str:
     """The whole-step study at Llama scale: the fastest FP8 recipe of each path per model and sequence length,
     then where the deepest model's step goes, BF16 against that recipe, per path."""
     runs = data.runs(con)
-    head = data.latest(data.cases(con))
+    head = data.latest(published.cases(con))
     steps = llama_steps(head[head["workload"] == "train"])
     if steps.empty:
         return "No Llama-scale training step is recorded.\n"
@@ -122,10 +117,10 @@ def steps_block(con) -> str:
     versions = _versions(runs)
     best = fastest_per_path(steps).sort_values(["device", "hidden", "layers", "seq", "speedup"], ascending=[True, True, True, True, False])
     out = table(["device · model", "layers", "batch x seq, master weights, GPUs", "path", "fastest FP8 recipe",
-                 "speedup vs BF16", "tokens/s", "BF16 tokens/s", "peak GiB (vs BF16)", "run", "measurement version",
-                 "commit"],
+                 "speedup vs BF16 (95% interval)", "tokens/s", "BF16 tokens/s", "peak GiB (vs BF16)", "run",
+                 "measurement version", "commit"],
                 [[f"{r['device']} · {r['model']}", int(r["layers"]), r["setting"], r["path"], r["recipe_only"],
-                  f"{r['speedup']:.2f}x", f"{r['tokens_per_s']:,.0f}", f"{r['bf16_tokens_per_s']:,.0f}",
+                  r["shown"].text(), f"{r['tokens_per_s']:,.0f}", f"{r['bf16_tokens_per_s']:,.0f}",
                   f"{r['peak_gib']:.1f} ({r['mem_change_pct']:+.0f}%)", f"`{r['run_id']}`", versions[r["run_id"]],
                   commits.get(r["run_id"], "")]
                  for _, r in best.iterrows()])
@@ -150,7 +145,7 @@ def parity_block(con) -> str:
     commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
     versions = _versions(runs)
     none = "No training run with a loss-parity verdict is recorded.\n"
-    t = data.cases(con)
+    t = published.cases(con)
     t = t[(t["workload"] == "train") & t["status"].isin(["ok", "diverged"])]
     if t.empty:
         return none
@@ -190,26 +185,34 @@ def parity_block(con) -> str:
     t = t.assign(seed_label=[f" seed {r['seed']}" if r["format"] == "bf16" or n > 1 else ""
                              for (_, r), n in zip(t.iterrows(), seeds_of, strict=True)])
     rows = [[f"{r['device']} · {r['model']}", r["setting"], r["recipe"] + r["seed_label"],
-             number(r["tokens_per_s"], ",.0f"), "" if pd.isna(r["speedup"]) else f"{r['speedup']:.2f}x",
+             number(r["tokens_per_s"], ",.0f"), r["shown"].text(),
              number(r["peak_mem_bytes"] / 2**30, ".2f"),
              "" if r["status"] == "diverged" else number(r["loss_final"], ".4f"), verdict(r),
              f"`{r['run_id']}`", versions[r["run_id"]], commits.get(r["run_id"], "")]
             for _, r in t.sort_values(["model", "run_id", "backend", "format", "scaling", "shape_name", "label",
                                        "case_id"]).iterrows()]
-    return table(["device · model", "batch x seq, steps", "recipe", "tokens/s", "vs BF16", "peak GiB",
-                  "final val loss", "parity", "run", "measurement version", "commit"], rows)
+    return table(["device · model", "batch x seq, steps", "recipe", "tokens/s", "vs BF16 (95% interval)",
+                  "peak GiB", "final val loss", "parity", "run", "measurement version", "commit"], rows)
+
+
+WATERFALL_STAGES = ("ideal", "GEMM kernels", "+ casts", "+ non-GEMM")
+"""The waterfall's modelled columns (fp8bench.analysis.waterfall.Waterfall: ideal, gemm_only, with_casts,
+with_non_gemm), each headed with published.MODELLED."""
 
 
 def layer_waterfall_block(con) -> str:
-    """Every FP8 layer's speedup waterfall (fp8bench.analysis.waterfall, latest run per case): the ideal (GEMMs
-    2x, the rest as BF16) is the ceiling a recipe meets in that backend's block; each later column adds one
-    more measured FP8 component, down to the measured speedup."""
+    """Every FP8 layer's speedup waterfall (fp8bench.analysis.waterfall, latest run per case). The columns
+    marked (model) are step-time ratios modelled from the profiled steps' kernel times: the ideal (GEMMs 2x,
+    the rest as BF16) is the ceiling a recipe meets in that backend's block, and each later column adds one
+    more measured FP8 component. They attribute the step; they are not timed speedups and carry no interval.
+    The measured speedup is the case's own, timed beside its BF16 twin, as every page shows it
+    (fp8bench.report.published)."""
     from fp8bench.analysis.waterfall import from_db
 
     falls = [f for f in from_db(con) if f.case_id.startswith("layer.")]
     if not falls:
         return "No FP8 layer with kernel times is recorded.\n"
-    cases = data.cases(con).set_index(["run_id", "case_id"])
+    cases = published.cases(con).set_index(["run_id", "case_id"])
     runs = data.runs(con)
     commits, versions = runs.set_index("run_id")["git_commit"].fillna("").str[:7], _versions(runs)
     rows = []
@@ -217,11 +220,13 @@ def layer_waterfall_block(con) -> str:
         c = cases.loc[(f.run_id, f.case_id)]
         w = f.waterfall
         rows.append((c["device"], c["model"], -w.measured, [
-            f"{c['device']} · {c['model']}", c["recipe"], *(f"{v:.2f}x" for v in (
-                w.ideal, w.gemm_only, w.with_casts, w.with_non_gemm, w.measured)),
+            f"{c['device']} · {c['model']}", c["recipe"], *(f"{v:.2f}" for v in (
+                w.ideal, w.gemm_only, w.with_casts, w.with_non_gemm)), c["shown"].text(),
             f"{w.explained_pct:.1f}%", f"`{f.run_id}`", versions[f.run_id], commits.get(f.run_id, "")]))
-    return table(["device · model", "recipe", "ideal", "GEMM kernels", "+ casts", "+ non-GEMM", "measured",
-                  "kernels / step", "run", "measurement version", "commit"], [r[-1] for r in sorted(rows, key=lambda r: r[:3])])
+    return table(["device · model", "recipe", *(f"{stage} {published.MODELLED}" for stage in WATERFALL_STAGES),
+                  "measured speedup (95% interval)", "kernels / step", "run", "measurement version", "commit"],
+                 [r[-1] for r in sorted(rows, key=lambda r: r[:3])])
+
 
 
 def recommendation_block(con) -> str:

@@ -14,6 +14,7 @@ from fp8bench import backends
 from fp8bench.core.records import NOT_TIMED
 from fp8bench.report.data import bound_labels, interval, not_measured, not_measured_by_reason
 from fp8bench.report.html import Page, esc
+from fp8bench.report.published import of_group
 
 PLOT_H = 420
 CURVE_H = 320
@@ -287,16 +288,18 @@ def _advisor_section(p: Page, adv: pd.DataFrame) -> None:
 
 
 def headline(df: pd.DataFrame) -> pd.DataFrame:
-    """The FP8 layer, MLP and training cases with a speedup, per device, model and recipe, with the interval."""
+    """The FP8 layer, MLP and training cases with a speedup, per device, model and recipe, with the interval, and
+    `shown` where `df` has it (fp8bench.report.published.cases: the speedup as the generated pages show it)."""
     h = _real(df)
     h = h[h["workload"].isin(["mlp", "layer", "train"]) & (h["format"] != "bf16") & h["speedup"].notna()]
     if h.empty:
         return h
     lo, hi = interval(h)
+    shown = {"shown": ("shown", of_group)} if "shown" in h else {}
     return (h.assign(s_lo=lo, s_hi=hi, bound=bound_labels(h["host_bound"]), label=h["device"] + " · " + h["model"])
             .groupby(["label", "workload", "recipe"], dropna=False)
             .agg(speedup=("speedup", "median"), lo=("s_lo", "median"), hi=("s_hi", "median"),
-                 bound=("bound", "first"), run_id=("run_id", "first")).reset_index())
+                 bound=("bound", "first"), run_id=("run_id", "first"), **shown).reset_index())
 
 
 # --------------------------------------------------------------------------- GEMMs
@@ -665,8 +668,10 @@ def _path(df: pd.DataFrame) -> pd.Series:
 
 
 def fastest_per_path(steps: pd.DataFrame) -> pd.DataFrame:
-    """The fastest FP8 recipe of each path per device, model and setting."""
-    return steps.sort_values("speedup").groupby(["device", "model", "setting", "path"]).tail(1)
+    """The fastest FP8 recipe of each path per device, model and setting; where `steps` says which speedups the
+    pages show with an interval (`published`: fp8bench.report.published.cases), the fastest of those first."""
+    order = ["published", "speedup"] if "published" in steps else ["speedup"]
+    return steps.sort_values(order).groupby(["device", "model", "setting", "path"]).tail(1)
 
 
 STEP_GROUP = ["device", "dims", "batch", "master_weights", "nproc"]

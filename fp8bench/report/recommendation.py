@@ -6,7 +6,9 @@ README.md's headline block and the site's front page all show this one decision.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
 
 from fp8bench.analysis.parity import verdict_from_metrics
 from fp8bench.analysis.rebuild import withdrawn
@@ -20,12 +22,14 @@ from fp8bench.analysis.recommend import (
     pool_parity,
     recommend,
 )
+from fp8bench.analysis.seeds import over_seeds, seedless
 from fp8bench.config.compose import model_preset
 from fp8bench.core.markdown import table
 from fp8bench.core.records import variant_of
+from fp8bench.report.published import NO_INTERVAL, Shown
 
 SPEEDS = """
-SELECT c.model, c.format, c.scaling, c.backend, c.label, m.value AS speedup,
+SELECT c.model, c.format, c.scaling, c.backend, c.label, c.twin_id, m.value AS speedup,
        coalesce(lo_box.value, lo.value) AS lo, coalesce(hi_box.value, hi.value) AS hi,
        100 * (mem.value / bmem.value - 1) AS mem_change_pct, c.run_id, c.case_id, r.measurement_version
 FROM cases c JOIN runs r USING (run_id) JOIN measurements m ON m.run_id = c.run_id AND m.case_id = c.case_id AND m.metric = 'speedup_vs_bf16'
@@ -58,17 +62,38 @@ def _size(model: str) -> Size | None:
     return Size(params=model_params(preset), model=model) if preset else None
 
 
-def inputs(con) -> tuple[list[SpeedResult], list[SeedVerdict]]:
-    """Whole-step speeds and per-run parity verdicts of the stored training cases (models without a preset here
-    cannot be placed by size and are left out, and so are speeds the committed samples cannot rebuild:
-    fp8bench.analysis.rebuild.withdrawn)."""
-    speeds = []
+def _speeds(con) -> list[SpeedResult]:
+    """Every whole-step speed the committed samples rebuild (fp8bench.analysis.rebuild.withdrawn), one per case;
+    where a run timed a recipe on several seeds without an interval of each, one over its seeds
+    (fp8bench.analysis.seeds)."""
     gone = withdrawn(con)
-    for model, f, s, b, label, sp, lo, hi, mem, run_id, case_id, version in con.execute(SPEEDS).fetchall():
+    bare: dict[tuple[str, str], list[tuple[SpeedResult, str]]] = {}
+    out = []
+    for model, f, s, b, label, twin, sp, lo, hi, mem, run_id, case_id, version in con.execute(SPEEDS).fetchall():
         size = _size(model)
-        if size is not None and (run_id, case_id, "speedup_vs_bf16") not in gone:
-            speeds.append(SpeedResult(recipe=_recipe(f, s, b, label), size=size, speedup=sp, lo=lo, hi=hi,
-                                      mem_change_pct=mem, run_id=run_id, measurement_version=version))
+        if size is None or (run_id, case_id, "speedup_vs_bf16") in gone:
+            continue
+        r = SpeedResult(recipe=_recipe(f, s, b, label), size=size, speedup=sp, lo=lo, hi=hi, mem_change_pct=mem,
+                        run_id=run_id, measurement_version=version)
+        if lo is None or hi is None:
+            bare.setdefault((run_id, seedless(case_id)), []).append((r, twin or ""))
+        else:
+            out.append(r)
+    for group in bare.values():
+        iv = over_seeds([r.speedup for r, _ in group], [t for _, t in group])
+        if iv is None:
+            out += [r for r, _ in group]
+            continue
+        mems = [r.mem_change_pct for r, _ in group if r.mem_change_pct is not None]
+        out.append(dataclasses.replace(group[0][0], speedup=iv.value, lo=iv.lo, hi=iv.hi, seeds=len(group),
+                                       mem_change_pct=statistics.median(mems) if mems else None))
+    return out
+
+
+def inputs(con) -> tuple[list[SpeedResult], list[SeedVerdict]]:
+    """Whole-step speeds (_speeds) and per-run parity verdicts of the stored training cases (models without a
+    preset here cannot be placed by size and are left out)."""
+    speeds = _speeds(con)
     verdicts = []
     for _, _, label, model, f, s, b, shape, status, reason, metrics in con.execute(VERDICTS).fetchall():
         v = verdict_from_metrics(metrics, diverged=reason if status == "diverged" else "")
@@ -88,21 +113,28 @@ def decide(con) -> Recommendation:
 
 def rows(rec: Recommendation) -> list[list[str]]:
     """The decision as table rows: the recommended recipe first (or a row saying none passes), then every faster
-    recipe with its verdict."""
+    recipe with its verdict; each speed with its interval, or withdrawn (_shown)."""
     out = []
     if rec.chosen is None:
         out.append(["no recommendation", "", "", "", "no FP8 recipe faster than BF16 passes loss parity with at "
                     "least three seeds", "", ""])
     for role, c in ([("recommended", rec.chosen)] if rec.chosen else []) + [(c.status, c) for c in rec.faster]:
         s = c.speed
-        ci = f" ({s.lo:.2f}–{s.hi:.2f})" if s.lo is not None and s.hi is not None else ""
         mem = "" if s.mem_change_pct is None else f"{s.mem_change_pct:+.0f}%"
         verdict = c.parity.text() if c.parity else "not judged"
         verdict += "".join(f"; {p.text()}" for p in c.failed_elsewhere)
         version = "" if s.measurement_version is None else f"v{s.measurement_version}"
-        out.append([role, c.recipe.label(), f"{s.speedup:.2f}x{ci} at {s.size.model}", mem, verdict,
+        out.append([role, c.recipe.label(), _shown(s).text(at=s.size.model), mem, verdict,
                     f"`{s.run_id}`" if s.run_id else "", version])
     return out
+
+
+def _shown(s: SpeedResult) -> Shown:
+    """A speed as the pages show it: with its interval, or withdrawn for want of one (those the committed samples
+    cannot rebuild never get here: _speeds)."""
+    if s.lo is None or s.hi is None:
+        return Shown(withdrawn=NO_INTERVAL)
+    return Shown(s.speedup, s.lo, s.hi, seeds=s.seeds)
 
 
 HEADERS = ["", "recipe", "whole-step speedup vs BF16 (95% interval), where timed", "peak memory vs BF16",

@@ -1,0 +1,35 @@
+"""A training speedup's interval over the seeds of one run.
+
+A training case and its BF16 twin are each timed once, apart (not interleaved): one seed's speedup is one
+measurement and carries no interval. Where a run trained a recipe on several seeds, each against the BF16
+twin of its own seed, each seed is an independent repeat of the whole measurement, both timings included;
+the published speedup is then the geometric mean over the seeds with a t-interval of their log speedups
+(fp8bench.core.intervals.process_interval, the seeds standing for processes). No torch, no duckdb.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+
+from fp8bench.core.intervals import SpeedupInterval, process_interval
+
+SEED = re.compile(r"\.seed\d+")
+"""The seed's part of a training case id or shape name (`.seed2`)."""
+
+
+def seedless(case_id: str) -> str:
+    """The case id with its seed taken out: what the seeds of one training recipe share."""
+    return SEED.sub("", case_id)
+
+
+def over_seeds(speedups: Sequence[float], twins: Sequence[str]) -> SpeedupInterval | None:
+    """The speedup over the seeds of one recipe in one run (each seed's speedup against its BF16 twin, the
+    twins' case ids in `twins`) and its 95% interval; None with fewer than two seeds, or where two seeds share
+    a twin (their ratios would share one BF16 timing: not independent repeats)."""
+    if len(speedups) < 2 or len(set(twins)) != len(twins) or any(not t for t in twins):
+        return None
+    iv = process_interval([math.log(s) for s in speedups])
+    return None if iv is None else dataclasses.replace(iv, unit="seeds")
