@@ -370,8 +370,12 @@ def test_a_planted_commit_is_found_and_a_hex_word_is_not(tmp_path):
     subprocess.run([git, "init", "-q"], **run)
     (tmp_path / "f.py").write_text("x = 1\n")
     subprocess.run([git, "add", "f.py"], **run)
-    subprocess.run([git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one"], **run)
-    head = subprocess.run([git, "rev-parse", "HEAD"], **run, text=True).stdout.strip()
+    for n in range(50):  # a short hash of digits alone is a number, no candidate: commit until one has a letter
+        subprocess.run([git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m",
+                        f"commit {n}"], **run)
+        head = subprocess.run([git, "rev-parse", "HEAD"], **run, text=True).stdout.strip()
+        if not head[:7].isdigit():
+            break
     source = f'"""Why: as {head[:7]} measured."""\n# and {head} in full; a hex word: {"fedcba9" if head[:7] != "fedcba9" else "fedcba8"}\n'
     tokens = {t for _, line in code_text(source) for t in commit_candidates(line)}
     assert resolving_commits(tokens, tmp_path) == {head[:7], head}
