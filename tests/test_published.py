@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fp8bench.analysis.seeds import over_seeds, seedless
+from fp8bench.analysis.seeds import over_seeds
 from fp8bench.core.intervals import process_interval
+from fp8bench.core.records import seedless
 from fp8bench.report import published
 from fp8bench.report.published import NO_INTERVAL, Shown
 

@@ -11,18 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Sequence
 
 from fp8bench.core.intervals import SpeedupInterval, process_interval
-
-SEED = re.compile(r"\.seed\d+")
-"""The seed's part of a training case id or shape name (`.seed2`)."""
-
-
-def seedless(case_id: str) -> str:
-    """The case id with its seed taken out: what the seeds of one training recipe share."""
-    return SEED.sub("", case_id)
 
 
 def over_seeds(speedups: Sequence[float], twins: Sequence[str]) -> SpeedupInterval | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -316,6 +317,15 @@ def pairs(records: list[CaseRecord]) -> list[tuple[CaseRecord, CaseRecord]]:
     by_id = {r.case_id: r for r in records if r.status == "ok"}
     return [(r, by_id[r.twin_id]) for r in records
             if r.status == "ok" and r.format != "bf16" and r.twin_id and r.twin_id in by_id]
+
+
+SEED = re.compile(r"\.seed\d+")
+"""The seed's part of a training case id or shape name (`.seed2`)."""
+
+
+def seedless(case_id: str) -> str:
+    """A case id (or shape name) with its seed taken out: what the seeds of one training recipe share."""
+    return SEED.sub("", case_id)
 
 
 def derive_speedups(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metric], bool]]:

@@ -4,8 +4,6 @@ its curve left the BF16 band, and what the curve did (fp8bench.analysis.taxonomy
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 
 from fp8bench.analysis.parity import (
@@ -16,8 +14,7 @@ from fp8bench.analysis.parity import (
     verdict_from_metrics,
 )
 from fp8bench.analysis.taxonomy import CurveClass, CurveReading
-
-SEED = re.compile(r"\.seed\d+")
+from fp8bench.core.records import seedless
 
 
 def _metrics(row) -> dict:
@@ -95,7 +92,7 @@ def recipe_rates(train: pd.DataFrame) -> pd.DataFrame:
     fp8 = train[(train["format"] != "bf16") & train["parity_seeds"].notna()]
     if fp8.empty:
         return pd.DataFrame(columns=cols)
-    fp8 = fp8.assign(setting=fp8["shape_name"].str.replace(SEED, "", regex=True))
+    fp8 = fp8.assign(setting=fp8["shape_name"].map(seedless))
     rows = []
     for (device, model, run_id, setting, recipe), d in fp8.groupby(["device", "model", "run_id", "setting", "recipe"]):
         rv, r = _recipe_verdict(d), d.iloc[0]

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from fp8bench.analysis.seeds import over_seeds, seedless
+from fp8bench.analysis.seeds import over_seeds
+from fp8bench.core.records import seedless
 from fp8bench.report import data
 
 NO_INTERVAL = "one timing of each side, apart: no interval"

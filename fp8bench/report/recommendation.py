@@ -22,10 +22,10 @@ from fp8bench.analysis.recommend import (
     pool_parity,
     recommend,
 )
-from fp8bench.analysis.seeds import over_seeds, seedless
+from fp8bench.analysis.seeds import over_seeds
 from fp8bench.config.compose import model_preset
 from fp8bench.core.markdown import table
-from fp8bench.core.records import variant_of
+from fp8bench.core.records import seedless, variant_of
 from fp8bench.report.published import NO_INTERVAL, Shown
 
 SPEEDS = """

@@ -3,13 +3,12 @@ case's figures when there are few, and why the rest were skipped, grouped by rea
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections import Counter, defaultdict
 
 from rich.table import Table
 
-from fp8bench.core.records import CaseRecord
+from fp8bench.core.records import CaseRecord, seedless
 from fp8bench.core.speedup import bound_label
 
 PER_CASE_ROWS = 30
@@ -81,7 +80,7 @@ def training_table(records: list[CaseRecord], derived: dict[str, dict[str, float
     over seeds), the median gap to BF16's final loss and on how many seeds the parity verdict passed."""
     by_recipe: dict[str, list[CaseRecord]] = defaultdict(list)
     for r in records:
-        by_recipe[re.sub(r"\.seed\d+\.", ".", r.case_id)].append(r)
+        by_recipe[seedless(r.case_id)].append(r)
     table = Table(title="training (per recipe over its seeds: median step time, final loss, gap to BF16)")
     for col in ("recipe", "seeds", "step ms", "final loss", "gap vs BF16", "parity passed"):
         table.add_column(col, justify="left" if col == "recipe" else "right")
