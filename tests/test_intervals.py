@@ -203,3 +203,71 @@ def test_a_run_publishes_its_like_speedups_moderated_and_leaves_other_intervals_
     assert out[10:13] == few  # three like speedups fit no prior: each keeps its own processes' interval
     assert out[13] is one and out[14] is None
     assert moderated_intervals([(like, o) for o in out[:10]]) == out[:10]  # moderated once, not twice
+
+
+SANDWICH_PRESET = dict(order="ABABA", steps=10, processes=3)
+"""The GPU training presets' sandwich: measure.sandwich_blocks=5, sandwich_steps=10, processes=3."""
+
+
+def _sandwiched_run(rng, offset_sd: float, drift_per_block: float):
+    """One trial's run as the runner stores it: TRAIN_CASES recorded training recipes, each with the blocks of
+    its sandwich in three processes (a drift linear in log time, 1.5% step noise, a per-process offset of the
+    ratio), through fp8bench.run.train_sandwich.sandwiched_record; and the planted speedups."""
+    from types import SimpleNamespace
+
+    from fp8bench.core.records import CaseRecord
+    from fp8bench.run.train_sandwich import sandwiched_record
+
+    order, steps, procs = SANDWICH_PRESET["order"], SANDWICH_PRESET["steps"], SANDWICH_PRESET["processes"]
+    measure = SimpleNamespace(sandwich_blocks=len(order), sandwich_steps=steps, warmup=3)
+    planted = rng.uniform(1.1, 1.6, TRAIN_CASES)
+    t = np.arange(len(order))[:, None] + (np.arange(steps) + 0.5) / steps - 0.5
+    records = []
+    for k in range(TRAIN_CASES):
+        processes = []
+        for _ in range(procs):
+            ms = 600.0 * np.exp(drift_per_block * t) * rng.lognormal(0, 0.015, t.shape)
+            offset = math.exp(-rng.normal(0, offset_sd))
+            processes.append([(side, list(ms[b] / planted[k] * offset if side == "B" else ms[b]))
+                              for b, side in enumerate(order)])
+        rec = CaseRecord(run_id="r", case_id=f"train.m{k}.seed0.e4m3.current.te", twin_id=f"train.m{k}.seed0.bf16",
+                         workload="train", model=f"m{k}", format="e4m3", scaling="current", backend="te",
+                         shape_name="s", shape={}, status="ok", measurement={"method": "alone"})
+        records.append(sandwiched_record(rec, processes, ["resident"] * procs, [], measure, rec.twin_id))
+    return records, planted
+
+
+@pytest.mark.parametrize("offset_sd", [0.005, 0.01])
+def test_a_training_speedup_as_published_covers_the_planted_speedup_under_drift(offset_sd):
+    """Training included, through the published path: what the run stores for each recipe's sandwich, then
+    ingest's moderation over the run's training speedups (fp8bench.analysis.derive), at the presets' settings,
+    with a clock drifting 2% a block; the drift each record reports is the planted one."""
+    from fp8bench.analysis.derive import moderate_speedup_intervals
+    from fp8bench.analysis.rebuild import rebuild_one
+
+    rng, drift = np.random.default_rng(5812), 0.02
+    trials = TRIALS
+    covered, half, logs = np.zeros((trials, TRAIN_CASES), bool), np.zeros((trials, TRAIN_CASES)), []
+    planted_all, drifts = [], []
+    for i in range(trials):
+        records, planted = _sandwiched_run(rng, offset_sd, drift)
+        published = moderate_speedup_intervals(records)
+        for k, r in enumerate(published):
+            value, lo, hi = (r.metric(f"speedup_vs_bf16{s}") for s in ("", "_lo", "_hi"))
+            covered[i, k] = lo <= planted[k] <= hi
+            half[i, k] = max(math.log(hi / value), math.log(value / lo))
+            drifts += r.measurement["sandwich"]["drift"]
+            assert r.measurement["interval"]["processes"] == 3
+        if i == 0:  # what the audit rebuilds from the stored samples is what the run stored
+            for r in records:
+                got = rebuild_one("speedup_vs_bf16", r.measurement, r.samples, {})
+                assert got[:3] == pytest.approx([r.metric(f"speedup_vs_bf16{s}") for s in ("", "_lo", "_hi")])
+        logs.append([math.log(r.metric("speedup_vs_bf16")) for r in records])
+        planted_all.append(np.log(planted))
+    oracle = 1.96 * np.std(np.asarray(logs) - np.asarray(planted_all))
+    width = np.median(half) / oracle
+    print(f"training, offset {offset_sd:.1%}: coverage {covered.mean():.3f}, median half-width / oracle "
+          f"{width:.2f}, median drift {np.median(drifts):.4f}")
+    assert covered.mean() >= 0.93 and covered[:, 0].mean() >= 0.93
+    assert width <= 1.5
+    assert np.median(drifts) == pytest.approx(math.expm1(drift * 4), rel=0.05)  # first A block to last: 4 blocks

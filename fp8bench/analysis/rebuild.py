@@ -11,7 +11,10 @@ that recorded it followed (`measurement.method`):
   block of iterations per op and stored the samples round by round, so the round of sample i is
   i // (samples / rounds); the speedup is then the same recorded_speedup: the median of the per-round ratios
   with its sign-test interval (method BLOCKS).
-- timed alone (training steps, the emulator, runs before side-by-side timing): the ratio of the twin's median
+- `sandwich` (a training recipe, fp8bench.run.train_sandwich): fp8bench.core.intervals.recorded_sandwich over the
+  blocks of steps of both sides that the recipe's own record stores (`sandwich_ms` with side, block and
+  process), moderated like the interleaved ones (method SANDWICH).
+- timed alone (training steps without a sandwich, the emulator, runs before side-by-side timing): the ratio of the twin's median
   to the recipe's (method MEDIANS), which is how those runs formed it; no interval. A side without samples
   (a record written by hand) gives its stored median.
 
@@ -34,7 +37,15 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from fp8bench.core.intervals import SpeedupInterval, moderated_intervals, recorded_speedup, speedup_class
+from fp8bench.core.intervals import (
+    SANDWICH_METHOD,
+    SANDWICH_SAMPLES,
+    SpeedupInterval,
+    moderated_intervals,
+    recorded_sandwich,
+    recorded_speedup,
+    speedup_class,
+)
 
 SPEEDUPS = {"speedup_vs_bf16": "time_ms", "speedup_vs_bf16_kernel": "time_ms_kernel"}
 """Each stored speedup and the recipe's samples it is formed from (the twin's side is its `time_ms`)."""
@@ -43,6 +54,7 @@ TWIN_SAMPLES = "time_ms"
 ROUNDS = "recorded rounds"
 BLOCKS = "rounds from the sample order"
 MEDIANS = "ratio of medians"
+SANDWICH = "training sandwich"
 
 TOLERANCE = 0.005
 """How far a rebuilt speedup or interval end may lie from the stored one: half a unit of the second decimal,
@@ -50,9 +62,9 @@ the precision every page prints a speedup at."""
 
 _AVAILABILITY = """
 WITH n AS (SELECT run_id, case_id, metric, count(*) AS n FROM samples
-           WHERE metric IN ('time_ms', 'time_ms_kernel') GROUP BY ALL)
+           WHERE metric IN ('time_ms', 'time_ms_kernel', 'sandwich_ms') GROUP BY ALL)
 SELECT m.run_id, m.case_id, m.metric, m.value, lo.value, hi.value, c.twin_id, c.measurement,
-       t.status, t.measurement, nc.n, nt.n, tc.value, tt.value, c.workload
+       t.status, t.measurement, nc.n, nt.n, tc.value, tt.value, c.workload, ns.n
 FROM measurements m JOIN cases c USING (run_id, case_id)
 LEFT JOIN measurements lo ON lo.run_id = m.run_id AND lo.case_id = m.case_id AND lo.metric = m.metric || '_lo'
 LEFT JOIN measurements hi ON hi.run_id = m.run_id AND hi.case_id = m.case_id AND hi.metric = m.metric || '_hi'
@@ -60,6 +72,7 @@ LEFT JOIN cases t ON t.run_id = c.run_id AND t.case_id = c.twin_id
 LEFT JOIN n nc ON nc.run_id = m.run_id AND nc.case_id = m.case_id
      AND nc.metric = CASE m.metric WHEN 'speedup_vs_bf16' THEN 'time_ms' ELSE 'time_ms_kernel' END
 LEFT JOIN n nt ON nt.run_id = m.run_id AND nt.case_id = c.twin_id AND nt.metric = 'time_ms'
+LEFT JOIN n ns ON ns.run_id = m.run_id AND ns.case_id = m.case_id AND ns.metric = 'sandwich_ms'
 LEFT JOIN measurements tc ON tc.run_id = m.run_id AND tc.case_id = m.case_id
      AND tc.metric = CASE m.metric WHEN 'speedup_vs_bf16' THEN 'time_ms' ELSE 'time_ms_kernel' END
 LEFT JOIN measurements tt ON tt.run_id = m.run_id AND tt.case_id = c.twin_id AND tt.metric = 'time_ms'
@@ -84,7 +97,7 @@ class Rebuilt:
     lo: float | None = None
     hi: float | None = None
     method: str = ""
-    """ROUNDS, BLOCKS or MEDIANS (module docstring)."""
+    """ROUNDS, BLOCKS, SANDWICH or MEDIANS (module docstring)."""
     reason: str = ""
     """Why it cannot be rebuilt ('' when it was)."""
 
@@ -132,6 +145,8 @@ class _Row:
     """The recipe's stored time (`time_ms`, or `time_ms_kernel` for a kernel-only speedup)."""
     twin_time: float | None
     workload: str
+    sandwich_samples: int | None
+    """The recipe's `sandwich_ms` samples: a training speedup timed as a sandwich rests on these alone."""
 
     @property
     def interleaved(self) -> bool:
@@ -140,6 +155,8 @@ class _Row:
     def unavailable(self) -> str:
         """Why the speedup cannot be rebuilt from what is committed ('' when it can)."""
         samples = SPEEDUPS[self.metric]
+        if self.measurement.get("method") == SANDWICH_METHOD:  # both sides' steps are in the recipe's record
+            return "" if self.sandwich_samples else "its sandwich's step samples (sandwich_ms) are not committed"
         if not self.twin_id:
             return "its record names no BF16 twin"
         if self.twin_status is None:
@@ -174,6 +191,7 @@ def withdrawn(con) -> dict[tuple[str, str, str], str]:
 def _samples(con, run_ids: Sequence[str]) -> dict[tuple[str, str], dict[str, list[float]]]:
     """{(run_id, case_id): {metric: samples in order}} of the timing samples a speedup is formed from."""
     names = [f"{m}{s}" for m in ("time_ms", "time_ms_kernel") for s in ("", "_round", "_process")]
+    names += list(SANDWICH_SAMPLES)
     out: dict[tuple[str, str], dict[str, list[float]]] = {}
     for run_id, case_id, metric, values in con.execute(
             "SELECT run_id, case_id, metric, list(value ORDER BY i) FROM samples "
@@ -201,6 +219,9 @@ def _with_blocks(samples: dict[str, list[float]], rounds: int) -> dict[str, list
 def _estimate(metric: str, measurement: Mapping, case: Mapping[str, list[float]],
               twin: Mapping[str, list[float]]) -> tuple:
     """(SpeedupInterval or a ratio of medians, method, reason) of one speedup from its samples (rebuild_one)."""
+    if measurement.get("method") == SANDWICH_METHOD:
+        got = recorded_sandwich(case)
+        return (None, SANDWICH, "its sandwich's blocks give no interval") if got is None else (got[0], SANDWICH, "")
     own, base = _as(case, SPEEDUPS[metric]), _as(twin, TWIN_SAMPLES)
     if measurement.get("method") != "interleaved":
         return statistics.median(base[TWIN_SAMPLES]) / statistics.median(own[TWIN_SAMPLES]), MEDIANS, ""

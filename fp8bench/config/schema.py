@@ -266,6 +266,13 @@ class MeasureConfig:
     """Side-by-side timing: how many processes time each recipe with its twin (the first the run's own, the
     others fresh interpreters: fp8bench.run.replica); a speedup's interval covers the variance between them.
     3 in the GPU study presets, 1 on the CPU and in tests."""
+    sandwich_blocks: int = 5
+    """Training: after a recipe's run, blocks of steps of its BF16 twin and of the recipe alternate (A B A B A for
+    5; the twin first and last), in each of `processes` processes, and its `speedup_vs_bf16` with its interval
+    and the twin's drift come from them (fp8bench.run.train_sandwich). Odd, at least 3; 0: no sandwich (the
+    speedup is then a ratio of two runs' medians, timed apart, and published as withdrawn)."""
+    sandwich_steps: int = 10
+    """Training: timed steps per block of the sandwich (after `warmup` untimed steps whenever a side is built)."""
     settle_ms: float = 200.0
     """CUDA: untimed back-to-back iterations for this long before sampling, so a power-limited GPU's clocks
     have stepped down to their sustained level (fp8bench.core.measure._time_cuda; 0 times from a cold start)."""
@@ -282,6 +289,13 @@ class MeasureConfig:
         if not isinstance(self.rounds, int) or self.rounds < 6:
             raise ConfigError(f"measure.rounds={self.rounds!r} must be an integer >= 6 (fewer rounds give no 95% "
                               "interval for a speedup)")
+        if not isinstance(self.sandwich_blocks, int) or self.sandwich_blocks < 0 or (
+                self.sandwich_blocks and (self.sandwich_blocks < 3 or self.sandwich_blocks % 2 == 0)):
+            raise ConfigError(f"measure.sandwich_blocks={self.sandwich_blocks!r} must be 0 (no sandwich) or an odd "
+                              "integer >= 3 (the BF16 twin's blocks first and last: 3, 5, 7, ...)")
+        if not isinstance(self.sandwich_steps, int) or self.sandwich_steps < 3:
+            raise ConfigError(f"measure.sandwich_steps={self.sandwich_steps!r} must be an integer >= 3 (a block's "
+                              "median and its variance need three steps)")
         if self.min_samples > self.iters:
             raise ConfigError(f"measure.min_samples={self.min_samples} exceeds measure.iters={self.iters}")
 

@@ -399,3 +399,51 @@ def training_interval(processes: Sequence[Sequence[tuple[str, Sequence[float]]]]
         v = math.exp(logs[0])
         return SpeedupInterval(v, v * math.exp(-half), v * math.exp(half), 1, "within-process only", None, (v,)), drifts
     return process_interval(logs, prior=prior, confidence=confidence), drifts
+
+
+SANDWICH_METHOD = "sandwich"
+"""`measurement.method` of a training recipe whose speedup was timed as a sandwich against its BF16 twin."""
+SANDWICH_SAMPLES = ("sandwich_ms", "sandwich_side", "sandwich_block", "sandwich_process")
+"""What a sandwiched record stores, one value per timed step: its time, its side (0: BF16, 1: the recipe), its
+block (in the order the blocks ran in their process) and its process."""
+
+
+def sandwich_order(blocks: int) -> str:
+    """The sides of `blocks` alternating blocks, the BF16 twin first and last: 'ABA', 'ABABA', ..."""
+    if blocks < 3 or blocks % 2 == 0:
+        raise ValueError(f"a sandwich needs an odd number of blocks, at least 3 (got {blocks})")
+    return "".join(BASELINE if i % 2 == 0 else RECIPE for i in range(blocks))
+
+
+def sandwich_samples(processes: Sequence[Sequence[tuple[str, Sequence[float]]]]) -> dict[str, list[float]]:
+    """The samples a record stores (SANDWICH_SAMPLES) for each process's blocks, in the order they ran."""
+    out: dict[str, list[float]] = {k: [] for k in SANDWICH_SAMPLES}
+    for p, blocks in enumerate(processes):
+        for b, (side, steps) in enumerate(blocks):
+            for ms in steps:
+                out["sandwich_ms"].append(float(ms))
+                out["sandwich_side"].append(0.0 if side == BASELINE else 1.0)
+                out["sandwich_block"].append(float(b))
+                out["sandwich_process"].append(float(p))
+    return out
+
+
+def sandwich_blocks(samples: Mapping[str, Sequence[float]]) -> list[list[tuple[str, list[float]]]]:
+    """Each process's blocks back from a record's samples (the inverse of sandwich_samples)."""
+    by: dict[int, dict[int, tuple[str, list[float]]]] = {}
+    for ms, side, b, p in zip(*(samples[k] for k in SANDWICH_SAMPLES), strict=True):
+        block = by.setdefault(int(p), {}).setdefault(int(b), (BASELINE if side == 0 else RECIPE, []))
+        block[1].append(float(ms))
+    return [[by[p][b] for b in sorted(by[p])] for p in sorted(by)]
+
+
+def recorded_sandwich(samples: Mapping[str, Sequence[float]]) -> tuple[SpeedupInterval, tuple[float, ...]] | None:
+    """A training speedup, its interval over the processes that timed it, and each process's drift, from what
+    a sandwiched record stores (SANDWICH_SAMPLES): the run stores exactly this and the audit rebuilds it.
+    None when the samples hold no sandwich or too few steps per block for an interval."""
+    if any(k not in samples or not samples[k] for k in SANDWICH_SAMPLES):
+        return None
+    try:
+        return training_interval(sandwich_blocks(samples))
+    except ValueError:  # blocks that hold no alternating triple
+        return None

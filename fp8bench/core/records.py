@@ -56,6 +56,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "speedup_vs_bf16_kernel_box_hi": ("x", "higher"),
     "gpu_busy_pct": ("%", "higher"),
     "host_bound": ("1", "lower"),
+    "twin_drift": ("1", "lower"),
     "pct_of_peak": ("%", "higher"),
     "gbps": ("GB/s", "higher"),
     "peak_mem_bytes": ("bytes", "lower"),

@@ -117,10 +117,10 @@ def steps_block(con) -> str:
     versions = _versions(runs)
     best = fastest_per_path(steps).sort_values(["device", "hidden", "layers", "seq", "speedup"], ascending=[True, True, True, True, False])
     out = table(["device · model", "layers", "batch x seq, master weights, GPUs", "path", "fastest FP8 recipe",
-                 "speedup vs BF16 (95% interval)", "tokens/s", "BF16 tokens/s", "peak GiB (vs BF16)", "run",
-                 "measurement version", "commit"],
+                 "speedup vs BF16 (95% interval)", "BF16 drift", "tokens/s", "BF16 tokens/s", "peak GiB (vs BF16)",
+                 "run", "measurement version", "commit"],
                 [[f"{r['device']} · {r['model']}", int(r["layers"]), r["setting"], r["path"], r["recipe_only"],
-                  r["shown"].text(), f"{r['tokens_per_s']:,.0f}", f"{r['bf16_tokens_per_s']:,.0f}",
+                  r["shown"].text(), _drift(r.get("twin_drift")), f"{r['tokens_per_s']:,.0f}", f"{r['bf16_tokens_per_s']:,.0f}",
                   f"{r['peak_gib']:.1f} ({r['mem_change_pct']:+.0f}%)", f"`{r['run_id']}`", versions[r["run_id"]],
                   commits.get(r["run_id"], "")]
                  for _, r in best.iterrows()])
@@ -133,6 +133,12 @@ def steps_block(con) -> str:
                      [[f"{r['device']} · {r['model']}", r["path"], r["recipe_only"], *(f"{r[c]:.1f}" for c in cols),
                        f"{r['profiled_pct']:.1f}%"] for _, r in parts.iterrows()])
     return out
+
+
+def _drift(value) -> str:
+    """The BF16 twin's drift over a training sandwich (its last block against its first), or '' where the
+    speedup was not timed as one."""
+    return "" if value is None or pd.isna(value) else f"{value:+.1%}"
 
 
 def parity_block(con) -> str:

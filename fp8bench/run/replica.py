@@ -22,14 +22,14 @@ REPLICA_TIMEOUT_S = 1800
 """A replica that takes longer is abandoned (its rounds are missing; the record says how many processes ran)."""
 
 
-def time_elsewhere(cases: list, run_id: str, device_kind: str) -> dict[str, dict] | str:
-    """Time `cases` (the twin first) side by side in a fresh process: {op: {"rounds", "wall", "device"}} with
-    the op keys of fp8bench.run.groups (`twin:<metric>`, `<i>:<metric>`), or the reason it failed."""
+def in_fresh_process(module: str, payload: dict) -> dict | str:
+    """Run `python -m <module> PAYLOAD RESULT` with `payload` pickled: the JSON it writes to RESULT, or the
+    reason it failed. What every timing repeated in a process of its own goes through."""
     with tempfile.TemporaryDirectory(prefix="fp8bench-replica-") as tmp:
-        payload, result = Path(tmp) / "cases.pkl", Path(tmp) / "result.json"
-        payload.write_bytes(pickle.dumps({"cases": cases, "run_id": run_id, "device": device_kind}))
+        path, result = Path(tmp) / "payload.pkl", Path(tmp) / "result.json"
+        path.write_bytes(pickle.dumps(payload))
         try:
-            proc = subprocess.run([sys.executable, "-m", "fp8bench.run.replica", str(payload), str(result)],
+            proc = subprocess.run([sys.executable, "-m", module, str(path), str(result)],
                                   capture_output=True, text=True, timeout=REPLICA_TIMEOUT_S,
                                   env={**os.environ, "FP8BENCH_REPLICA": "1"})
         except subprocess.TimeoutExpired:
@@ -38,6 +38,12 @@ def time_elsewhere(cases: list, run_id: str, device_kind: str) -> dict[str, dict
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             return f"a replica process exited {proc.returncode}: {' | '.join(tail)}"
         return json.loads(result.read_text())
+
+
+def time_elsewhere(cases: list, run_id: str, device_kind: str) -> dict[str, dict] | str:
+    """Time `cases` (the twin first) side by side in a fresh process: {op: {"rounds", "wall", "device"}} with
+    the op keys of fp8bench.run.groups (`twin:<metric>`, `<i>:<metric>`), or the reason it failed."""
+    return in_fresh_process("fp8bench.run.replica", {"cases": cases, "run_id": run_id, "device": device_kind})
 
 
 def main(argv: list[str]) -> int:

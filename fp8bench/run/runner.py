@@ -27,6 +27,7 @@ from fp8bench.core.types import Status
 from fp8bench.run.caserun import case_record, failure_reason, run_case, run_dir_for
 from fp8bench.run.groups import is_group, run_group, units
 from fp8bench.run.plan import Case
+from fp8bench.run.train_sandwich import with_sandwich
 
 __all__ = ["run_case", "run_cases", "run_dir_for", "execute"]
 
@@ -118,7 +119,7 @@ def run_cases(cases: list[Case], run_id: str, device: DeviceInfo, emit: Callable
     for unit in units(cases):
         if not is_group(unit):
             for case in unit:
-                emit(run_case(case, run_id, device))
+                emit(with_sandwich(run_case(case, run_id, device), case, run_id, device))
             continue
         recorded: set[str] = set()
 
