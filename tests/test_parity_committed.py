@@ -178,21 +178,23 @@ def recommendation_inputs(con) -> tuple[list[SpeedResult], list[SeedVerdict]]:
 
 
 def test_what_the_recommendation_says_on_the_committed_runs(con):
-    """No recipe faster than BF16 has a verdict on three seeds today: nothing is recommended, and the faster
-    recipes are listed with theirs. TE's E4M3 delayed (1.50x at Llama-2-7B dims on the TransformerLayer path,
-    which shares its verdict with te.Linear's) reads FAIL for its llama-350m run; HYBRID delayed, judged on
-    one seed at gpt-125m and at llama-350m, has too few seeds; the blockwise recipe of our Triton kernels,
-    the one judged on three seeds, is slower than BF16 where it was timed."""
+    """No whole-step speed of the committed runs has an interval (each side timed once, apart), so no recipe is
+    faster than BF16 as the rule counts it, and nothing is recommended; every recipe is listed apart with its
+    verdict and no figure. TE's E4M3 delayed (timed at Llama-2-7B dims on the TransformerLayer path, which
+    shares its verdict with te.Linear's) reads FAIL for its llama-350m run; HYBRID delayed, judged on one seed
+    at gpt-125m and at llama-350m, has too few seeds; the blockwise recipe of our Triton kernels, the one judged
+    on three seeds, is slower than BF16 where it was timed."""
     speeds, verdicts = recommendation_inputs(con)
     rec = recommend(speeds, pool_parity(verdicts))
-    assert rec.chosen is None
-    by = {c.recipe.label(): c for c in rec.faster}
+    assert rec.chosen is None and rec.faster == ()
+    by = {c.recipe.label(): c for c in rec.unestablished}
     e4m3 = by["e4m3/delayed · te"]
-    assert e4m3.status == "FAIL" and e4m3.speed.size.model == "llama2-7b" and e4m3.speed.speedup == pytest.approx(1.50, abs=0.01)
+    assert e4m3.status == "FAIL" and e4m3.speed.size.model == "llama2-7b" and not e4m3.speed.established
     assert f"FAIL: 0/1 pass at llama-350m ({FINAL_RULE}; {AREA_RULE})" in e4m3.text()
+    assert "1.50" not in rec.text() and "speed withdrawn (no interval) at llama2-7b" in e4m3.text()
     hybrid = by["hybrid/delayed · te"]
     assert hybrid.status == "too few seeds" and hybrid.parity.size.model == "llama-350m"
-    assert all(c.status != "passes" for c in rec.faster)
+    assert all(c.status != "passes" for c in rec.unestablished)
     pooled = {(p.recipe.label(), p.size.model): p for p in pool_parity(verdicts)}
     blockwise = pooled[("e4m3/blockwise · triton", "gpt-125m")]
     assert (blockwise.seeds, blockwise.passes, blockwise.failed_rules) == (3, 2, ("diverged",))

@@ -23,7 +23,10 @@ TE_HYBRID_CURRENT = Recipe.of("hybrid", "current", "te")
 TORCHAO = Recipe.of("hybrid", "current", "torchao", "compile")
 
 
-def _speed(recipe, speedup, size=BIG, **kw):
+def _speed(recipe, speedup, size=BIG, bare=False, **kw):
+    """A speed with a 2% interval unless given one, or `bare` (no interval: withdrawn)."""
+    if not bare:
+        kw = {"lo": speedup / 1.02, "hi": speedup * 1.02, **kw}
     return SpeedResult(recipe=recipe, size=size, speedup=speedup, **kw)
 
 
@@ -55,7 +58,7 @@ def test_the_fastest_recipe_that_passes_is_named_with_both_sizes():
     assert [c.recipe for c in rec.faster] == [TE_E4M3_DELAYED]
     assert rec.faster[0].status == "FAIL" and "0/3 pass at llama-350m (final-loss prediction interval)" in \
         rec.faster[0].text()
-    assert rec.text().splitlines()[1].startswith("  faster, FAIL: e4m3/delayed · te: 1.50x")
+    assert rec.text().splitlines()[1].startswith("  faster, FAIL: e4m3/delayed · te: 1.50x (1.47-1.53)")
 
 
 def test_no_verdict_is_not_judged_and_too_few_seeds_is_not_passes():
@@ -82,7 +85,29 @@ def test_the_largest_size_judged_on_three_seeds_decides_and_a_failure_anywhere_d
 def test_a_passing_recipe_slower_than_bf16_is_no_recommendation():
     rec = recommend([_speed(TORCHAO, 0.94, size=SMALL)], [_parity(TORCHAO, SMALL, 3, 3)])
     assert rec.chosen is None and rec.faster == ()
-    assert rec.text() == "no FP8 recipe faster than BF16 passes loss parity with at least 3 seeds"
+    assert rec.text() == "no FP8 recipe faster than BF16 (its 95% interval above 1) passes loss parity with at least 3 seeds"
+
+
+def test_a_speed_without_an_interval_ranks_nothing_and_prints_no_figure():
+    """E4M3 delayed's withdrawn 1.50x neither outranks a recipe whose speed has an interval nor appears as a
+    figure; a recipe whose interval reaches 1 is not faster than BF16."""
+    rec = recommend([_speed(TE_E4M3_DELAYED, 1.50, bare=True), _speed(TE_HYBRID_DELAYED, 1.30),
+                     _speed(TE_HYBRID_CURRENT, 1.02, lo=0.99, hi=1.05)],
+                    [_parity(TE_E4M3_DELAYED, MID, 0, 3, ("curve area",)), _parity(TE_HYBRID_DELAYED, MID, 3, 3),
+                     _parity(TE_HYBRID_CURRENT, MID, 3, 3)])
+    assert rec.chosen.recipe == TE_HYBRID_DELAYED and rec.faster == ()
+    assert [c.recipe for c in rec.unestablished] == [TE_E4M3_DELAYED]
+    line = rec.text().splitlines()[-1]
+    assert line.startswith("  speed not established, FAIL: e4m3/delayed · te: speed withdrawn (no interval)")
+    assert "1.50" not in rec.text() and "hybrid/current" not in rec.text()
+    # with no speed established anywhere there is no recommendation, whatever passes
+    none = recommend([_speed(TE_HYBRID_DELAYED, 1.30, bare=True)], [_parity(TE_HYBRID_DELAYED, MID, 3, 3)])
+    assert none.chosen is None and none.faster == () and len(none.unestablished) == 1
+
+
+def test_the_speed_with_an_interval_at_the_largest_size_decides():
+    rec = recommend([_speed(TORCHAO, 1.2, size=MID), _speed(TORCHAO, 1.6, bare=True)], [_parity(TORCHAO, SMALL, 3, 3)])
+    assert rec.chosen.speed.speedup == 1.2 and rec.chosen.speed.size == MID
 
 
 def test_speed_is_taken_at_the_largest_size_measured():

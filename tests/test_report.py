@@ -141,11 +141,12 @@ def test_no_two_series_of_a_chart_look_alike_and_no_axis_label_runs_into_another
     for c in checks:
         assert c.look_alikes == [], (c.page, c.look_alikes[:3])
         assert c.overlapping_labels == [], (c.page, c.overlapping_labels[:3])
-    # the headline chart holds far more recipes than colours (30 on 10 at the committed runs), in three panels
+    # the headline chart holds more recipes than a palette has colours (11 with an interval on 10 at the committed
+    # runs: the site draws only speedups the pages publish), in several panels
     [headline] = page_text(site, "index.html", "Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => "
                            "({names: [...new Set(gd._fullData.map(t => t.name))], panels: "
                            "gd._fullLayout._subplots.cartesian.length}))")
-    assert len(headline["names"]) > 20 and headline["panels"] >= 2
+    assert len(headline["names"]) > 10 and headline["panels"] >= 2
 
 
 @pytest.mark.slow
@@ -159,7 +160,9 @@ def test_each_headline_panel_shows_only_the_models_it_has_data_for(site, page_te
     for panel in panels:
         assert sorted(panel["categories"]) == sorted(panel["data"]) and panel["categories"]
     layer, train = panels[0], panels[-1]  # panels in workload order: layer, (mlp,) train
-    assert not any("llama-350m" in c for c in layer["categories"]) and any("llama-350m" in c for c in train["categories"])
+    # each panel its own models, no shared axis with empty slots (the training panel holds only the models whose
+    # training speedup has an interval)
+    assert set(layer["categories"]) != set(train["categories"])
 
 
 @pytest.mark.slow
@@ -174,9 +177,10 @@ def test_the_front_page_leads_with_the_recommendation_and_the_advisor_with_the_g
                                             "Array.from(r.cells).map(c => c.innerText))]")
     assert first[0] == HEADERS
     rows = {r[1]: r for r in first[1:]}
-    # nothing passes with three seeds at the committed runs; E4M3 delayed is listed with the rules it failed
+    # nothing passes with three seeds at the committed runs; E4M3 delayed, its speed withdrawn, is listed with the
+    # rules it failed
     assert first[1][0] == "no recommendation"
-    assert rows["e4m3/delayed · te"][0] == "FAIL" and "final-loss prediction interval" in rows["e4m3/delayed · te"][4]
+    assert rows["e4m3/delayed · te"][0] == "speed not established; FAIL" and "final-loss prediction interval" in rows["e4m3/delayed · te"][4]
     advisor = page_text(site, "index.html", """(() => { const h = Array.from(document.querySelectorAll('main > h2'))
         .find(e => e.innerText.startsWith('Advisor')); let e = h.nextElementSibling;
         while (!e.classList.contains('tbl')) e = e.nextElementSibling;

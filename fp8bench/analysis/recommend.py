@@ -2,7 +2,8 @@
 
 `recommend` returns the fastest recipe, at the size its speed was measured, that passes parity at the largest
 size where it was judged with at least MIN_SEEDS seeds and failed nowhere; the recipes faster than it are
-listed below it with their verdicts. A recipe with no verdict is "not judged", one judged on fewer seeds "too
+listed below it with their verdicts. Only a speed with a 95% interval ranks a recipe, and "faster than BF16"
+means that interval lies above 1: a recipe whose speed was withdrawn is listed apart, with no figure. A recipe with no verdict is "not judged", one judged on fewer seeds "too
 few seeds": neither is ever "passes". A recipe is the same recipe across sizes when `Recipe.of` says so.
 """
 
@@ -12,6 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fp8bench.analysis.parity import MIN_SEEDS, PAIRED_RULE, Criterion, paired_area_test
+
+UNESTABLISHED = "speed not established"
+"""How a recipe whose whole-step speed has no interval is listed: neither faster nor slower than BF16."""
 
 SCHEDULING_ONLY = frozenset({"compile", "cuda_graph"})
 """Variant tags that change how the kernels are launched (compiled and fused, or replayed from a CUDA graph),
@@ -83,10 +87,18 @@ class SpeedResult:
     measurement_version: int | None = None
     """That run's measurement version (None where not known)."""
 
+    @property
+    def established(self) -> bool:
+        """Whether it has a 95% interval: a speed without one (each side timed once, apart) is withdrawn, and
+        neither ranks a recipe nor is printed."""
+        return self.lo is not None and self.hi is not None
+
     def text(self) -> str:
-        ci = f" ({self.lo:.2f}-{self.hi:.2f})" if self.lo is not None and self.hi is not None else ""
         mem = "" if self.mem_change_pct is None else f", peak memory {self.mem_change_pct:+.0f}% vs BF16"
-        return f"{self.speedup:.2f}x{ci} at {self.size.model}{mem}"
+        if not self.established:
+            return f"speed withdrawn (no interval) at {self.size.model}{mem}"
+        over = f" over {self.seeds} seeds" if self.seeds else ""
+        return f"{self.speedup:.2f}x ({self.lo:.2f}-{self.hi:.2f}{over}) at {self.size.model}{mem}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,16 +193,20 @@ class Recommendation:
     chosen: Candidate | None
     faster: tuple[Candidate, ...]
     """Recipes faster than the chosen one (every recipe faster than BF16 when none is chosen), fastest first."""
+    unestablished: tuple[Candidate, ...] = ()
+    """Recipes whose whole-step speed has no interval anywhere: not ranked, listed with their verdicts."""
 
     def text(self) -> str:
         head = (f"use {self.chosen.text()}" if self.chosen else
-                f"no FP8 recipe faster than BF16 passes loss parity with at least {MIN_SEEDS} seeds")
-        return "\n".join([head, *(f"  faster, {c.status}: {c.text()}" for c in self.faster)])
+                f"no FP8 recipe faster than BF16 (its 95% interval above 1) passes loss parity with at least {MIN_SEEDS} seeds")
+        return "\n".join([head, *(f"  faster, {c.status}: {c.text()}" for c in self.faster),
+                          *(f"  {UNESTABLISHED}, {c.status}: {c.text()}" for c in self.unestablished)])
 
 
 def _largest_speed(speeds: list[SpeedResult]) -> SpeedResult:
-    """The speed at the largest size measured (the median where several runs measured it, the upper of the
-    two middle ones for an even count)."""
+    """The speed at the largest size measured with an interval (else at the largest size measured at all; the
+    median where several runs measured it, the upper of the two middle ones for an even count)."""
+    speeds = [s for s in speeds if s.established] or speeds
     top = max(s.size for s in speeds)
     at = sorted((s for s in speeds if s.size == top), key=lambda s: s.speedup)
     return at[len(at) // 2]
@@ -204,7 +220,8 @@ def _deciding(parity: list[ParityResult]) -> tuple[ParityResult | None, tuple[Pa
 
 def recommend(speeds: Iterable[SpeedResult], parity: Iterable[ParityResult]) -> Recommendation:
     """The fastest recipe faster than BF16 that passes parity (Candidate.status == 'passes'), and the recipes
-    faster than it."""
+    faster than it. Faster than BF16 means its interval's low end above 1; recipes ranked by their speed at the
+    largest size timed with an interval; those with none anywhere are listed apart, unranked."""
     by_speed: dict[Recipe, list[SpeedResult]] = {}
     for s in speeds:
         by_speed.setdefault(s.recipe, []).append(s)
@@ -215,7 +232,9 @@ def recommend(speeds: Iterable[SpeedResult], parity: Iterable[ParityResult]) -> 
     for recipe, ss in by_speed.items():
         decide, failed = _deciding(by_parity.get(recipe, []))
         candidates.append(Candidate(recipe=recipe, speed=_largest_speed(ss), parity=decide, failed_elsewhere=failed))
-    ranked = sorted((c for c in candidates if c.speed.speedup > 1.0), key=lambda c: (-c.speed.speedup, c.recipe))
+    ranked = sorted((c for c in candidates if c.speed.established and c.speed.lo > 1.0),
+                    key=lambda c: (-c.speed.speedup, c.recipe))
     chosen = next((c for c in ranked if c.status == "passes"), None)
     faster = ranked[:ranked.index(chosen)] if chosen else ranked
-    return Recommendation(chosen=chosen, faster=tuple(faster))
+    unestablished = sorted((c for c in candidates if not c.speed.established), key=lambda c: c.recipe)
+    return Recommendation(chosen=chosen, faster=tuple(faster), unestablished=tuple(unestablished))

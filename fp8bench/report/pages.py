@@ -61,7 +61,9 @@ def advisor(df: pd.DataFrame) -> pd.DataFrame:
     if real.empty:
         return pd.DataFrame()
     lo, hi = interval(real)
-    real = real.assign(mem_change=(real["peak_mem_bytes"] / real["bf16_peak_mem_bytes"] - 1) * 100,
+    # a speedup without an interval is withdrawn (fp8bench.report.published): it neither shows nor ranks
+    real = real.assign(speedup=real["speedup"].where(lo.notna() & hi.notna()),
+                       mem_change=(real["peak_mem_bytes"] / real["bf16_peak_mem_bytes"] - 1) * 100,
                        s_lo=lo, s_hi=hi, hb=real["host_bound"], on_cpu=real["device_kind"] == "cpu")
     g = real.groupby(["device", "model", "workload", "recipe"], dropna=False).agg(
         speedup=("speedup", "median"), speedup_lo=("s_lo", "median"), speedup_hi=("s_hi", "median"),
@@ -102,23 +104,25 @@ def _recommended(sub: pd.DataFrame, workload: str) -> pd.DataFrame:
     step is recommended on its recipe's loss parity (three or more seeds, all passing); the one-step workloads,
     which have no loss, on their numerics."""
     sub = sub.copy()
-    if sub["speedup"].isna().all():  # every speedup of the group withdrawn (fp8bench.report.data.withdraw)
+    if sub["speedup"].isna().all():  # every speedup of the group withdrawn (published.for_the_site)
+        sub.loc[sub.index[0], "recommended"] = "no recommendation: every speedup here is withdrawn (no interval)"
         return sub
     trusted = sub["parity_ok"].fillna(False).astype(bool) if workload == "train" else sub["numerics_ok"]
-    good = sub[trusted & (sub["speedup"] > 1.0)]
+    good = sub[trusted & (sub["speedup_lo"] > 1.0)]  # faster than BF16: the interval above 1
     if good.empty:
         best = sub["speedup"].idxmax()
-        fastest = f"fastest {sub.loc[best, 'speedup']:.2f}x"
+        b = sub.loc[best]
+        fastest = f"fastest {b['speedup']:.2f}x ({b['speedup_lo']:.2f}-{b['speedup_hi']:.2f})"
         if workload == "train":
-            sub.loc[best, "recommended"] = (f"no recommendation: no FP8 recipe faster than BF16 passes loss parity "
-                                            f"with 3 seeds here; {fastest}")
+            sub.loc[best, "recommended"] = (f"no recommendation: no FP8 recipe faster than BF16 (its 95% interval "
+                                            f"above 1) passes loss parity with 3 seeds here; {fastest}")
         else:
-            why = "beat it" if sub.loc[best, "speedup"] <= 1.0 else "beat it with numerics that check out"
+            why = "beat it" if b["speedup_lo"] <= 1.0 else "beat it with numerics that check out"
             sub.loc[best, "recommended"] = f"BF16: no FP8 recipe {why} ({fastest})"
         return sub
     r = sub.loc[good["speedup"].idxmax()]
     mem = "" if pd.isna(r["mem_change_pct"]) else f", peak memory {r['mem_change_pct']:+.0f}%"
-    ci = "" if pd.isna(r["speedup_lo"]) else f" [{r['speedup_lo']:.2f}-{r['speedup_hi']:.2f}]"
+    ci = f" [{r['speedup_lo']:.2f}-{r['speedup_hi']:.2f}]"
     host = ("; host-bound on this box: the GPU waited for the host, so the figure is the host CPU's as much "
             "as the GPU's" if r["bound"].startswith(("host", "partly")) else "")
     basis = "loss parity passed on 3+ seeds" if workload == "train" else "numerics that check out"
@@ -318,7 +322,7 @@ def gemm_page(df: pd.DataFrame, roof: pd.DataFrame | None = None, roof_quant: pd
         lo, hi = interval(d)
         klo, khi = interval(d, "speedup_kernel")
         d = d.assign(shape=d["model"] + " " + d["shape_name"],
-                     kernel_speedup=d["speedup_kernel"].fillna(d["bf16_time_ms"] / d["time_ms_kernel"]),
+                     kernel_speedup=d["speedup_kernel"],
                      speedup_lo=lo, speedup_hi=hi, kernel_lo=klo, kernel_hi=khi,
                      bound=bound_labels(d["host_bound"]))
         p.note("The latest run of each case. speedup_lo-speedup_hi (kernel_lo-kernel_hi): the 95% interval of "
@@ -637,7 +641,8 @@ def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
         path=_path(ok) + shape.map(lambda s: f" · {layout}" if (layout := distributed_layout(s)) else ""))
     ok["master_weights"] = ok["master_weights"].fillna("?")  # a record that says neither
     t = _with_bf16(ok, ("time_ms", "peak_mem_bytes", "tokens_per_s"), shape="twin_shape")
-    t = t[(t["format"] != "bf16") & t["speedup"].notna() & (t["hidden"].fillna(0) >= LLAMA_SCALE_HIDDEN)]
+    had = t["speedup"].notna() | (t["withdrawn"].fillna("") != "" if "withdrawn" in t else False)  # withdrawn too
+    t = t[(t["format"] != "bf16") & had & (t["hidden"].fillna(0) >= LLAMA_SCALE_HIDDEN)]
     return t.assign(recipe_only=t["format"] + "/" + t["scaling"], peak_gib=t["peak_mem_bytes"] / 2**30,
                     bf16_peak_gib=t["bf16_peak_mem_bytes"] / 2**30,
                     mem_change_pct=(t["peak_mem_bytes"] / t["bf16_peak_mem_bytes"] - 1) * 100,
@@ -685,10 +690,11 @@ def _llama_steps_section(p: Page, steps: pd.DataFrame) -> None:
            "te.Linear; norms, RoPE and attention torch's), TE per block (each block a te.TransformerLayer, as "
            "Megatron-Core builds it) and compiled torchao. Setting: batch x seq, master weights' precision, GPUs.")
     cols = ["device", "model", "layers", "seq", "setting", "path", "recipe_only", "tokens_per_s", "bf16_tokens_per_s",
-            "speedup", "peak_gib", "bf16_peak_gib", "mem_change_pct", "run_id"]
+            "speedup", "speedup_lo", "speedup_hi", "twin_drift", "withdrawn", "peak_gib", "bf16_peak_gib",
+            "mem_change_pct", "run_id"]
     p.table(steps.sort_values(["device", "dims", "layers", "seq", "setting", "path", "speedup"])[cols],
-            {"tokens_per_s": 0, "bf16_tokens_per_s": 0, "speedup": 2, "peak_gib": 1, "bf16_peak_gib": 1,
-             "mem_change_pct": 0})
+            {"tokens_per_s": 0, "bf16_tokens_per_s": 0, "speedup": 2, "speedup_lo": 2, "speedup_hi": 2,
+             "twin_drift": 3, "peak_gib": 1, "bf16_peak_gib": 1, "mem_change_pct": 0})
     fig = _scaling_figure(steps)
     if fig is not None:
         p.figure(fig, "Step speedup over BF16 by depth (left, at the setting's seq) and by sequence length (right), "
@@ -700,6 +706,7 @@ def _scaling_figure(steps: pd.DataFrame) -> go.Figure | None:
     master weights and GPUs held; the other axis held too), where the study varies the axis."""
     from plotly.subplots import make_subplots
 
+    steps = steps[steps["speedup"].notna()]  # a withdrawn speedup has no point to draw
     d0 = steps.assign(label=steps["recipe_only"] + " · " + steps["path"] + " · "
                       + steps["dims"].str.split(",").str[0] + ", batch " + steps["batch"].astype(str))
     panels = []

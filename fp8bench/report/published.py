@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from fp8bench.analysis.seeds import over_seeds
@@ -101,6 +102,29 @@ def cases(con) -> pd.DataFrame:
         return df.assign(shown=pd.Series(dtype=object), published=pd.Series(dtype=bool))
     s = shown(df)
     return df.assign(shown=s, published=s.map(lambda x: x.published).astype(bool))
+
+
+def for_the_site(con) -> pd.DataFrame:
+    """`cases` as the site's pages read them: each speedup in `speedup`, `speedup_lo`, `speedup_hi` only as the
+    generated pages show it (its own or across-box interval, or its recipe's over seeds), blank where withdrawn,
+    with why in `withdrawn`; a kernel-only speedup kept only with an interval of its own. Tables, charts and
+    the advisor then have nothing to show that the generated pages would not."""
+    df = cases(con)
+    if df.empty:
+        return df
+    df = df.copy()
+    s = df["shown"]
+    df["speedup"] = [x.value if x.published else np.nan for x in s]
+    df["speedup_lo"] = [x.lo if x.published else np.nan for x in s]
+    df["speedup_hi"] = [x.hi if x.published else np.nan for x in s]
+    df[["speedup_box_lo", "speedup_box_hi"]] = np.nan  # what `shown` took as the interval is in _lo/_hi now
+    df["withdrawn"] = [x.withdrawn or (w if isinstance(w, str) else "") for x, w in zip(s, df["withdrawn"], strict=True)]
+    klo, khi = data.interval(df, "speedup_kernel")
+    kept = klo.notna() & khi.notna()
+    df["speedup_kernel"] = df["speedup_kernel"].where(kept)
+    df["speedup_kernel_lo"], df["speedup_kernel_hi"] = klo.where(kept), khi.where(kept)
+    df[["speedup_kernel_box_lo", "speedup_kernel_box_hi"]] = np.nan
+    return df
 
 
 def of_group(values: pd.Series) -> Shown:

@@ -13,6 +13,7 @@ import statistics
 from fp8bench.analysis.parity import verdict_from_metrics
 from fp8bench.analysis.rebuild import withdrawn
 from fp8bench.analysis.recommend import (
+    UNESTABLISHED,
     Recipe,
     Recommendation,
     SeedVerdict,
@@ -113,12 +114,15 @@ def decide(con) -> Recommendation:
 
 def rows(rec: Recommendation) -> list[list[str]]:
     """The decision as table rows: the recommended recipe first (or a row saying none passes), then every faster
-    recipe with its verdict; each speed with its interval, or withdrawn (_shown)."""
+    recipe with its verdict, then the recipes whose speed has no interval; each speed with its interval, or
+    withdrawn (_shown)."""
     out = []
     if rec.chosen is None:
-        out.append(["no recommendation", "", "", "", "no FP8 recipe faster than BF16 passes loss parity with at "
-                    "least three seeds", "", ""])
-    for role, c in ([("recommended", rec.chosen)] if rec.chosen else []) + [(c.status, c) for c in rec.faster]:
+        out.append(["no recommendation", "", "", "", "no FP8 recipe faster than BF16 (its 95% interval above 1) "
+                    "passes loss parity with at least three seeds", "", ""])
+    listed = ([("recommended", rec.chosen)] if rec.chosen else []) + [(c.status, c) for c in rec.faster]
+    listed += [(f"{UNESTABLISHED}; {c.status}", c) for c in rec.unestablished]
+    for role, c in listed:
         s = c.speed
         mem = "" if s.mem_change_pct is None else f"{s.mem_change_pct:+.0f}%"
         verdict = c.parity.text() if c.parity else "not judged"
