@@ -70,8 +70,8 @@ RUN_HELP = """usage: fp8bench {cmd} [-m] [KEY=VALUE ...]
 Overrides are Hydra's (KEY=VALUE). Config groups and their presets (conf/):
 {groups}
 Other keys: results_dir= (where runs/, the DuckDB file and the site go), run_id=, resume=<run_id>, seed=,
-device=auto|cpu|cuda, measure.* (warmup, rounds, block_ms, settle_ms, flush_l2, iters, max_time_s),
-workload.* (tokens, linears, roles, shapes, batch, seq, train.*), store.ingest=, store.db=.
+device=auto|cpu|cuda, measure.* (warmup, rounds, block_ms, settle_ms, flush_l2, iters, max_time_s, processes,
+sandwich_blocks, sandwich_steps), workload.* (tokens, linears, roles, shapes, batch, seq, train.*), store.ingest=, store.db=.
 A value a,b,c with -m (or a sweep preset's axes) sweeps that key.
 
 examples:

@@ -82,3 +82,23 @@ def test_the_cli_refuses_an_even_sandwich_with_exit_2(cli, tmp_path):
     r = cli("run", *RUN[:-3], "measure.sandwich_blocks=4", f"results_dir={tmp_path}")
     assert r.returncode == 2 and "measure.sandwich_blocks" in r.stderr and "Traceback" not in r.stderr
     assert not (Path(tmp_path) / "runs").exists() or not any((Path(tmp_path) / "runs").rglob("shard-*"))
+
+
+def test_the_plan_prices_a_recipe_s_sandwich_in_every_process(sandwiched):
+    """`fp8bench plan`'s estimate: a training case's time per step from the history, times its steps plus
+    those its sandwich adds (blocks x steps and each side's warm-up, per process)."""
+    from fp8bench.data.estimate import expected_seconds
+
+    tmp, records = sandwiched
+    con = store.connect(tmp / "sw.duckdb", read_only=True)
+    device = con.execute("SELECT device_name FROM runs").fetchone()[0]
+
+    def planned(*settings):
+        points, _ = expand([*RUN, *settings], multirun=True)
+        [case] = [c for c in plan(points) if c.config.format.name == "e4m3"]
+        return expected_seconds(con, [case], device).total
+
+    alone = planned("measure.sandwich_blocks=0")
+    assert planned("measure.processes=3", "measure.sandwich_blocks=5", "measure.sandwich_steps=10") == \
+        pytest.approx(alone * (6 + 3 * (5 * 10 + 2 * 1)) / 6)
+    con.close()

@@ -3,7 +3,8 @@
 A planned case is matched with the stored cases of its workload, model, format, scaling and backend that ran
 (ok or diverged) on the device named (else of its workload, model and backend; else of its workload and model),
 and takes their median duration per timing process (times `measure.processes` planned); a training case scales that duration by its steps over theirs (a run's time
-is its steps', plus validation and start-up, which this folds in). Cases with no such history have no
+is its steps', plus validation and start-up, which this folds in), its steps including those of the sandwich
+that times a recipe against its BF16 twin after its run. Cases with no such history have no
 estimate, and the total says how many were left out.
 """
 
@@ -61,4 +62,19 @@ def _seconds(case, past: list[tuple[dict, float]]) -> float | None:
     if case.config.workload.name != "train":
         return statistics.median(s for _, s in past)
     per_step = [s / shape["steps"] for shape, s in past if shape.get("steps")]
-    return statistics.median(per_step) * case.shape["steps"] if per_step else None
+    if not per_step:
+        return None
+    step = statistics.median(per_step)
+    return step * (case.shape["steps"] + _sandwich_steps(case))
+
+
+def _sandwich_steps(case) -> int:
+    """The steps a recipe's sandwich adds after its run (fp8bench.run.train_sandwich), in every process: its
+    blocks and each side's warm-up. Priced at the run's own time per step, which folds in start-up, so the
+    sandwich's two builds are paid for about as often as a run of that many steps would pay its one."""
+    from fp8bench.run.train_sandwich import sandwiched
+
+    ms = case.config.measure
+    if not sandwiched(case):
+        return 0
+    return ms.processes * (ms.sandwich_blocks * ms.sandwich_steps + 2 * ms.warmup)
