@@ -437,3 +437,20 @@ def test_a_training_step_is_split_into_kernel_categories_that_add_up(tmp_path):
     print(f"profiled step {rec.metric('gpu_profiled_step_ms'):.2f} ms, timed {rec.metric('time_ms'):.2f} ms, "
           f"GPU busy {rec.metric('gpu_busy_ms'):.2f} ms")
     assert rec.metric("gpu_profiled_step_ms") == pytest.approx(rec.metric("time_ms"), rel=0.25)
+
+
+def test_a_training_recipe_is_timed_against_its_twin_in_a_sandwich_on_the_gpu(tmp_path):
+    """TE's HYBRID delayed against its BF16 twin: blocks of steps of both, resident side by side, in two
+    processes; the record's interval covers both and the audit's rebuild gives the stored figure."""
+    from fp8bench.analysis.rebuild import rebuild_one
+
+    points, _ = expand([*TRAIN, "backend=te", "format=hybrid", "scaling=delayed", "measure.processes=2",
+                        f"results_dir={tmp_path}"])
+    [rec] = execute(plan(points), tmp_path / "r", "r", detect_device(), progress=False)
+    assert rec.status == "ok", rec.reason
+    m = rec.measurement
+    assert m["method"] == "sandwich" and m["processes"] == 2, m.get("sandwich_failures")
+    assert m["sandwich"]["modes"] == ["resident", "resident"] and m["sandwich"]["orders"] == ["ABABA"] * 2
+    value, lo, hi = (rec.metric(f"speedup_vs_bf16{s}") for s in ("", "_lo", "_hi"))
+    assert 0 < lo <= value <= hi
+    assert rebuild_one("speedup_vs_bf16", m, rec.samples, {})[:3] == pytest.approx((value, lo, hi))
