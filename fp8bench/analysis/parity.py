@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fp8bench.analysis.taxonomy import smooth, smoothing_window
-from fp8bench.core.records import CaseRecord, Metric, is_timed, variant_of
+from fp8bench.core.records import CaseRecord, Metric, is_timed, seedless, variant_of
 
 MIN_SEEDS = 3
 PI_LEVEL = 0.975
@@ -402,7 +402,9 @@ def derive_parity(records: list[CaseRecord]) -> list[tuple[CaseRecord, list[Metr
         base = None if not is_timed(r) else bf16_time.get(
             (r.backend, variant_of(r.case_id), _group_key(r), r.shape.get("seed"), _layout(r)))
         finals = [b.metric("loss_final") for b in seeds.values()]
-        key = (_group_key(r), _implementation(r), r.format, r.scaling, _setting(r))
+        # the recipe's seeds: its case id less the seed says everything else it is (two cases of one recipe
+        # label with other scaling knobs, an ablation's amax history say, are two recipes with two pass rates)
+        key = (_group_key(r), _implementation(r), r.format, r.scaling, _setting(r), seedless(r.case_id))
         recipes.setdefault(key, []).append((r, verdict, base, (statistics.fmean(finals), prediction_allowance(finals))))
     out = []
     for runs in recipes.values():

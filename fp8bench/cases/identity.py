@@ -150,6 +150,14 @@ def reference(ident: dict[str, object]) -> dict[str, object]:
     return ref
 
 
+def scaling_changes(scaling: str, params: dict) -> dict[str, object]:
+    """The scaling knobs a case's identity (`params`, its stored form) sets away from the defaults of its
+    scaling (conf/scaling/): what tells apart two cases of one recipe label, e.g. {'amax_history_len': 16}."""
+    defaults = _scaling_defaults(scaling)
+    return {k: v for k, v in ((k, params.get(f"scaling.{k}")) for k in SCALING_KEYS)
+            if v is not None and v != defaults.get(k)}
+
+
 @functools.cache
 def _model(name: str) -> dict:
     return {k: getattr(ModelConfig(**preset_values("model", name)), k) for k in MODEL_KEYS}

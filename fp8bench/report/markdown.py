@@ -241,6 +241,12 @@ def recommendation_block(con) -> str:
     return markdown(con)
 
 
+def ablation_block(con) -> str:
+    from fp8bench.report.ablation import markdown
+
+    return markdown(con)
+
+
 def withdrawn_block(con) -> str:
     from fp8bench.report.withdrawn import markdown
 
@@ -248,7 +254,7 @@ def withdrawn_block(con) -> str:
 
 
 KINDS = {"withdrawn": withdrawn_block, "recommendation": recommendation_block, "headline": headline_block, "results": results_block, "steps": steps_block, "parity": parity_block,
-         "layer-waterfall": layer_waterfall_block}
+         "layer-waterfall": layer_waterfall_block, "ablation": ablation_block}
 
 
 def render(text: str, con) -> str:

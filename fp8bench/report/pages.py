@@ -676,7 +676,9 @@ def fastest_per_path(steps: pd.DataFrame) -> pd.DataFrame:
     """The fastest FP8 recipe of each path per device, model and setting; where `steps` says which speedups the
     pages show with an interval (`published`: fp8bench.report.published.cases), the fastest of those first."""
     order = ["published", "speedup"] if "published" in steps else ["speedup"]
-    return steps.sort_values(order).groupby(["device", "model", "setting", "path"]).tail(1)
+    # withdrawn speedups are NaN: the case id breaks ties, so the same data always picks the same row
+    ranked = steps.sort_values([*order, "case_id"], na_position="first", kind="stable")
+    return ranked.groupby(["device", "model", "setting", "path"]).tail(1)
 
 
 STEP_GROUP = ["device", "dims", "batch", "master_weights", "nproc"]

@@ -4,6 +4,8 @@ its curve left the BF16 band, and what the curve did (fp8bench.analysis.taxonomy
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from fp8bench.analysis.parity import (
@@ -14,6 +16,7 @@ from fp8bench.analysis.parity import (
     verdict_from_metrics,
 )
 from fp8bench.analysis.taxonomy import CurveClass, CurveReading
+from fp8bench.cases.identity import scaling_changes
 from fp8bench.core.records import seedless
 
 
@@ -92,10 +95,15 @@ def recipe_rates(train: pd.DataFrame) -> pd.DataFrame:
     fp8 = train[(train["format"] != "bf16") & train["parity_seeds"].notna()]
     if fp8.empty:
         return pd.DataFrame(columns=cols)
-    fp8 = fp8.assign(setting=fp8["shape_name"].map(seedless))
+    # a configuration is the seeds of one case id: two cases of one recipe label with other scaling knobs (an
+    # ablation's amax history, say) are two configurations, each with its own pass rate
+    fp8 = fp8.assign(setting=fp8["shape_name"].map(seedless), configuration=fp8["case_id"].map(seedless))
     rows = []
-    for (device, model, run_id, setting, recipe), d in fp8.groupby(["device", "model", "run_id", "setting", "recipe"]):
+    for (device, model, run_id, setting, _), d in fp8.groupby(["device", "model", "run_id", "setting", "configuration"]):
         rv, r = _recipe_verdict(d), d.iloc[0]
+        changes = scaling_changes(r["scaling"], json.loads(r["params_json"]) if isinstance(r.get("params_json"), str)
+                                  else {})
+        recipe = r["recipe"] + "".join(f" · {k.replace('_', ' ')} {v}" for k, v in changes.items())
         q = _quality(r, rv.seeds)
         rows.append({"device": device, "model": model, "run_id": run_id, "setting": setting, "recipe": recipe,
                      "seeds": rv.seeds, "pass_rate": f"{rv.passes}/{rv.seeds}", "verdict": rv.text(),
