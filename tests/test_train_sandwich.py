@@ -28,6 +28,9 @@ def sandwiched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sandwich")
     points, _ = expand([*RUN, f"results_dir={tmp}"], multirun=True)
     records = execute(plan(points), tmp / "runs" / "sw", "sw", detect_device(), progress=False)
+    con = store.connect(tmp / "sw.duckdb")
+    store.ingest(con, [tmp / "runs" / "sw"])
+    con.close()
     return tmp, records
 
 
@@ -52,7 +55,6 @@ def test_the_recipe_s_record_holds_both_sides_steps_and_its_speedup_with_an_inte
 def test_ingest_publishes_it_and_the_audit_rebuilds_it_from_the_samples(sandwiched):
     tmp, records = sandwiched
     con = store.connect(tmp / "sw.duckdb")
-    store.ingest(con, [tmp / "runs" / "sw"])
     [rebuilt] = [r for r in rebuild(con) if r.metric == "speedup_vs_bf16"]
     assert rebuilt.method == SANDWICH and rebuilt.reason == "" and rebuilt.differences() == []
     df = published.cases(con)

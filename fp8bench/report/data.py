@@ -23,7 +23,8 @@ WIDE_METRICS = (
     "gpu_busy_ms", "gpu_profiled_step_ms", "loss_area_gap_allowed_pct", "loss_band_exit_step", "loss_gap_same_seed",
     "loss_area_gap_same_seed_pct", "parity_seeds", "parity_passes", "parity_recipe_pass", "parity_band_exit_step",
     "parity_paired_area_gap_pct", "parity_paired_area_allowed_pct", "quality_speedup_seeds", "quality_speedup_lo",
-    "quality_speedup_hi", "quality_never_seeds", "loss_curve_class", "loss_curve_class_step", "twin_drift")
+    "quality_speedup_hi", "quality_never_seeds", "loss_curve_class", "loss_curve_class_step", "twin_drift",
+    "speedup_vs_bf16_processes")
 """The measurements the report reads, one column each (named after the metric, speedup_vs_bf16... as
 speedup...: speedup, speedup_lo, speedup_box_hi, speedup_kernel, ...)."""
 _COLUMNS = ",\n".join(f"    max(value) FILTER (WHERE metric = '{m}') AS {m.replace('speedup_vs_bf16', 'speedup')}"
