@@ -454,3 +454,37 @@ def test_a_training_recipe_is_timed_against_its_twin_in_a_sandwich_on_the_gpu(tm
     value, lo, hi = (rec.metric(f"speedup_vs_bf16{s}") for s in ("", "_lo", "_hi"))
     assert 0 < lo <= value <= hi
     assert rebuild_one("speedup_vs_bf16", m, rec.samples, {})[:3] == pytest.approx((value, lo, hi))
+
+
+def test_a_sandwich_whose_sides_do_not_fit_together_rebuilds_each_block(tmp_path):
+    """With the GPU filled until one side fits but not two, the sandwich starts over as A B A, each block
+    building its side alone; the blocks still give the speedup."""
+    from fp8bench.core.intervals import recorded_sandwich, sandwich_samples
+    from fp8bench.run.caserun import case_input
+    from fp8bench.run.train_sandwich import twin_of
+    from fp8bench.workloads.train.sandwich import REBUILT, RESIDENT, time_sandwich
+
+    points, _ = expand([*TRAIN, "backend=te", "format=hybrid", "scaling=delayed", f"results_dir={tmp_path}"])
+    [case] = [c for c in plan(points) if c.config.format.name == "hybrid"]
+    twin, device = twin_of(case), detect_device()
+    inputs = [case_input(c, "r", device) for c in (twin, case)]
+
+    def peak(order: str):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        got = time_sandwich(*inputs, order, 3, 2)
+        return got, torch.cuda.max_memory_allocated() - base
+
+    (both, two_sides), (_, a), (_, b) = peak("ABABA"), peak("A"), peak("B")
+    assert both.mode == RESIDENT and two_sides > max(a, b)
+    free, _ = torch.cuda.mem_get_info()
+    # room halfway between what one side needs alone and what both need side by side
+    filler = torch.empty(int(free - (max(a, b) + two_sides) / 2), dtype=torch.uint8, device="cuda")
+    try:
+        alone = time_sandwich(*inputs, "ABABA", 3, 2)
+    finally:
+        del filler
+        torch.cuda.empty_cache()
+    assert alone.mode == REBUILT and [s for s, _ in alone.blocks] == ["A", "B", "A"]
+    assert recorded_sandwich(sandwich_samples([alone.blocks])) is not None

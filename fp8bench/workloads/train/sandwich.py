@@ -5,8 +5,9 @@ the blocks into the speedup, its interval and the twin's drift).
 Each side is built as its run builds it (fp8bench.workloads.train.local.build_engine: same seed, backend,
 knobs and data) and steps on from where a run of `steps` steps ends, so its batches and learning rate are a
 run's, not a fresh model's first steps. Both sides stay built where the GPU holds them (`resident`); where the
-second does not fit beside the first, each block builds its side anew after the other is dropped (`rebuilt`),
-in the shortest sandwich, A B A; `warmup` untimed steps follow every build.
+second does not fit beside the first (its build or its steps run out of memory), the blocks start over, each
+building its side anew after the other is dropped (`rebuilt`), in the shortest sandwich, A B A; `warmup`
+untimed steps follow every build.
 """
 
 from __future__ import annotations
@@ -60,20 +61,28 @@ class _Side:
 
 def time_sandwich(twin: CaseInput, recipe: CaseInput, order: str, steps: int, warmup: int) -> SandwichTiming:
     """Time blocks of `steps` steps in `order` (a string of BASELINE/RECIPE: the twin's and the recipe's);
-    where both sides do not fit at once, A B A, each block building its side anew."""
+    where both sides do not fit at once (building the second, or stepping beside it, runs out of memory), the
+    blocks start over as A B A, each block building its side anew."""
     cases, device = {BASELINE: twin, RECIPE: recipe}, recipe.device
     built: dict[str, _Side] = {}
     mode = RESIDENT
     blocks: list[tuple[str, list[float]]] = []
     while len(blocks) < len(order):
         side = order[len(blocks)]
-        if side not in built and mode == RESIDENT:
+        if mode == RESIDENT:
             try:
-                built[side] = _Side(cases[side], warmup)
+                if side not in built:
+                    built[side] = _Side(cases[side], warmup)
+                blocks.append((side, built[side].steps(steps)))
+                continue
             except torch.OutOfMemoryError:
-                # the second side does not fit beside the first: one side at a time, and the shortest
-                # sandwich, since every block now pays a build and its warm-up
-                mode, order = REBUILT, order[:3]
+                pass
+            # from here on one side at a time, in the shortest sandwich: every block now pays a build and its
+            # warm-up, and blocks timed beside the other side's memory are not mixed with blocks timed alone
+            mode, order, blocks = REBUILT, order[:3], []
+            built.clear()
+            _free(device)
+            continue
         if side not in built:
             built.clear()
             _free(device)
