@@ -64,17 +64,3 @@ def test_the_pages_show_an_interval_where_the_data_give_one_and_withdraw_the_res
     assert s[4] == Shown(withdrawn="its record names no BF16 twin")
     assert s[5] == Shown() and s[5].text() == ""
 
-
-def test_a_sandwich_of_one_process_gives_way_to_the_interval_over_its_recipe_s_seeds():
-    """Each seed's sandwich ran in a process of its own: over three seeds the interval covers the variance
-    between processes, which one process's own interval (from its blocks' steps) does not."""
-    rows = [dict(_case("r", f"train.m.seed{i}.e4m3", v, f"train.m.seed{i}.bf16", lo=v - 0.001, hi=v + 0.001),
-                 speedup_processes=1.0) for i, v in enumerate([1.40, 1.43, 1.45])]
-    rows.append(dict(_case("r", "train.k.seed0.e4m3", 1.2, "train.k.seed0.bf16", lo=1.1, hi=1.3), speedup_processes=3.0))
-    rows.append(dict(_case("r", "train.j.seed0.e4m3", 1.3, "train.j.seed0.bf16", lo=1.29, hi=1.31),
-                     speedup_processes=1.0))
-    s = published.shown(pd.DataFrame(rows))
-    expected = over_seeds([1.40, 1.43, 1.45], [f"train.m.seed{i}.bf16" for i in range(3)])
-    assert [(x.value, x.lo, x.hi, x.seeds) for x in s[:3]] == [(expected.value, expected.lo, expected.hi, 3)] * 3
-    assert (s[3].value, s[3].lo, s[3].hi, s[3].seeds) == (1.2, 1.1, 1.3, 0)  # its own processes: kept
-    assert (s[4].lo, s[4].hi, s[4].seeds) == (1.29, 1.31, 0)  # one seed: its own, within-process interval

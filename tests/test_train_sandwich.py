@@ -12,6 +12,7 @@ from fp8bench.config.compose import expand
 from fp8bench.config.schema import ConfigError, MeasureConfig
 from fp8bench.core.hardware import detect_device
 from fp8bench.core.intervals import SANDWICH_METHOD, sandwich_blocks
+from fp8bench.core.records import write_manifest
 from fp8bench.data import store
 from fp8bench.report import published
 from fp8bench.run.plan import plan
@@ -27,7 +28,11 @@ RUN = ["workload=train", "model=tiny", "device=cpu", "format=e4m3", "scaling=cur
 def sandwiched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sandwich")
     points, _ = expand([*RUN, f"results_dir={tmp}"], multirun=True)
-    records = execute(plan(points), tmp / "runs" / "sw", "sw", detect_device(), progress=False)
+    device = detect_device()
+    records = execute(plan(points), tmp / "runs" / "sw", "sw", device, progress=False)
+    write_manifest(tmp / "runs" / "sw", {"run_id": "sw", "started_at": 1.8e9, "git_commit": "c", "git_dirty": False,
+                                         "device_name": device.name, "config": {},
+                                         "env": {"env_id": "e", "device_name": device.name}})
     con = store.connect(tmp / "sw.duckdb")
     store.ingest(con, [tmp / "runs" / "sw"])
     con.close()
@@ -65,12 +70,15 @@ def test_ingest_publishes_it_and_the_audit_rebuilds_it_from_the_samples(sandwich
 
 
 def test_a_bf16_case_or_a_run_with_no_sandwich_keeps_its_own_timing(tmp_path):
-    points, _ = expand([*RUN[:-3], "measure.sandwich_blocks=0", "format=bf16,e4m3", "scaling=none,current",
-                        f"results_dir={tmp_path}"], multirun=True)
-    records = execute(plan(points), tmp_path / "runs" / "no", "no", detect_device(), progress=False)
-    assert {r.format for r in records} == {"bf16", "e4m3"}
+    bf16, _ = expand([*RUN[:-3], "measure.sandwich_blocks=3", "measure.sandwich_steps=3", "format=bf16",
+                      "scaling=none", "workload.train.bf16_seeds=1", f"results_dir={tmp_path}"])
+    off, _ = expand([*RUN[:-3], "measure.sandwich_blocks=0", f"results_dir={tmp_path}"])
+    records = [*execute(plan(bf16), tmp_path / "runs" / "a", "a", detect_device(), progress=False),
+               *execute(plan(off), tmp_path / "runs" / "b", "b", detect_device(), progress=False)]
+    assert sorted(r.format for r in records) == ["bf16", "e4m3"]
     for r in records:
         assert r.measurement["method"] == "alone" and "sandwich_ms" not in r.samples
+        assert "sandwich_failures" not in r.measurement
 
 
 @pytest.mark.parametrize("blocks,steps,field", [(2, 10, "sandwich_blocks"), (1, 10, "sandwich_blocks"),
@@ -94,6 +102,7 @@ def test_the_plan_prices_a_recipe_s_sandwich_in_every_process(sandwiched):
     tmp, records = sandwiched
     con = store.connect(tmp / "sw.duckdb", read_only=True)
     device = con.execute("SELECT device_name FROM runs").fetchone()[0]
+    assert device
 
     def planned(*settings):
         points, _ = expand([*RUN, *settings], multirun=True)
@@ -101,6 +110,26 @@ def test_the_plan_prices_a_recipe_s_sandwich_in_every_process(sandwiched):
         return expected_seconds(con, [case], device).total
 
     alone = planned("measure.sandwich_blocks=0")
+    [fp8] = [r for r in records if r.format == "e4m3"]
+    assert alone == pytest.approx(fp8.duration_s)  # its one run, however many processes its sandwich took
     assert planned("measure.processes=3", "measure.sandwich_blocks=5", "measure.sandwich_steps=10") == \
         pytest.approx(alone * (6 + 3 * (5 * 10 + 2 * 1)) / 6)
     con.close()
+
+
+def test_the_run_is_on_disk_before_its_sandwich_starts_and_the_sandwiched_record_replaces_it(sandwiched):
+    """A sweep stopped during the sandwich keeps the run: the shard holds the run's record, marked pending,
+    before the sandwiched one, and a reader (ingest, resume) keeps the later."""
+    import json
+
+    from fp8bench.core.records import read_run
+    from fp8bench.run.train_sandwich import PENDING
+
+    tmp, _ = sandwiched
+    lines = [json.loads(line) for shard in sorted((tmp / "runs" / "sw").glob("shard-*.jsonl"))
+             for line in shard.read_text().splitlines()]
+    fp8 = [r for r in lines if r["format"] == "e4m3"]
+    assert [r["measurement"]["method"] for r in fp8] == ["alone", SANDWICH_METHOD]
+    assert fp8[0]["measurement"]["sandwich_failures"] == [PENDING] and fp8[0]["status"] == "ok"
+    _, records, problems = read_run(tmp / "runs" / "sw")
+    assert [r.measurement["method"] for r in records if r.format == "e4m3"] == [SANDWICH_METHOD] and not problems

@@ -21,21 +21,25 @@ RECORD_VERSION = 2
 """2: a case's id is derived from its whole identity (fp8bench.cases.identity), stated in `params`; a record
 carries its `label`, its BF16 twin's id (`twin_id`) and what ran (`ran`). Records of version 1 are re-keyed to
 version 2 ids at ingest (fp8bench.data.legacy)."""
-MEASUREMENT_VERSION = 4
+MEASUREMENT_VERSION = 5
 """How fp8bench times (fp8bench.core.measure); a change starts new asv series on purpose, and `compare`, `history`
 and `asv-compare` refuse to judge across versions unless asked to.
 2: CUDA samples queued back to back and read after one sync (1: a sync per iteration).
 3: CUDA samples follow `measure.settle_ms` of untimed load (sustained clocks, not the first steps down).
 4: gemm, linear and layer cases are timed side by side with their BF16 twin, interleaved in rounds
    (fp8bench.run.groups); speedup_vs_bf16 is measured from those rounds, with a 95% interval, not derived from
-   two cases timed apart; each timing also records the GPU's busy share (host-bound cases)."""
+   two cases timed apart; each timing also records the GPU's busy share (host-bound cases).
+5: a training recipe's speedup_vs_bf16 is timed after its run as a sandwich of alternating blocks of steps of
+   its BF16 twin and of itself, in `measure.processes` processes (fp8bench.run.train_sandwich), with a 95%
+   interval and the twin's drift, not a ratio of two runs timed apart."""
 LEGACY_VERSION_SQL = """CASE WHEN json_extract(config, '$.base.measure.settle_ms') IS NOT NULL THEN 3
      WHEN started_at >= TIMESTAMP '2026-11-30 03:53:01' THEN 2 ELSE 1 END"""
 """The measurement version of a run recorded before versions travelled with the data (a `runs` row without
 one), from what its manifest does hold: `measure.settle_ms` exists from version 3 (commit e1dc016), and
 version 2 began with commit 0ef419b (2026-11-30 03:53:01 UTC)."""
 
-# metric name → (unit, direction). Names carry their unit (DESIGN.md "Contract").
+# metric name → (unit, direction: "higher" or "lower" is better, "none" for a signed figure neither way is
+# better, such as a drift). Names carry their unit (DESIGN.md "Contract").
 METRICS: dict[str, tuple[str, str]] = {
     "time_ms": ("ms", "lower"),
     "time_ms_kernel": ("ms", "lower"),
@@ -56,7 +60,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "speedup_vs_bf16_kernel_box_hi": ("x", "higher"),
     "gpu_busy_pct": ("%", "higher"),
     "host_bound": ("1", "lower"),
-    "twin_drift": ("1", "lower"),
+    "twin_drift": ("1", "none"),
     "pct_of_peak": ("%", "higher"),
     "gbps": ("GB/s", "higher"),
     "peak_mem_bytes": ("bytes", "lower"),

@@ -32,7 +32,8 @@ def expected_seconds(con, cases: list, device_name: str) -> Estimate:
     substring of the stored device name, e.g. 'H200')."""
     rows = con.execute("""
         SELECT c.workload, c.model, c.format, c.scaling, c.backend, c.shape,
-               c.duration_s / coalesce(try_cast(json_extract_string(c.measurement, '$.processes') AS DOUBLE), 1)
+               c.duration_s / CASE WHEN c.workload = 'train' THEN 1  -- one run; its sandwich is priced apart
+                                   ELSE coalesce(try_cast(json_extract_string(c.measurement, '$.processes') AS DOUBLE), 1) END
         FROM cases c JOIN runs r USING (run_id)
         WHERE c.status IN ('ok', 'diverged') AND c.duration_s > 0 AND r.device_name LIKE ?""",
                        [f"%{device_name}%"]).fetchall()

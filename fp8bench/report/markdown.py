@@ -70,19 +70,28 @@ def parity_where_judged(con) -> dict[str, str]:
 
 
 def headline_block(con) -> str:
-    """The fastest FP8 recipe per device · model and workload (whole layers, MLPs, whole training steps), among
-    those shown with an interval where any is (else the fastest by its withdrawn point estimate, its figure
-    withdrawn); for a training step, what that recipe did to the loss where a run judged it."""
+    """The fastest FP8 recipe per device · model and workload (whole layers, MLPs, whole training steps) among
+    those shown with an interval; where none has one, no recipe is named (a withdrawn point estimate ranks
+    nothing); for a training step, what that recipe did to the loss where a run judged it."""
     h = _headline(con, data.runs(con))
     if h.empty:
         return "No FP8 layer or training case with a speedup is recorded.\n"
     parity = parity_where_judged(con)
-    rank = h["speedup"].where(h["shown"].map(lambda s: s.published), h["speedup"] - 1e6)
-    best = h.loc[rank.groupby([h["label"], h["workload"]]).idxmax()].sort_values(["workload", "label"])
-    rows = [[r["label"], r["workload"], r["recipe"], r["shown"].text(), r["bound"] or "",
-             parity.get(r["recipe"], "not judged") if r["workload"] == "train" else "", f"`{r['run_id']}`",
-             r["version"], r["commit"]] for _, r in best.iterrows()]
-    return table(["device · model", "workload", "fastest FP8 recipe", "speedup vs BF16 (95% interval)", "bound",
+    shown = h["shown"].map(lambda s: s.published)
+    rows = []
+    for (label, workload), g in sorted(h.groupby(["label", "workload"]), key=lambda x: (x[0][1], x[0][0])):
+        pub = g[shown[g.index]]
+        if pub.empty:  # a withdrawn point estimate ranks nothing: no recipe is named fastest
+            runs = sorted(set(g["run_id"]))
+            rows.append([label, workload, f"none of {len(g)} with an interval", g["shown"].iloc[0].text(), "", "",
+                         ", ".join(f"`{r}`" for r in runs), ", ".join(sorted(set(g["version"]))), ""])
+            continue
+        r = pub.loc[pub["speedup"].idxmax()]
+        rows.append([label, workload, r["recipe"], r["shown"].text(), r["bound"] or "",
+                     parity.get(r["recipe"], "not judged") if workload == "train" else "", f"`{r['run_id']}`",
+                     r["version"], r["commit"]])
+    return table(["device · model", "workload", "fastest FP8 recipe with an interval",
+                  "speedup vs BF16 (95% interval)", "bound",
                   "loss parity where judged", "run", "measurement version", "commit"], rows)
 
 
@@ -116,7 +125,8 @@ def steps_block(con) -> str:
     commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
     versions = _versions(runs)
     best = fastest_per_path(steps).sort_values(["device", "hidden", "layers", "seq", "speedup"], ascending=[True, True, True, True, False])
-    out = table(["device · model", "layers", "batch x seq, master weights, GPUs", "path", "fastest FP8 recipe",
+    out = table(["device · model", "layers", "batch x seq, master weights, GPUs", "path",
+                 "fastest FP8 recipe (else the first by name)",
                  "speedup vs BF16 (95% interval)", "BF16 drift", "tokens/s", "BF16 tokens/s", "peak GiB (vs BF16)",
                  "run", "measurement version", "commit"],
                 [[f"{r['device']} · {r['model']}", int(r["layers"]), r["setting"], r["path"], r["recipe_only"],

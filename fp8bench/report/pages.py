@@ -673,12 +673,16 @@ def _path(df: pd.DataFrame) -> pd.Series:
 
 
 def fastest_per_path(steps: pd.DataFrame) -> pd.DataFrame:
-    """The fastest FP8 recipe of each path per device, model and setting; where `steps` says which speedups the
-    pages show with an interval (`published`: fp8bench.report.published.cases), the fastest of those first."""
-    order = ["published", "speedup"] if "published" in steps else ["speedup"]
-    # withdrawn speedups are NaN: the case id breaks ties, so the same data always picks the same row
-    ranked = steps.sort_values([*order, "case_id"], na_position="first", kind="stable")
-    return ranked.groupby(["device", "model", "setting", "path"]).tail(1)
+    """One FP8 recipe of each path per device, model and setting: the fastest of those whose speedup the pages
+    show with an interval (`published`: fp8bench.report.published.cases; else any with a speedup); where none
+    has one, the first by name: a withdrawn point estimate ranks nothing."""
+    ranked = steps["published"].astype(bool) if "published" in steps else steps["speedup"].notna()
+    picked = []
+    for _, g in steps.groupby(["device", "model", "setting", "path"], sort=False):
+        shown = g[ranked[g.index]]
+        picked.append(shown["speedup"].idxmax() if not shown.empty
+                      else g.sort_values(["recipe_only", "case_id"]).index[0])
+    return steps.loc[picked]
 
 
 STEP_GROUP = ["device", "dims", "batch", "master_weights", "nproc"]

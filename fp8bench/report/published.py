@@ -3,8 +3,7 @@ generators write every speedup through `Shown.text`, and `fp8bench audit` reads 
 patterns here (fp8bench.report.audit_speedups).
 
 A speedup is shown as `1.46x (1.44–1.50)`, in a row that names its run and that run's measurement version;
-over the seeds of a training recipe, `0.94x (0.93–0.95 over 3 seeds)` (fp8bench.analysis.seeds), which a
-training speedup takes in place of its own interval where that rests on one process. Where the
+over the seeds of a training recipe, `0.94x (0.93–0.95 over 3 seeds)` (fp8bench.analysis.seeds). Where the
 committed data hold no interval for it, the cell reads `withdrawn: <why>` and no figure: one that the
 committed samples cannot rebuild (fp8bench.report.data.withdraw), or one whose sides were each timed once,
 apart from each other (whole training steps on one seed, runs before side-by-side timing).
@@ -75,11 +74,8 @@ def shown(df: pd.DataFrame) -> pd.Series:
     pages show it (`Shown`)."""
     lo, hi = data.interval(df)
     bare = df["speedup"].notna() & (lo.isna() | hi.isna()) & (df["withdrawn"].fillna("") == "")
-    # a training speedup whose own interval rests on one process (a sandwich's blocks within it) takes the
-    # interval over its recipe's seeds where the run trained several: each seed's sandwich is a process
-    one_process = df["speedup"].notna() & (df["withdrawn"].fillna("") == "") & (df.get("speedup_processes", pd.Series(np.nan, index=df.index)) == 1)
     seeded: dict[object, Shown] = {}
-    train = df[(bare | one_process) & (df["workload"] == "train")]
+    train = df[bare & (df["workload"] == "train")]
     for _, g in train.groupby([train["run_id"], train["case_id"].map(seedless)]):
         iv = over_seeds(g["speedup"].tolist(), g["twin_id"].fillna("").tolist())
         if iv is not None:
@@ -92,11 +88,9 @@ def shown(df: pd.DataFrame) -> pd.Series:
         value = _number(df.at[i, "speedup"])
         if value is None:
             return Shown()
-        if i in seeded:
-            return seeded[i]
         if _number(lo[i]) is not None and _number(hi[i]) is not None:
             return Shown(value, float(lo[i]), float(hi[i]))
-        return Shown(withdrawn=NO_INTERVAL)
+        return seeded.get(i, Shown(withdrawn=NO_INTERVAL))
 
     return pd.Series([one(i) for i in df.index], index=df.index, dtype=object)
 

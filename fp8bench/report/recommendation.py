@@ -32,8 +32,7 @@ from fp8bench.report.published import NO_INTERVAL, Shown
 SPEEDS = """
 SELECT c.model, c.format, c.scaling, c.backend, c.label, c.twin_id, m.value AS speedup,
        coalesce(lo_box.value, lo.value) AS lo, coalesce(hi_box.value, hi.value) AS hi,
-       100 * (mem.value / bmem.value - 1) AS mem_change_pct, c.run_id, c.case_id, r.measurement_version,
-       procs.value AS processes
+       100 * (mem.value / bmem.value - 1) AS mem_change_pct, c.run_id, c.case_id, r.measurement_version
 FROM cases c JOIN runs r USING (run_id) JOIN measurements m ON m.run_id = c.run_id AND m.case_id = c.case_id AND m.metric = 'speedup_vs_bf16'
 LEFT JOIN measurements lo ON lo.run_id = c.run_id AND lo.case_id = c.case_id AND lo.metric = 'speedup_vs_bf16_lo'
 LEFT JOIN measurements hi ON hi.run_id = c.run_id AND hi.case_id = c.case_id AND hi.metric = 'speedup_vs_bf16_hi'
@@ -41,8 +40,6 @@ LEFT JOIN measurements lo_box ON lo_box.run_id = c.run_id AND lo_box.case_id = c
      AND lo_box.metric = 'speedup_vs_bf16_box_lo'
 LEFT JOIN measurements hi_box ON hi_box.run_id = c.run_id AND hi_box.case_id = c.case_id
      AND hi_box.metric = 'speedup_vs_bf16_box_hi'
-LEFT JOIN measurements procs ON procs.run_id = c.run_id AND procs.case_id = c.case_id
-     AND procs.metric = 'speedup_vs_bf16_processes'
 LEFT JOIN measurements mem ON mem.run_id = c.run_id AND mem.case_id = c.case_id AND mem.metric = 'peak_mem_bytes'
 LEFT JOIN measurements bmem ON bmem.run_id = c.run_id AND bmem.case_id = c.twin_id AND bmem.metric = 'peak_mem_bytes'
 WHERE c.workload = 'train' AND c.status = 'ok' AND c.format != 'bf16'
@@ -68,18 +65,18 @@ def _size(model: str) -> Size | None:
 
 def _speeds(con) -> list[SpeedResult]:
     """Every whole-step speed the committed samples rebuild (fp8bench.analysis.rebuild.withdrawn), one per case;
-    where a run timed a recipe on several seeds without an interval of each over several processes, one over
-    its seeds (fp8bench.analysis.seeds), as the pages show it (fp8bench.report.published.shown)."""
+    where a run timed a recipe on several seeds without an interval of each, one over its seeds
+    (fp8bench.analysis.seeds)."""
     gone = withdrawn(con)
     bare: dict[tuple[str, str], list[tuple[SpeedResult, str]]] = {}
     out = []
-    for model, f, s, b, label, twin, sp, lo, hi, mem, run_id, case_id, version, procs in con.execute(SPEEDS).fetchall():
+    for model, f, s, b, label, twin, sp, lo, hi, mem, run_id, case_id, version in con.execute(SPEEDS).fetchall():
         size = _size(model)
         if size is None or (run_id, case_id, "speedup_vs_bf16") in gone:
             continue
         r = SpeedResult(recipe=_recipe(f, s, b, label), size=size, speedup=sp, lo=lo, hi=hi, mem_change_pct=mem,
                         run_id=run_id, measurement_version=version)
-        if lo is None or hi is None or procs == 1:  # no interval, or one resting on one process: seeds first
+        if lo is None or hi is None:
             bare.setdefault((run_id, seedless(case_id)), []).append((r, twin or ""))
         else:
             out.append(r)

@@ -112,14 +112,16 @@ def group_points(run_dir: Path, index: int) -> list[Config]:
     return [config_from_values(p) for p in groups[index]]
 
 
-def run_cases(cases: list[Case], run_id: str, device: DeviceInfo, emit: Callable[[CaseRecord], None]) -> None:
+def run_cases(cases: list[Case], run_id: str, device: DeviceInfo, emit: Callable[[CaseRecord], None],
+              keep: Callable[[CaseRecord], None] | None = None) -> None:
     """Run `cases` in order, groups side by side with their twin, calling `emit` with each record. A group
     that breaks outside any one case's work (the GPU itself failing, say) records its unrecorded cases as
-    failed with that error, and the sweep goes on."""
+    failed with that error, and the sweep goes on. `keep` writes a training run's record before its sandwich
+    (fp8bench.run.train_sandwich), which the emitted one replaces."""
     for unit in units(cases):
         if not is_group(unit):
             for case in unit:
-                emit(with_sandwich(run_case(case, run_id, device), case, run_id, device))
+                emit(with_sandwich(run_case(case, run_id, device), case, run_id, device, keep))
             continue
         recorded: set[str] = set()
 
@@ -192,5 +194,5 @@ def execute(cases: list[Case], run_dir: Path, run_id: str, device: DeviceInfo, *
             if plain:
                 plain.advance(rec)
 
-        run_cases(todo, run_id, device, emit)
+        run_cases(todo, run_id, device, emit, keep=shard.write)
     return records

@@ -10,9 +10,10 @@ speedup's interval covers the variance between them (fp8bench.core.intervals.tra
 
 The record keeps every timed step (`sandwich_ms` with its side, block and process), so the audit rebuilds the
 speedup from the record alone; its `measurement.method` becomes `sandwich`, with the order, the mode (both
-sides resident, or rebuilt per block where they do not fit together) and each process's drift. A recipe whose
-sandwich cannot run keeps its record with the reason, and its speedup stays a ratio of two runs (withdrawn
-from the pages). Runs of fp8bench's own one-process loop only: a framework's loop or a multi-process run
+sides resident, or rebuilt per block where they do not fit together), each process's drift and the seconds
+it took. The run's record is written before the sandwich starts, so a sweep stopped during it keeps the run;
+a recipe whose sandwich cannot run keeps its record with the reason (`sandwich_failures`), and its speedup
+stays a ratio of two runs timed apart. Runs of fp8bench's own one-process loop only: a framework's loop or a multi-process run
 is not stepped block by block.
 """
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fp8bench.backends import get_backend
@@ -60,34 +63,54 @@ def _untracked(case_input):
     return dataclasses.replace(case_input, work_dir=None)  # a sandwich keeps no checkpoint
 
 
-def with_sandwich(rec: CaseRecord, case: Case, run_id: str, device: DeviceInfo) -> CaseRecord:
+PENDING = "the sandwich after the run did not finish"
+"""What the record written before its sandwich says: a sweep stopped during the sandwich keeps the run."""
+
+
+def with_sandwich(rec: CaseRecord, case: Case, run_id: str, device: DeviceInfo,
+                  keep: Callable[[CaseRecord], None] | None = None) -> CaseRecord:
     """`rec` (a recorded training run) with its speedup over its BF16 twin from a sandwich in
-    `measure.processes` processes; `rec` itself where the case is not sandwiched or its run did not finish."""
+    `measure.processes` processes; `rec` itself where the case is not sandwiched or its run did not finish.
+    `keep` writes the run's record before the sandwich starts (the record returned replaces it), so a sweep
+    stopped during the sandwich keeps the run; a sandwich that fails leaves the record as it was, with why."""
     if rec.status != Status.OK or not sandwiched(case):
         return rec
+    if keep is not None:
+        keep(dataclasses.replace(rec, measurement={**rec.measurement, "sandwich_failures": [PENDING]}))
+    started = time.time()
+    try:
+        processes, modes, failures, twin_id = _time_sandwich(case, run_id, device)
+        out = sandwiched_record(rec, processes, modes, failures, case.config.measure, twin_id)
+    except Exception as exc:  # the run is recorded: keep it, with why its speedup has no sandwich
+        return dataclasses.replace(rec, measurement={**rec.measurement, "sandwich_failures": [failure_reason(exc)]})
+    if "sandwich" in out.measurement:
+        out.measurement["sandwich"]["seconds"] = round(time.time() - started, 1)
+    return out
+
+
+def _time_sandwich(case: Case, run_id: str, device: DeviceInfo) -> tuple[list, list[str], list[str], str]:
+    """Each process's blocks, their modes, the failures (a process that did not finish), the twin's id."""
     twin = twin_of(case)
-    ms = case.config.measure
-    processes, modes, failures = [], [], []
     if twin is None:
-        failures.append("its BF16 twin has no shape matching the recipe's")
-    else:
-        try:
-            got = _time_here(twin, case, run_id, device)
-            processes.append(got["blocks"])
+        return [], [], ["its BF16 twin has no shape matching the recipe's"], ""
+    processes, modes, failures = [], [], []
+    try:
+        got = _time_here(twin, case, run_id, device)
+        processes.append(got["blocks"])
+        modes.append(got["mode"])
+    except Exception as exc:
+        failures.append(failure_reason(exc))
+    finally:
+        release(device)
+    for _ in range(case.config.measure.processes - 1 if processes else 0):
+        got = in_fresh_process("fp8bench.run.train_sandwich",
+                               {"twin": twin, "case": case, "run_id": run_id, "device": device.kind})
+        if isinstance(got, str):
+            failures.append(got)
+        else:
+            processes.append([(side, steps) for side, steps in got["blocks"]])
             modes.append(got["mode"])
-        except Exception as exc:  # the run is recorded: keep it, with why its speedup has no sandwich
-            failures.append(failure_reason(exc))
-        finally:
-            release(device)
-        for _ in range(ms.processes - 1 if processes else 0):
-            got = in_fresh_process("fp8bench.run.train_sandwich",
-                                   {"twin": twin, "case": case, "run_id": run_id, "device": device.kind})
-            if isinstance(got, str):
-                failures.append(got)
-            else:
-                processes.append([(side, steps) for side, steps in got["blocks"]])
-                modes.append(got["mode"])
-    return sandwiched_record(rec, processes, modes, failures, ms, twin.case_id if twin else "")
+    return processes, modes, failures, twin.case_id
 
 
 def sandwiched_record(rec: CaseRecord, processes: list, modes: list[str], failures: list[str], measure,
