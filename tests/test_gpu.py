@@ -1,5 +1,6 @@
 """GPU paths, run on the H200 with `pytest -m gpu` (skipped on CPU with the probe's reason)."""
 
+import os
 import statistics
 from itertools import pairwise
 
@@ -488,3 +489,28 @@ def test_a_sandwich_whose_sides_do_not_fit_together_rebuilds_each_block(tmp_path
         torch.cuda.empty_cache()
     assert alone.mode == REBUILT and [s for s, _ in alone.blocks] == ["A", "B", "A"]
     assert recorded_sandwich(sandwich_samples([alone.blocks])) is not None
+
+
+@pytest.mark.parametrize("backend", ["te", "te-layer"])
+def test_a_te_delayed_scaling_run_resumes_from_its_own_checkpoint(tmp_path, backend, monkeypatch):
+    """Transformer Engine refuses pickled extra state (the amax history) unless the file is trusted: a run's
+    own checkpoint loads, and the resumed model holds the saved scales."""
+    from fp8bench.run.caserun import case_input
+    from fp8bench.workloads.train import loop
+    from fp8bench.workloads.train.local import build_engine
+
+    monkeypatch.delenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", raising=False)
+    points, _ = expand([*TRAIN, f"backend={backend}", "format=e4m3", "scaling=delayed", f"results_dir={tmp_path}"])
+    [case] = [c for c in plan(points) if c.config.format.name == "e4m3"]
+    inp = case_input(case, "r", detect_device())
+    engine, data = build_engine(inp)
+    run = loop.Stepper(inp, engine, data)
+    for k in range(3):
+        run.step(k, None)
+    path = tmp_path / "checkpoint.pt"
+    loop._save_checkpoint(path, loop._checkpoint_state(engine, run.scaler, loop.Curve(step=3)))
+    fresh, data2 = build_engine(inp)
+    curve = loop._load_checkpoint(path, fresh, loop.Stepper(inp, fresh, data2).scaler, inp.device)
+    assert curve.step == 3 and "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE" not in os.environ
+    saved = {k: v for k, v in engine.model.state_dict().items() if k.endswith("_extra_state")}
+    assert saved and all(k in fresh.model.state_dict() for k in saved)

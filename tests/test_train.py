@@ -1,6 +1,7 @@
 """The `train` workload on CPU: it learns, it resumes exactly, it records divergence, parity is judged."""
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -203,3 +204,19 @@ def test_a_training_speedup_is_host_bound_when_either_step_leaves_the_gpu_idle()
     names = {m.name for r, ms, _ in derived_metrics([step("bf16", 34.9, 12.6), step("e4m3", 118.0, 15.0)])
              for m in ms}
     assert {"speedup_vs_bf16", "host_bound"} <= names
+
+
+def test_loading_a_run_s_own_checkpoint_trusts_its_pickles_only_while_it_loads(tmp_path, monkeypatch):
+    """Transformer Engine's delayed-scaling state is a pickle it loads only when told the file is trusted: the
+    run's own checkpoint is, for the duration of the load; the setting is gone after it, or as it was."""
+    from fp8bench.workloads.train import loop
+
+    seen = []
+    monkeypatch.delenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", raising=False)
+    with loop._loading_own_checkpoint():
+        seen.append(os.environ.get("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"))
+    assert seen == ["1"] and "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE" not in os.environ
+    monkeypatch.setenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "0")
+    with loop._loading_own_checkpoint():
+        pass
+    assert os.environ["NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"] == "0"

@@ -308,14 +308,35 @@ def _save_checkpoint(path: Path, state: dict) -> None:
     os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous checkpoint intact
 
 
+OWN_PICKLES = {"NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE": "1"}
+"""Set while a run loads its own checkpoint: Transformer Engine refuses the pickled extra state (delayed
+scaling's amax history and scales) of a module's state dict unless told the file is trusted. The file is
+this case's own, written by `_save_checkpoint` in its work folder, as the weights_only=False load says."""
+
+
+@contextlib.contextmanager
+def _loading_own_checkpoint():
+    before = {k: os.environ.get(k) for k in OWN_PICKLES}
+    os.environ.update(OWN_PICKLES)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _load_checkpoint(path: Path, engine: Engine, scaler, device: torch.device) -> Curve:
     # a full (unsharded) state goes to host memory first: every rank reads it, and only its shard is kept
     state = torch.load(path, map_location="cpu" if engine.load_state else device, weights_only=False)
-    if engine.load_state:
-        engine.load_state(state)
-    else:
-        engine.model.load_state_dict(state["model"])
-        engine.opt.load_state_dict(state["optimizer"])
+    with _loading_own_checkpoint():
+        if engine.load_state:
+            engine.load_state(state)
+        else:
+            engine.model.load_state_dict(state["model"])
+            engine.opt.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
     return Curve(**state["curve"])
 
