@@ -32,9 +32,12 @@ def test_seeds_each_against_their_own_twin_give_a_t_interval_of_their_log_speedu
     assert iv.lo < math.exp(np.mean(np.log(speedups))) < iv.hi
 
 
-@pytest.mark.parametrize("speedups,twins", [([0.94], ["t0"]), ([0.94, 0.95], ["t0", "t0"]), ([0.94, 0.95], ["t0", ""])])
-def test_one_seed_or_seeds_sharing_a_twin_give_no_interval(speedups, twins):
-    """One seed is one measurement; two seeds divided by one BF16 timing are not independent repeats."""
+@pytest.mark.parametrize("speedups,twins", [([0.94], ["t0"]), ([0.7, 0.8], ["t0", "t1"]),
+                                            ([0.94, 0.95, 0.96], ["t0", "t0", "t1"]),
+                                            ([0.94, 0.95, 0.96], ["t0", "", "t1"])])
+def test_too_few_seeds_or_seeds_sharing_a_twin_give_no_interval(speedups, twins):
+    """One seed is one measurement; two give a t-interval of one degree of freedom (0.7x and 0.8x would span
+    0.02x-30x); seeds divided by one BF16 timing are not independent repeats."""
     assert over_seeds(speedups, twins) is None
 
 
@@ -54,13 +57,14 @@ def test_the_pages_show_an_interval_where_the_data_give_one_and_withdraw_the_res
         _case("r", "layer.m.e4m3", 1.46, "layer.m.bf16", "layer", 1.44, 1.50),
         _case("r", "train.m.seed0.e4m3", 0.94, "train.m.seed0.bf16"),
         _case("r", "train.m.seed1.e4m3", 0.95, "train.m.seed1.bf16"),
+        _case("r", "train.m.seed2.e4m3", 0.93, "train.m.seed2.bf16"),
         _case("r", "train.m2.seed0.e4m3", 1.50, "train.m2.seed0.bf16"),
         _case("r", "layer.m.hybrid", np.nan, "layer.m.bf16", "layer", withdrawn="its record names no BF16 twin"),
         _case("r", "train.m.seed0.bf16", np.nan, "train.m.seed0.bf16")])
     s = published.shown(df)
     assert s[0] == Shown(1.46, 1.44, 1.50)
-    assert s[1] == s[2] and s[1].seeds == 2 and s[1].lo < s[1].value < s[1].hi
-    assert s[3] == Shown(withdrawn=NO_INTERVAL)
-    assert s[4] == Shown(withdrawn="its record names no BF16 twin")
-    assert s[5] == Shown() and s[5].text() == ""
+    assert s[1] == s[2] == s[3] and s[1].seeds == 3 and s[1].lo < s[1].value < s[1].hi
+    assert s[4] == Shown(withdrawn=NO_INTERVAL)
+    assert s[5] == Shown(withdrawn="its record names no BF16 twin")
+    assert s[6] == Shown() and s[6].text() == ""
 

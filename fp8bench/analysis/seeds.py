@@ -15,12 +15,16 @@ from collections.abc import Sequence
 
 from fp8bench.core.intervals import SpeedupInterval, process_interval
 
+MIN_SEEDS = 3
+"""Seeds an interval over seeds needs: with two, the t-interval has one degree of freedom and spans more than
+an order of magnitude for a few percent of spread between them (0.02x-30x over two seeds of 0.7x and 0.8x)."""
+
 
 def over_seeds(speedups: Sequence[float], twins: Sequence[str]) -> SpeedupInterval | None:
     """The speedup over the seeds of one recipe in one run (each seed's speedup against its BF16 twin, the
-    twins' case ids in `twins`) and its 95% interval; None with fewer than two seeds, or where two seeds share
-    a twin (their ratios would share one BF16 timing: not independent repeats)."""
-    if len(speedups) < 2 or len(set(twins)) != len(twins) or any(not t for t in twins):
+    twins' case ids in `twins`) and its 95% interval; None with fewer than MIN_SEEDS seeds, or where two seeds
+    share a twin (their ratios would share one BF16 timing: not independent repeats)."""
+    if len(speedups) < MIN_SEEDS or len(set(twins)) != len(twins) or any(not t for t in twins):
         return None
     iv = process_interval([math.log(s) for s in speedups])
     return None if iv is None else dataclasses.replace(iv, unit="seeds")

@@ -61,7 +61,7 @@ def rows(con) -> pd.DataFrame:
     t = data.cases(con)
     t = t[t["run_id"].isin(ids) & (t["workload"] == "train") & t["status"].isin(["ok", "diverged"])]
     out = []
-    for (run_id, _), d in t.groupby(["run_id", t["case_id"].map(seedless)]):
+    for (run_id, _), d in t.sort_values("case_id").groupby(["run_id", t["case_id"].map(seedless)]):
         r = d.iloc[0]
         bf16 = r["format"] == "bf16"
         judged = not bf16 and d["parity_seeds"].notna().any()

@@ -124,7 +124,8 @@ def steps_block(con) -> str:
         return "No Llama-scale training step is recorded.\n"
     commits = runs.set_index("run_id")["git_commit"].fillna("").str[:7]
     versions = _versions(runs)
-    best = fastest_per_path(steps).sort_values(["device", "hidden", "layers", "seq", "speedup"], ascending=[True, True, True, True, False])
+    best = fastest_per_path(steps).sort_values(["device", "hidden", "layers", "seq", "speedup", "case_id"],
+                                               ascending=[True, True, True, True, False, True], kind="stable")
     out = table(["device · model", "layers", "batch x seq, master weights, GPUs", "path",
                  "fastest FP8 recipe (else the first by name)",
                  "speedup vs BF16 (95% interval)", "BF16 drift", "tokens/s", "BF16 tokens/s", "peak GiB (vs BF16)",
