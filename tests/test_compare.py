@@ -21,7 +21,8 @@ BUSY = {"device": 0.99, "host": 0.7, "unsettled": 0.88}
 
 
 def _run(root, run_id, commit, started, factor=1.0, seed=0, device="NVIDIA H200", torch_version="2.11.0",
-         sqnr=28.5, noise=0.01, version=4, reference_sqnr=None, factors=None, bound=None):
+         sqnr=28.5, noise=0.01, version=4, reference_sqnr=None, factors=None, bound=None, method="interleaved",
+         speedup=None):
     """A run of N_CASES GEMM cases; `factors` {case index: factor} slows single cases, `bound` {case index:
     'device'|'host'|'unsettled'} gives them block times for the bound rule (others have none: 'unknown')."""
     rng = random.Random(seed)
@@ -41,8 +42,10 @@ def _run(root, run_id, commit, started, factor=1.0, seed=0, device="NVIDIA H200"
                                format="e4m3", scaling="current", backend="torch", shape_name=f"s{i}", shape={},
                                status="ok", metrics=[Metric.of("time_ms", sorted(samples["time_ms"])[N_SAMPLES // 2]),
                                                      Metric.of("sqnr_db", sqnr)]
-                               + ([Metric.of("reference_sqnr_db", reference_sqnr)] if reference_sqnr else []),
-                               samples=samples, measurement={"version": version, "method": "interleaved"}))
+                               + ([Metric.of("reference_sqnr_db", reference_sqnr)] if reference_sqnr else [])
+                               + ([Metric.of("speedup_vs_bf16", speedup * rng.lognormvariate(0, noise))]
+                                  if speedup else []),
+                               samples=samples, measurement={"version": version, "method": method}))
 
 
 def _db(tmp_path):
@@ -338,3 +341,25 @@ def test_piped_compare_keeps_every_cell_whole(tmp_path):
                          timeout=300)
     assert res.returncode == 1, res.stderr  # the SQNR regressions
     assert "…" not in res.stdout and "gemm.m.s39.e4m3.current.torch" in res.stdout
+
+
+def test_a_speedup_formed_another_way_is_not_comparable_and_history_keeps_it_apart(tmp_path):
+    """A speedup timed as a sandwich against one formed from two runs apart (a training recipe's before and
+    after the sandwich): compare lists it as not comparable, with both methods, and judges the timings;
+    history starts a series of its own for it."""
+    from fp8bench.analysis.history import _points
+
+    for k in range(5):
+        _run(tmp_path, f"r{k}", "c0", 1.0e9 + k, seed=k, method="alone", speedup=1.3)
+    _run(tmp_path, "base", "c0", 1.05e9, seed=10, method="alone", speedup=1.3)
+    _run(tmp_path, "head", "c1", 1.1e9, seed=11, method="sandwich", speedup=1.3)
+    con = _db(tmp_path)
+    cmp = compare_runs(con, "base", "head")
+    speedups = [c for c in cmp.changes if c.metric == "speedup_vs_bf16"]
+    assert speedups and {(c.verdict, c.reason) for c in speedups} == {
+        (NOT_COMPARABLE, "speedup formed another way (alone → sandwich)")}
+    assert {c.verdict for c in _timed(cmp)} == {"unchanged"}
+    series, _ = _points(con, "speedup_vs_bf16", False)
+    case = "gemm.m.s0.e4m3.current.torch"
+    assert sorted((k[-1], len(v)) for k, v in series.items() if k[1] == case) == [("alone", 6), ("sandwich", 1)]
+

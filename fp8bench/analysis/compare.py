@@ -241,6 +241,8 @@ def _not_comparable(case: str, metric: str, b: _RunData, h: _RunData, versions: 
         return bound, f"measurement versions {versions}"
     if Bound.UNSETTLED.value == bound:
         return bound, "unsettled"
+    if metric in SPEEDUPS and b.cases[case][4] != h.cases[case][4]:
+        return bound, f"speedup formed another way ({b.cases[case][4] or 'unstated'} → {h.cases[case][4] or 'unstated'})"
     if metric not in SPEEDUPS and "once" in (b.cases[case][4], h.cases[case][4]):
         return bound, "timed once (the emulator runs for its numerics)"
     return bound, ""

@@ -132,6 +132,8 @@ def _points(con, metric: str, across_versions: bool) -> tuple[dict, int]:
             unsettled += 1
             continue
         key = (device, case_id) if across_versions else (device, case_id, version)
+        if metric.startswith("speedup_vs_bf16"):  # a speedup formed another way starts a series of its own
+            key += (json.loads(measurement or "{}").get("method", ""),)
         series.setdefault(key, []).append((run_id, commit, value, version, label))
     return series, unsettled
 

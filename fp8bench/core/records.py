@@ -21,7 +21,7 @@ RECORD_VERSION = 2
 """2: a case's id is derived from its whole identity (fp8bench.cases.identity), stated in `params`; a record
 carries its `label`, its BF16 twin's id (`twin_id`) and what ran (`ran`). Records of version 1 are re-keyed to
 version 2 ids at ingest (fp8bench.data.legacy)."""
-MEASUREMENT_VERSION = 5
+MEASUREMENT_VERSION = 4
 """How fp8bench times (fp8bench.core.measure); a change starts new asv series on purpose, and `compare`, `history`
 and `asv-compare` refuse to judge across versions unless asked to.
 2: CUDA samples queued back to back and read after one sync (1: a sync per iteration).
@@ -29,9 +29,9 @@ and `asv-compare` refuse to judge across versions unless asked to.
 4: gemm, linear and layer cases are timed side by side with their BF16 twin, interleaved in rounds
    (fp8bench.run.groups); speedup_vs_bf16 is measured from those rounds, with a 95% interval, not derived from
    two cases timed apart; each timing also records the GPU's busy share (host-bound cases).
-5: a training recipe's speedup_vs_bf16 is timed after its run as a sandwich of alternating blocks of steps of
-   its BF16 twin and of itself, in `measure.processes` processes (fp8bench.run.train_sandwich), with a 95%
-   interval and the twin's drift, not a ratio of two runs timed apart."""
+A training recipe's speedup_vs_bf16 timed as a sandwich against its BF16 twin (fp8bench.run.train_sandwich)
+says so in its `measurement.method` ('sandwich'); its timings are the version's, and `compare` and `history`
+never judge one speedup against another of a different method."""
 LEGACY_VERSION_SQL = """CASE WHEN json_extract(config, '$.base.measure.settle_ms') IS NOT NULL THEN 3
      WHEN started_at >= TIMESTAMP '2026-11-30 03:53:01' THEN 2 ELSE 1 END"""
 """The measurement version of a run recorded before versions travelled with the data (a `runs` row without

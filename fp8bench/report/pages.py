@@ -21,7 +21,8 @@ CURVE_H = 320
 CURVE_POINTS = 200
 """Points drawn per training-loss curve at most (every k-th step of its 20-step running mean)."""
 OPEN_RUNS_PER_MODEL = 4
-"""The training page opens each device · model's newest loss runs; the earlier ones are one click away."""
+"""The training page opens each device · model's newest loss runs that judged parity; the earlier ones, and
+runs without a verdict, are one click away."""
 """Loss curves are drawn lower: a training page holds two per run."""
 
 
@@ -901,11 +902,18 @@ def training_page(df: pd.DataFrame, curves: pd.DataFrame, falls: pd.DataFrame | 
         loss_runs.setdefault((device, model), []).append((d["started_at"].min(), run_id, d))
     for (device, model), runs in loss_runs.items():
         runs.sort(key=lambda r: (r[0], r[1]), reverse=True)  # newest first
-        for i, (_, run_id, d) in enumerate(runs):
-            if i == OPEN_RUNS_PER_MODEL:
-                p.raw(f"<details><summary>{len(runs) - i} earlier runs of {esc(model)} on {esc(device)}</summary>")
+        # open: the newest runs that judged parity; folded: earlier ones, and runs without a verdict (fewer
+        # than three BF16 seeds: their curves are shown, but they decide nothing)
+        judged = [r for r in runs if r[2]["parity_seeds"].notna().any()]
+        shown = judged[:OPEN_RUNS_PER_MODEL]
+        folded = [r for r in runs if not any(r is j for j in shown)]
+        for _, run_id, d in shown:
             _loss_run_section(p, device, model, run_id, d, curves, cols, digits)
-        if len(runs) > OPEN_RUNS_PER_MODEL:
+        if folded:
+            p.raw(f"<details><summary>{len(folded)} more runs of {esc(model)} on {esc(device)} (earlier, or "
+                  "without a parity verdict)</summary>")
+            for _, run_id, d in folded:
+                _loss_run_section(p, device, model, run_id, d, curves, cols, digits)
             p.raw("</details>")
     if study_runs:
         p.raw(f"<details><summary>Each case of the whole-step study's {len(study_runs)} run sections "
