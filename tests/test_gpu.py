@@ -460,14 +460,14 @@ def test_a_training_recipe_is_timed_against_its_twin_in_a_sandwich_on_the_gpu(tm
 def test_a_sandwich_whose_sides_do_not_fit_together_rebuilds_each_block(tmp_path):
     """With the GPU filled until one side fits but not two, the sandwich starts over as A B A, each block
     building its side alone; the blocks still give the speedup."""
+    from fp8bench.cases import twin_case
     from fp8bench.core.intervals import recorded_sandwich, sandwich_samples
     from fp8bench.run.caserun import case_input
-    from fp8bench.run.train_sandwich import twin_of
     from fp8bench.workloads.train.sandwich import REBUILT, RESIDENT, time_sandwich
 
     points, _ = expand([*TRAIN, "backend=te", "format=hybrid", "scaling=delayed", f"results_dir={tmp_path}"])
     [case] = [c for c in plan(points) if c.config.format.name == "hybrid"]
-    twin, device = twin_of(case), detect_device()
+    twin, device = twin_case(case), detect_device()
     inputs = [case_input(c, "r", device) for c in (twin, case)]
 
     def peak(order: str):

@@ -94,6 +94,12 @@ def twin_shape(config: Config, shape_name: str) -> tuple[str, dict] | None:
     return next(((n, s) for n, s in shapes_module.shapes(twin_config(config)) if n == name), None)
 
 
+def twin_case(case: Case) -> Case | None:
+    """The BF16 case a recipe's speedup divides by, built from its point; None where the twin has no shape."""
+    found = twin_shape(case.config, case.shape_name)
+    return None if found is None else build(twin_config(case.config), *found)
+
+
 def _twin_id(config: Config, shape_name: str, knobs: dict, variant: str) -> str:
     found = twin_shape(config, shape_name)
     if found is None:

@@ -16,7 +16,7 @@ from fp8bench.config.compose import preset_values
 from fp8bench.core.markdown import table
 from fp8bench.core.records import seedless
 from fp8bench.report import data
-from fp8bench.report.parity_view import _recipe_verdict, curve
+from fp8bench.report.parity_view import _counted, _recipe_verdict, curve
 
 SWEEP = "accuracy-ablation"
 REFERENCE_VARIANT = "e4m3-delayed"
@@ -66,15 +66,15 @@ def rows(con) -> pd.DataFrame:
         bf16 = r["format"] == "bf16"
         judged = not bf16 and d["parity_seeds"].notna().any()
         rv = _recipe_verdict(d[d["parity_seeds"].notna()]) if judged else None
-        curves = pd.Series([curve(row) for _, row in d.iterrows()]).value_counts(sort=False)
+        changed = factor(r)
         out.append({"run": run_id, "device": r["device"], "configuration": f"{r['recipe']}",
-                    "factor": factor(r), "seeds": len(d),
+                    "factor": changed, "seeds": len(d),
                     "parity": "" if bf16 else (rv.text() if rv else "no verdict (fewer than 3 BF16 seeds)"),
                     "leaves the band": "" if rv is None else ("stays in the band" if rv.exit_step is None
                                                               else f"step {rv.exit_step}"),
-                    "curve": "; ".join(f"{c} ({n} seeds)" if n > 1 else c for c, n in curves.items() if c),
+                    "curve": _counted([curve(row) for _, row in d.iterrows()]),
                     "final val loss": _spread(d.loc[d["status"] == "ok", "loss_final"]),
-                    "_order": (not bf16, factor(r) != "TE's defaults", factor(r))})
+                    "_order": (not bf16, changed != "TE's defaults", changed)})
     df = pd.DataFrame(out)
     return df.sort_values(["run", "_order"]).drop(columns="_order") if not df.empty else df
 

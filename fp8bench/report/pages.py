@@ -62,9 +62,7 @@ def advisor(df: pd.DataFrame) -> pd.DataFrame:
     if real.empty:
         return pd.DataFrame()
     lo, hi = interval(real)
-    # a speedup without an interval is withdrawn (fp8bench.report.published): it neither shows nor ranks
-    real = real.assign(speedup=real["speedup"].where(lo.notna() & hi.notna()),
-                       mem_change=(real["peak_mem_bytes"] / real["bf16_peak_mem_bytes"] - 1) * 100,
+    real = real.assign(mem_change=(real["peak_mem_bytes"] / real["bf16_peak_mem_bytes"] - 1) * 100,
                        s_lo=lo, s_hi=hi, hb=real["host_bound"], on_cpu=real["device_kind"] == "cpu")
     g = real.groupby(["device", "model", "workload", "recipe"], dropna=False).agg(
         speedup=("speedup", "median"), speedup_lo=("s_lo", "median"), speedup_hi=("s_hi", "median"),

@@ -136,7 +136,7 @@ def rows(rec: Recommendation) -> list[list[str]]:
 def _shown(s: SpeedResult) -> Shown:
     """A speed as the pages show it: with its interval, or withdrawn for want of one (those the committed samples
     cannot rebuild never get here: _speeds)."""
-    if s.lo is None or s.hi is None:
+    if not s.established:
         return Shown(withdrawn=NO_INTERVAL)
     return Shown(s.speedup, s.lo, s.hi, seeds=s.seeds)
 

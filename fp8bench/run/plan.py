@@ -15,7 +15,7 @@ import torch
 
 from fp8bench import backends
 from fp8bench.backends import get_backend
-from fp8bench.cases import Case, build, cases_of, twin_config, twin_shape
+from fp8bench.cases import Case, cases_of, twin_case
 from fp8bench.config.schema import Config, ConfigError
 from fp8bench.core.hardware import DeviceInfo, detect_device
 from fp8bench.core.types import Format
@@ -166,8 +166,7 @@ def _add_twins(cases: dict[str, Case], device: DeviceInfo, installed: bool) -> N
             continue
         if not verdict(case, device, installed)[0]:
             continue  # a recipe that will not run needs no twin
-        name, shape = twin_shape(case.config, case.shape_name)
-        twin = build(twin_config(case.config), name, shape)
+        twin = twin_case(case)  # a case with a twin id has a twin shape
         cases[twin.case_id] = dataclasses.replace(twin, added=True)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fp8bench.backends import get_backend
-from fp8bench.cases.case import Case, build, twin_config, twin_shape
+from fp8bench.cases.case import Case, twin_case
 from fp8bench.core.hardware import DeviceInfo
 from fp8bench.core.intervals import SANDWICH_METHOD, recorded_sandwich, sandwich_order, sandwich_samples
 from fp8bench.core.records import CaseRecord, Metric
@@ -43,11 +43,6 @@ def sandwiched(case: Case) -> bool:
     backend = get_backend(c.backend_name)
     return (case.runnable and c.workload.name == "train" and not case.is_bf16 and c.measure.sandwich_blocks > 0
             and backend.timed and backend.loop == "fp8bench" and c.workload.train.nproc == 1)
-
-
-def twin_of(case: Case) -> Case | None:
-    found = twin_shape(case.config, case.shape_name)
-    return None if found is None else build(twin_config(case.config), *found)
 
 
 def _time_here(twin: Case, case: Case, run_id: str, device: DeviceInfo) -> dict:
@@ -90,7 +85,7 @@ def with_sandwich(rec: CaseRecord, case: Case, run_id: str, device: DeviceInfo,
 
 def _time_sandwich(case: Case, run_id: str, device: DeviceInfo) -> tuple[list, list[str], list[str], str]:
     """Each process's blocks, their modes, the failures (a process that did not finish), the twin's id."""
-    twin = twin_of(case)
+    twin = twin_case(case)
     if twin is None:
         return [], [], ["its BF16 twin has no shape matching the recipe's"], ""
     processes, modes, failures = [], [], []
