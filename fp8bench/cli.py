@@ -727,6 +727,9 @@ THIRD_PARTY_NOISE = (
     ("warnings", "TF32 acceleration on top of oneDNN"),
     # Lightning's own use of torch's pytree API
     ("warnings", ".*treespec.*deprecated"),
+    # Hydra's plugin scan, on a box without the joblib or submitit plugin our launchers extend (those launchers
+    # are unavailable there, and choosing one is a clear error: fp8bench.config.compose.chosen_launcher_missing)
+    ("warnings", r"\s*Error importing 'hydra_plugins\.fp8bench_launchers\."),
 )
 """Messages of the libraries fp8bench drives that say nothing about a measurement, by logger (or `warnings`)
 and a text they contain (for `warnings`, a regular expression their start matches); FP8BENCH_VERBOSE=1 shows

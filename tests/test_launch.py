@@ -217,3 +217,39 @@ def test_job_seconds_come_from_each_cases_latest_run_and_skip_a_torn_line(tmp_pa
         f.write('{"run_id": "new", "case_id": "b", "dur')  # a crashed job's torn last line
     seconds = job_seconds_from_history([job(0), job(1), job(2)])
     assert seconds == [3.0 + 2.0, 1.0, None]
+
+
+WITHOUT_HYDRA_LAUNCHER_PLUGINS = """
+import sys
+# as on a GPU box given only what a run needs: neither Hydra's joblib nor its submitit launcher is installed
+sys.modules["hydra_plugins.hydra_joblib_launcher"] = None
+sys.modules["hydra_plugins.hydra_submitit_launcher"] = None
+from fp8bench.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_without_the_launcher_plugins_and_choosing_one_is_a_clear_error(tmp_path):
+    """A box without hydra-joblib-launcher or hydra-submitit-launcher runs `-m` sweeps with Hydra's basic
+    launcher; choosing a launcher built on a missing plugin exits 2 naming the package and the launchers that
+    do run there, with no traceback."""
+    sweep = ["run", "-m", "workload=gemm", "model=tiny", "backend=torch", "format=e4m3", "scaling=current",
+             "workload.roles=[fprop]", "workload.linears=[o]", f"results_dir={tmp_path}", "store.ingest=false"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-c", WITHOUT_HYDRA_LAUNCHER_PLUGINS, *sweep, *extra], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=600)
+
+    ok = run("run_id=basic")
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
+    assert len(list((tmp_path / "runs" / "basic").glob("shard-*.jsonl"))) == 1
+    assert "Error importing" not in ok.stderr  # Hydra's plugin scan says nothing a run needs
+    bad = run("run_id=gpus", "hydra/launcher=local-gpus")
+    said = bad.stdout + bad.stderr
+    assert bad.returncode == 2 and "Traceback" not in said, said[-2000:]
+    assert "hydra/launcher=local-gpus needs hydra-joblib-launcher" in said
+    assert "launchers that run here: ['local-processes', 'basic']" not in said  # local-processes needs submitit
+    assert "launchers that run here: ['basic']" in " ".join(said.split())
+    assert not (tmp_path / "runs" / "gpus").exists() or not list((tmp_path / "runs" / "gpus").glob("shard-*"))

@@ -44,6 +44,19 @@ def test_a_recipe_is_one_across_the_te_paths_and_the_launch_variants():
     assert Recipe.of("e4m3", "delayed", "accelerate") != TE_E4M3_DELAYED
 
 
+def test_a_scaling_knob_away_from_the_defaults_makes_another_recipe():
+    """Delayed scaling with a 16-step amax history passes where TE's defaults fail: neither lends the other
+    its verdict, and neither is credited with the other's speed."""
+    short = Recipe.of("e4m3", "delayed", "te-layer", knobs="amax history len 16")
+    assert short != TE_E4M3_DELAYED and short.label() == "e4m3/delayed · te · amax history len 16"
+    pooled = {p.recipe: p for p in pool_parity(
+        [SeedVerdict(recipe=TE_E4M3_DELAYED, size=MID, seed=s, passed=False, failed_rules=("x",)) for s in range(3)]
+        + [SeedVerdict(recipe=short, size=MID, seed=s, passed=True) for s in range(3)])}
+    assert (pooled[short].passed, pooled[TE_E4M3_DELAYED].passed) == (True, False)
+    rec = recommend([_speed(TE_E4M3_DELAYED, 1.5)], pooled.values())
+    assert rec.chosen is None and rec.faster[0].status == "FAIL"
+
+
 def test_the_fastest_recipe_that_passes_is_named_with_both_sizes():
     rec = recommend(
         [_speed(TE_E4M3_DELAYED, 1.50, mem_change_pct=14.0), _speed(TE_HYBRID_DELAYED, 1.43, lo=1.40, hi=1.46,
@@ -59,6 +72,9 @@ def test_the_fastest_recipe_that_passes_is_named_with_both_sizes():
     assert rec.faster[0].status == "FAIL" and "0/3 pass at llama-350m (final-loss prediction interval)" in \
         rec.faster[0].text()
     assert rec.text().splitlines()[1].startswith("  faster, FAIL: e4m3/delayed · te: 1.50x (1.47-1.53)")
+    # the slower recipes that beat BF16 follow, with their verdicts: an alternative, and a run worth doing
+    assert [(c.recipe, c.status) for c in rec.slower] == [(TE_HYBRID_CURRENT, "not judged"), (TORCHAO, "passes")]
+    assert rec.text().splitlines()[2].startswith("  slower, not judged: hybrid/current · te: 1.40x")
 
 
 def test_no_verdict_is_not_judged_and_too_few_seeds_is_not_passes():

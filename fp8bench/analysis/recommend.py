@@ -2,7 +2,7 @@
 
 `recommend` returns the fastest recipe, at the size its speed was measured, that passes parity at the largest
 size where it was judged with at least MIN_SEEDS seeds and failed nowhere; the recipes faster than it are
-listed below it with their verdicts. Only a speed with a 95% interval ranks a recipe, and "faster than BF16"
+listed below it with their verdicts, then the slower ones that still beat BF16. Only a speed with a 95% interval ranks a recipe, and "faster than BF16"
 means that interval lies above 1: a recipe whose speed was withdrawn is listed apart, with no figure. A recipe with no verdict is "not judged", one judged on fewer seeds "too
 few seeds": neither is ever "passes". A recipe is the same recipe across sizes when `Recipe.of` says so.
 """
@@ -35,20 +35,23 @@ def quantizes_as(backend: str) -> str:
 
 @dataclass(frozen=True, order=True)
 class Recipe:
-    """A recipe's identity across sizes and runs: number format, scaling, and the numerics path (the backend
-    whose quantization it shares, `quantizes_as`, with SCHEDULING_ONLY variant tags dropped)."""
+    """A recipe's identity across sizes and runs: number format, scaling, the numerics path (the backend
+    whose quantization it shares, `quantizes_as`, with SCHEDULING_ONLY variant tags dropped), and the scaling
+    knobs set away from that scaling's defaults (fp8bench.cases.identity.knob_text): delayed scaling with a
+    16-step amax history is not TE's defaults, and neither lends the other its speed or its verdict."""
 
     format: str
     scaling: str
     path: str
+    knobs: str = ""
 
     @classmethod
-    def of(cls, format: str, scaling: str, backend: str, variant: str = "") -> Recipe:
+    def of(cls, format: str, scaling: str, backend: str, variant: str = "", knobs: str = "") -> Recipe:
         tags = [t for t in variant.split("+") if t and t not in SCHEDULING_ONLY]
-        return cls(format, scaling, "+".join([quantizes_as(backend), *tags]))
+        return cls(format, scaling, "+".join([quantizes_as(backend), *tags]), knobs)
 
     def label(self) -> str:
-        return f"{self.format}/{self.scaling} · {self.path}"
+        return f"{self.format}/{self.scaling} · {self.path}" + (f" · {self.knobs}" if self.knobs else "")
 
 
 @dataclass(frozen=True, order=True)
@@ -193,6 +196,9 @@ class Recommendation:
     chosen: Candidate | None
     faster: tuple[Candidate, ...]
     """Recipes faster than the chosen one (every recipe faster than BF16 when none is chosen), fastest first."""
+    slower: tuple[Candidate, ...] = ()
+    """Recipes faster than BF16 but slower than the chosen one, fastest first: the alternatives, with their
+    verdicts (one that passes is a fallback; one not judged is a parity run worth doing)."""
     unestablished: tuple[Candidate, ...] = ()
     """Recipes whose whole-step speed has no interval anywhere: not ranked, listed with their verdicts."""
 
@@ -200,6 +206,7 @@ class Recommendation:
         head = (f"use {self.chosen.text()}" if self.chosen else
                 f"no FP8 recipe faster than BF16 (its 95% interval above 1) passes loss parity with at least {MIN_SEEDS} seeds")
         return "\n".join([head, *(f"  faster, {c.status}: {c.text()}" for c in self.faster),
+                          *(f"  slower, {c.status}: {c.text()}" for c in self.slower),
                           *(f"  {UNESTABLISHED}, {c.status}: {c.text()}" for c in self.unestablished)])
 
 
@@ -235,6 +242,7 @@ def recommend(speeds: Iterable[SpeedResult], parity: Iterable[ParityResult]) -> 
     ranked = sorted((c for c in candidates if c.speed.established and c.speed.lo > 1.0),
                     key=lambda c: (-c.speed.speedup, c.recipe))
     chosen = next((c for c in ranked if c.status == "passes"), None)
-    faster = ranked[:ranked.index(chosen)] if chosen else ranked
+    at = ranked.index(chosen) if chosen else len(ranked)
     unestablished = sorted((c for c in candidates if not c.speed.established), key=lambda c: c.recipe)
-    return Recommendation(chosen=chosen, faster=tuple(faster), unestablished=tuple(unestablished))
+    return Recommendation(chosen=chosen, faster=tuple(ranked[:at]), slower=tuple(ranked[at + 1:]),
+                          unestablished=tuple(unestablished))

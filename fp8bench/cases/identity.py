@@ -158,6 +158,14 @@ def scaling_changes(scaling: str, params: dict) -> dict[str, object]:
             if v is not None and v != defaults.get(k)}
 
 
+def knob_text(scaling: str, params: dict | str | None) -> str:
+    """scaling_changes as the pages name them, 'amax history len 16, margin 2' ('' at the defaults); `params`
+    is the stored identity, as a mapping or its JSON text. A recipe label carries it (`e4m3/delayed · te-layer ·
+    amax history len 16`): a knob away from the defaults makes another recipe, with its own speed and verdict."""
+    values = json.loads(params) if isinstance(params, str) else (params or {})
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in scaling_changes(scaling, values).items())
+
+
 @functools.cache
 def _model(name: str) -> dict:
     return {k: getattr(ModelConfig(**preset_values("model", name)), k) for k in MODEL_KEYS}

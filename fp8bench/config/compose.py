@@ -433,10 +433,36 @@ def _register_launchers() -> None:
     from hydra.plugins.launcher import Launcher
 
     for name in LAUNCHERS:
-        module = importlib.import_module(name)
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            # the Hydra plugin it extends (joblib's, submitit's) is not installed here, as on a GPU box given only
+            # what a run needs: the sweep may still use any other launcher (chosen_launcher_missing says when not)
+            _MISSING_PLUGINS[name] = str(exc.name)
+            continue
         for obj in vars(module).values():
             if isinstance(obj, type) and issubclass(obj, Launcher) and obj.__module__ == name:
                 Plugins.instance().register(obj)
+
+
+_MISSING_PLUGINS: dict[str, str] = {}
+"""fp8bench launcher module → the module its import missed."""
+
+
+def chosen_launcher_missing(hydra_overrides: list[str]) -> None:
+    """Raise ConfigError when `hydra/launcher=NAME` chooses one of fp8bench's launchers whose underlying Hydra
+    plugin is not installed, naming the package to install and the launchers that do work here."""
+    chosen = [o.split("=", 1)[1] for o in hydra_overrides if o.split("=", 1)[0].lstrip("+~") == "hydra/launcher"]
+    if not chosen:
+        return
+    targets = {path.stem: str(OmegaConf.load(path).get("_target_", ""))
+               for path in sorted((conf_dir() / "hydra" / "launcher").glob("*.yaml"))}
+    module = targets.get(chosen[-1], "").rpartition(".")[0]
+    if module in _MISSING_PLUGINS:
+        usable = [n for n, t in targets.items() if t.rpartition(".")[0] not in _MISSING_PLUGINS] + ["basic"]
+        package = _MISSING_PLUGINS[module].split(".")[1] if "." in _MISSING_PLUGINS[module] else _MISSING_PLUGINS[module]
+        raise ConfigError(f"hydra/launcher={chosen[-1]} needs {package.replace('_', '-')}, which is not installed "
+                          f"here (pip install {package.replace('_', '-')}); launchers that run here: {usable}")
 
 
 def launch_jobs(hydra_overrides: list[str], fixed: list[str], n_jobs: int,
@@ -449,6 +475,7 @@ def launch_jobs(hydra_overrides: list[str], fixed: list[str], n_jobs: int,
 
     register_schema()
     _register_launchers()
+    chosen_launcher_missing(hydra_overrides)
 
     @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
     def _job(cfg: DictConfig) -> None:

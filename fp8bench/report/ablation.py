@@ -11,7 +11,7 @@ import json
 
 import pandas as pd
 
-from fp8bench.cases.identity import scaling_changes
+from fp8bench.cases.identity import knob_text
 from fp8bench.config.compose import preset_values
 from fp8bench.core.markdown import table
 from fp8bench.core.records import seedless
@@ -30,10 +30,6 @@ def reference() -> dict[str, str]:
     return {k: str((values.get(k) or {}).get("name", "")) for k in ("format", "scaling", "backend")}
 
 
-def _params(row) -> dict:
-    return json.loads(row["params_json"]) if isinstance(row["params_json"], str) else {}
-
-
 def factor(row) -> str:
     """What a configuration changes from TE's defaults ('' for the defaults themselves)."""
     if row["format"] == "bf16":
@@ -42,7 +38,8 @@ def factor(row) -> str:
     changes = [FORMATS.get(row["format"], f"format {row['format']}")] if row["format"] != ref["format"] else []
     changes += [f"{row['scaling']} scaling"] if row["scaling"] != ref["scaling"] else []
     changes += [f"backend {row['backend']} instead of {ref['backend']}"] if row["backend"] != ref["backend"] else []
-    changes += [f"{k.replace('_', ' ')} {v}" for k, v in scaling_changes(row["scaling"], _params(row)).items()]
+    knobs = knob_text(row["scaling"], row["params_json"])
+    changes += [knobs] if knobs else []
     return ", ".join(changes) or "TE's defaults"
 
 

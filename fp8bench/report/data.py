@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from fp8bench.analysis.rebuild import withdrawn
+from fp8bench.cases.identity import knob_text
 from fp8bench.core.records import VARIANT_SQL
 from fp8bench.core.speedup import bound_label
 
@@ -68,7 +69,8 @@ def cases(con) -> pd.DataFrame:
         return df.assign(recipe=pd.Series(dtype=str), device=pd.Series(dtype=str), withdrawn=pd.Series(dtype=str))
     df["device"] = df["device_name"].fillna("unknown device")
     backend = df["backend"] + df["variant"].map(lambda v: f"+{v}" if v else "")
-    df["recipe"] = df["format"] + "/" + df["scaling"] + " · " + backend
+    knobs = [knob_text(s, p) for s, p in zip(df["scaling"], df["params_json"], strict=True)]
+    df["recipe"] = df["format"] + "/" + df["scaling"] + " · " + backend + [f" · {k}" if k else "" for k in knobs]
     return withdraw(df, withdrawn(con))
 
 

@@ -4,8 +4,6 @@ its curve left the BF16 band, and what the curve did (fp8bench.analysis.taxonomy
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
 from fp8bench.analysis.parity import (
@@ -16,7 +14,6 @@ from fp8bench.analysis.parity import (
     verdict_from_metrics,
 )
 from fp8bench.analysis.taxonomy import CurveClass, CurveReading
-from fp8bench.cases.identity import scaling_changes
 from fp8bench.core.records import seedless
 
 
@@ -101,9 +98,7 @@ def recipe_rates(train: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (device, model, run_id, setting, _), d in fp8.groupby(["device", "model", "run_id", "setting", "configuration"]):
         rv, r = _recipe_verdict(d), d.iloc[0]
-        changes = scaling_changes(r["scaling"], json.loads(r["params_json"]) if isinstance(r.get("params_json"), str)
-                                  else {})
-        recipe = r["recipe"] + "".join(f" · {k.replace('_', ' ')} {v}" for k, v in changes.items())
+        recipe = r["recipe"]  # with its scaling knobs away from the defaults (data.cases)
         q = _quality(r, rv.seeds)
         rows.append({"device": device, "model": model, "run_id": run_id, "setting": setting, "recipe": recipe,
                      "seeds": rv.seeds, "pass_rate": f"{rv.passes}/{rv.seeds}", "verdict": rv.text(),

@@ -24,13 +24,14 @@ from fp8bench.analysis.recommend import (
     recommend,
 )
 from fp8bench.analysis.seeds import over_seeds
+from fp8bench.cases.identity import knob_text
 from fp8bench.config.compose import model_preset
 from fp8bench.core.markdown import table
 from fp8bench.core.records import seedless, variant_of
 from fp8bench.report.published import NO_INTERVAL, Shown
 
 SPEEDS = """
-SELECT c.model, c.format, c.scaling, c.backend, c.label, c.twin_id, m.value AS speedup,
+SELECT c.model, c.format, c.scaling, c.backend, c.label, c.params, c.twin_id, m.value AS speedup,
        coalesce(lo_box.value, lo.value) AS lo, coalesce(hi_box.value, hi.value) AS hi,
        100 * (mem.value / bmem.value - 1) AS mem_change_pct, c.run_id, c.case_id, r.measurement_version
 FROM cases c JOIN runs r USING (run_id) JOIN measurements m ON m.run_id = c.run_id AND m.case_id = c.case_id AND m.metric = 'speedup_vs_bf16'
@@ -48,14 +49,14 @@ WHERE c.workload = 'train' AND c.status = 'ok' AND c.format != 'bf16'
 run and measurement version it comes from."""
 
 VERDICTS = """
-SELECT c.run_id, c.case_id, c.label, c.model, c.format, c.scaling, c.backend, c.shape, c.status, c.reason,
+SELECT c.run_id, c.case_id, c.label, c.params, c.model, c.format, c.scaling, c.backend, c.shape, c.status, c.reason,
        map_from_entries(list({'k': m.metric, 'v': m.value}))
 FROM cases c JOIN measurements m USING (run_id, case_id)
 WHERE c.workload = 'train' AND c.format != 'bf16' GROUP BY ALL"""
 
 
-def _recipe(fmt: str, scaling: str, backend: str, label: str) -> Recipe:
-    return Recipe.of(fmt, scaling, backend, variant_of(label))
+def _recipe(fmt: str, scaling: str, backend: str, label: str, params: str | None) -> Recipe:
+    return Recipe.of(fmt, scaling, backend, variant_of(label), knob_text(scaling, params))
 
 
 def _size(model: str) -> Size | None:
@@ -70,11 +71,11 @@ def _speeds(con) -> list[SpeedResult]:
     gone = withdrawn(con)
     bare: dict[tuple[str, str], list[tuple[SpeedResult, str]]] = {}
     out = []
-    for model, f, s, b, label, twin, sp, lo, hi, mem, run_id, case_id, version in con.execute(SPEEDS).fetchall():
+    for model, f, s, b, label, params, twin, sp, lo, hi, mem, run_id, case_id, version in con.execute(SPEEDS).fetchall():
         size = _size(model)
         if size is None or (run_id, case_id, "speedup_vs_bf16") in gone:
             continue
-        r = SpeedResult(recipe=_recipe(f, s, b, label), size=size, speedup=sp, lo=lo, hi=hi, mem_change_pct=mem,
+        r = SpeedResult(recipe=_recipe(f, s, b, label, params), size=size, speedup=sp, lo=lo, hi=hi, mem_change_pct=mem,
                         run_id=run_id, measurement_version=version)
         if lo is None or hi is None:
             bare.setdefault((run_id, seedless(case_id)), []).append((r, twin or ""))
@@ -96,12 +97,12 @@ def inputs(con) -> tuple[list[SpeedResult], list[SeedVerdict]]:
     preset here cannot be placed by size and are left out)."""
     speeds = _speeds(con)
     verdicts = []
-    for _, _, label, model, f, s, b, shape, status, reason, metrics in con.execute(VERDICTS).fetchall():
+    for _, _, label, params, model, f, s, b, shape, status, reason, metrics in con.execute(VERDICTS).fetchall():
         v = verdict_from_metrics(metrics, diverged=reason if status == "diverged" else "")
         size = _size(model)
         if v is None or size is None or not (status == "diverged" or "parity_pass" in metrics):
             continue
-        verdicts.append(SeedVerdict(recipe=_recipe(f, s, b, label), size=size, seed=json.loads(shape)["seed"],
+        verdicts.append(SeedVerdict(recipe=_recipe(f, s, b, label, params), size=size, seed=json.loads(shape)["seed"],
                                     passed=v.passed, failed_rules=v.failed,
                                     same_seed_area_gap_pct=v.same_seed_area_gap_pct))
     return speeds, verdicts
@@ -114,13 +115,14 @@ def decide(con) -> Recommendation:
 
 def rows(rec: Recommendation) -> list[list[str]]:
     """The decision as table rows: the recommended recipe first (or a row saying none passes), then every faster
-    recipe with its verdict, then the recipes whose speed has no interval; each speed with its interval, or
+    recipe with its verdict, the slower ones that beat BF16, then the recipes whose speed has no interval; each speed with its interval, or
     withdrawn (_shown)."""
     out = []
     if rec.chosen is None:
         out.append(["no recommendation", "", "", "", "no FP8 recipe faster than BF16 (its 95% interval above 1) "
                     "passes loss parity with at least three seeds", "", ""])
-    listed = ([("recommended", rec.chosen)] if rec.chosen else []) + [(c.status, c) for c in rec.faster]
+    listed = ([("recommended", rec.chosen)] if rec.chosen else []) + [(f"faster; {c.status}", c) for c in rec.faster]
+    listed += [(f"slower; {c.status}", c) for c in rec.slower]
     listed += [(f"{UNESTABLISHED}; {c.status}", c) for c in rec.unestablished]
     for role, c in listed:
         s = c.speed
