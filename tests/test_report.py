@@ -178,10 +178,14 @@ def test_the_front_page_leads_with_the_recommendation_and_the_advisor_with_the_g
                                             "Array.from(r.cells).map(c => c.innerText))]")
     assert first[0] == HEADERS
     rows = {r[1]: r for r in first[1:]}
-    # nothing passes with three seeds at the committed runs; E4M3 delayed, its speed withdrawn, is listed with the
-    # rules it failed
-    assert first[1][0] == "no recommendation"
-    assert rows["e4m3/delayed · te"][0] == "speed not established; FAIL" and "final-loss prediction interval" in rows["e4m3/delayed · te"][4]
+    # the recommendation first, with both sizes; E4M3 delayed at TE's defaults, faster, below it with the rules it
+    # failed; the slower recipes that beat BF16 after those
+    assert first[1][0] == "recommended" and first[1][4].startswith("passes 3/3 at ")
+    assert " at llama2-7b-4l" in first[1][2] and first[1][3]
+    e4m3 = rows["e4m3/delayed · te"]
+    assert e4m3[0] == "faster; FAIL" and "final-loss prediction interval" in e4m3[4]
+    roles = [r[0] for r in first[1:]]
+    assert roles.index("faster; FAIL") < min(i for i, r in enumerate(roles) if r.startswith("slower;"))
     advisor = page_text(site, "index.html", """(() => { const h = Array.from(document.querySelectorAll('main > h2'))
         .find(e => e.innerText.startsWith('Advisor')); let e = h.nextElementSibling;
         while (!e.classList.contains('tbl')) e = e.nextElementSibling;

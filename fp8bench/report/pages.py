@@ -20,7 +20,7 @@ PLOT_H = 420
 CURVE_H = 320
 CURVE_POINTS = 200
 """Points drawn per training-loss curve at most (every k-th step of its 20-step running mean)."""
-OPEN_RUNS_PER_MODEL = 4
+OPEN_RUNS_PER_MODEL = 2
 """The training page opens each device · model's newest loss runs that judged parity; the earlier ones, and
 runs without a verdict, are one click away."""
 """Loss curves are drawn lower: a training page holds two per run."""
