@@ -66,7 +66,7 @@ def test_each_configuration_is_a_row_with_its_rate_band_exit_curve_and_loss(tmp_
     assert short["parity"] == "passes 3/3" and short["curve"] == "ok (3 seeds)"
     assert rows["BF16 (the band)"]["seeds"] == 3 and rows["BF16 (the band)"]["parity"] == ""
     text = ablation.markdown(con)
-    assert "| `abl` | GPU | e4m3/delayed · te-layer · amax history len 16 | amax history len 16 | 3 | passes 3/3 |" in text
+    assert "| `abl` | GPU | e4m3/delayed · te-layer | amax history len 16 | 3 | passes 3/3 |" in text
     # the training page's pass rates: two configurations of one recipe label, two rows
     rates = recipe_rates(data.cases(con)[lambda d: d["workload"] == "train"])
     assert sorted(rates["verdict"].str[:10]) == ["FAIL 0/3 p", "passes 3/3"]

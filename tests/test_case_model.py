@@ -266,3 +266,15 @@ def test_the_ids_of_committed_results_are_their_stored_identities(tmp_path):
         if case_id(ident, variant) != cid or not cid.startswith(label):
             wrong.append((run_id, cid, case_id(ident, variant), label))
     assert not wrong, f"{len(wrong)} of {len(rows)} rows: {wrong[:5]}"
+
+
+def test_knob_text_names_the_scaling_knobs_away_from_the_defaults_and_nothing_else():
+    from fp8bench.cases.identity import knob_text
+
+    assert knob_text("delayed", {"scaling.amax_history_len": 16, "scaling.margin": 0}) == "amax history len 16"
+    assert knob_text("delayed", '{"scaling.amax_compute_algo": "most_recent", "scaling.margin": 2}') == \
+        "amax compute algo most_recent, margin 2"
+    assert knob_text("delayed", {"scaling.amax_history_len": 1024}) == ""  # TE's default
+    # BF16's 'none', a scaling this checkout does not know, and no stored identity (NULL reads back as NaN)
+    assert knob_text("none", {"scaling.margin": 2}) == "" and knob_text("gone", {"scaling.margin": 2}) == ""
+    assert knob_text("delayed", float("nan")) == "" and knob_text("delayed", None) == ""

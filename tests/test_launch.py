@@ -250,6 +250,22 @@ def test_a_sweep_runs_without_the_launcher_plugins_and_choosing_one_is_a_clear_e
     said = bad.stdout + bad.stderr
     assert bad.returncode == 2 and "Traceback" not in said, said[-2000:]
     assert "hydra/launcher=local-gpus needs hydra-joblib-launcher" in said
-    assert "launchers that run here: ['local-processes', 'basic']" not in said  # local-processes needs submitit
     assert "launchers that run here: ['basic']" in " ".join(said.split())
     assert not (tmp_path / "runs" / "gpus").exists() or not list((tmp_path / "runs" / "gpus").glob("shard-*"))
+
+
+def test_only_choosing_a_launcher_whose_plugin_is_missing_is_an_error(monkeypatch):
+    from fp8bench.config import compose
+    from fp8bench.config.schema import ConfigError
+
+    monkeypatch.setattr(compose, "_MISSING_PLUGINS", {"hydra_plugins.fp8bench_launchers.local_gpus":
+                                                      "hydra_plugins.hydra_joblib_launcher"})
+    for fine in (["~hydra/launcher"], ["hydra.launcher.n_jobs=2"], ["hydra/launcher=local-processes"], [],
+                 ["sweep=hopper", "model=tiny,gpt-125m"]):
+        compose.chosen_launcher_missing(fine)
+    for chosen in (["hydra/launcher=local-gpus"], ["+hydra/launcher=local-gpus"],
+                   ["hydra/launcher=slurm", "hydra/launcher=local-gpus"]):
+        with pytest.raises(ConfigError, match=r"hydra/launcher=local-gpus needs hydra-joblib-launcher, .*pip install "
+                                              r"hydra-joblib-launcher\); launchers that run here: \['local-processes', "
+                                              r"'slurm-cpu', 'slurm', 'basic'\]"):
+            compose.chosen_launcher_missing(chosen)

@@ -32,6 +32,7 @@ from fp8bench.config.schema import (
     TrainConfig,
     WorkloadConfig,
 )
+from fp8bench.core.types import Scaling
 from fp8bench.models import shapes as shapes_module
 
 PRESENTATION = ("results_dir", "run_id", "resume", "sweep_name", "job_group", "store", "device", "model.source")
@@ -162,8 +163,13 @@ def knob_text(scaling: str, params: dict | str | None) -> str:
     """scaling_changes as the pages name them, 'amax history len 16, margin 2' ('' at the defaults); `params`
     is the stored identity, as a mapping or its JSON text. A recipe label carries it (`e4m3/delayed · te-layer ·
     amax history len 16`): a knob away from the defaults makes another recipe, with its own speed and verdict."""
-    values = json.loads(params) if isinstance(params, str) else (params or {})
+    values = json.loads(params) if isinstance(params, str) else params if isinstance(params, dict) else {}
+    if scaling not in _SCALING_NAMES:  # 'none' (BF16), or a record of a scaling this checkout no longer has
+        return ""
     return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in scaling_changes(scaling, values).items())
+
+
+_SCALING_NAMES = frozenset(s.value for s in Scaling if s is not Scaling.NONE)
 
 
 @functools.cache

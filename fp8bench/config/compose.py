@@ -437,7 +437,10 @@ def _register_launchers() -> None:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             # the Hydra plugin it extends (joblib's, submitit's) is not installed here, as on a GPU box given only
-            # what a run needs: the sweep may still use any other launcher (chosen_launcher_missing says when not)
+            # what a run needs: the sweep may still use any other launcher (chosen_launcher_missing says when not);
+            # anything else missing is a broken checkout, and says so
+            if not str(exc.name).startswith("hydra_plugins.hydra_"):
+                raise
             _MISSING_PLUGINS[name] = str(exc.name)
             continue
         for obj in vars(module).values():
@@ -452,7 +455,8 @@ _MISSING_PLUGINS: dict[str, str] = {}
 def chosen_launcher_missing(hydra_overrides: list[str]) -> None:
     """Raise ConfigError when `hydra/launcher=NAME` chooses one of fp8bench's launchers whose underlying Hydra
     plugin is not installed, naming the package to install and the launchers that do work here."""
-    chosen = [o.split("=", 1)[1] for o in hydra_overrides if o.split("=", 1)[0].lstrip("+~") == "hydra/launcher"]
+    chosen = [value for key, sep, value in (o.partition("=") for o in hydra_overrides)
+              if sep and key.lstrip("+~") == "hydra/launcher"]
     if not chosen:
         return
     targets = {path.stem: str(OmegaConf.load(path).get("_target_", ""))
@@ -460,9 +464,9 @@ def chosen_launcher_missing(hydra_overrides: list[str]) -> None:
     module = targets.get(chosen[-1], "").rpartition(".")[0]
     if module in _MISSING_PLUGINS:
         usable = [n for n, t in targets.items() if t.rpartition(".")[0] not in _MISSING_PLUGINS] + ["basic"]
-        package = _MISSING_PLUGINS[module].split(".")[1] if "." in _MISSING_PLUGINS[module] else _MISSING_PLUGINS[module]
-        raise ConfigError(f"hydra/launcher={chosen[-1]} needs {package.replace('_', '-')}, which is not installed "
-                          f"here (pip install {package.replace('_', '-')}); launchers that run here: {usable}")
+        package = _MISSING_PLUGINS[module].removeprefix("hydra_plugins.").split(".")[0].replace("_", "-")
+        raise ConfigError(f"hydra/launcher={chosen[-1]} needs {package}, which is not installed here (pip install "
+                          f"{package}); launchers that run here: {usable}")
 
 
 def launch_jobs(hydra_overrides: list[str], fixed: list[str], n_jobs: int,

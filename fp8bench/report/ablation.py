@@ -11,7 +11,6 @@ import json
 
 import pandas as pd
 
-from fp8bench.cases.identity import knob_text
 from fp8bench.config.compose import preset_values
 from fp8bench.core.markdown import table
 from fp8bench.core.records import seedless
@@ -38,8 +37,7 @@ def factor(row) -> str:
     changes = [FORMATS.get(row["format"], f"format {row['format']}")] if row["format"] != ref["format"] else []
     changes += [f"{row['scaling']} scaling"] if row["scaling"] != ref["scaling"] else []
     changes += [f"backend {row['backend']} instead of {ref['backend']}"] if row["backend"] != ref["backend"] else []
-    knobs = knob_text(row["scaling"], row["params_json"])
-    changes += [knobs] if knobs else []
+    changes += [row["knobs"]] if row["knobs"] else []
     return ", ".join(changes) or "TE's defaults"
 
 
@@ -64,7 +62,9 @@ def rows(con) -> pd.DataFrame:
         judged = not bf16 and d["parity_seeds"].notna().any()
         rv = _recipe_verdict(d[d["parity_seeds"].notna()]) if judged else None
         changed = factor(r)
-        out.append({"run": run_id, "device": r["device"], "configuration": f"{r['recipe']}",
+        # the configuration's path and recipe; its knobs are what `factor` names
+        path = r["recipe"].removesuffix(f" · {r['knobs']}") if r["knobs"] else r["recipe"]
+        out.append({"run": run_id, "device": r["device"], "configuration": path,
                     "factor": changed, "seeds": len(d),
                     "parity": "" if bf16 else (rv.text() if rv else "no verdict (fewer than 3 BF16 seeds)"),
                     "leaves the band": "" if rv is None else ("stays in the band" if rv.exit_step is None

@@ -62,15 +62,18 @@ def _has_ceilings(con) -> bool:
 
 
 def cases(con) -> pd.DataFrame:
-    """Every case of every run, measurements pivoted wide, with a `recipe` label; speedups that cannot be
+    """Every case of every run, measurements pivoted wide, with a `recipe` label (format/scaling · backend, and
+    the scaling knobs away from the defaults, `knobs`: cases.identity.knob_text); speedups that cannot be
     rebuilt from the committed samples are withdrawn (`withdraw`)."""
     df = con.execute(WIDE.format(ceilings="ceilings" if _has_ceilings(con) else NO_CEILINGS)).fetchdf()
     if df.empty:
-        return df.assign(recipe=pd.Series(dtype=str), device=pd.Series(dtype=str), withdrawn=pd.Series(dtype=str))
+        return df.assign(recipe=pd.Series(dtype=str), knobs=pd.Series(dtype=str), device=pd.Series(dtype=str),
+                         withdrawn=pd.Series(dtype=str))
     df["device"] = df["device_name"].fillna("unknown device")
     backend = df["backend"] + df["variant"].map(lambda v: f"+{v}" if v else "")
-    knobs = [knob_text(s, p) for s, p in zip(df["scaling"], df["params_json"], strict=True)]
-    df["recipe"] = df["format"] + "/" + df["scaling"] + " · " + backend + [f" · {k}" if k else "" for k in knobs]
+    df["knobs"] = [knob_text(s, p) if f != "bf16" else ""
+                   for f, s, p in zip(df["format"], df["scaling"], df["params_json"], strict=True)]
+    df["recipe"] = df["format"] + "/" + df["scaling"] + " · " + backend + df["knobs"].map(lambda k: f" · {k}" if k else "")
     return withdraw(df, withdrawn(con))
 
 

@@ -195,12 +195,12 @@ def memory_why(adv: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
         return adv
 
     def text(r) -> str:
-        if r["workload"] not in ("layer", "train") or not r["recipe"].endswith("· te") or r["shapes"] != 1:
+        if r["workload"] not in ("layer", "train") or r["shapes"] != 1:
             return ""  # the model's shapes must be the row's one shape
         case = df[(df["device"] == r["device"]) & (df["model"] == r["model"]) & (df["workload"] == r["workload"])
                   & (df["recipe"] == r["recipe"]) & (df["status"] == "ok")]
-        if case.empty:
-            return ""
+        if case.empty or case["backend"].iloc[0] != "te" or case["variant"].iloc[0]:
+            return ""  # the memory model is of te.Linear's saved tensors, launched plainly
         change = recipe_change(r["workload"], r["model"], json.loads(case["shape_json"].iloc[0]),
                                case["scaling"].iloc[0])
         return "" if change is None else change.explain()
@@ -645,11 +645,16 @@ def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
     t = _with_bf16(ok, ("time_ms", "peak_mem_bytes", "tokens_per_s"), shape="twin_shape")
     had = t["speedup"].notna() | (t["withdrawn"].fillna("") != "" if "withdrawn" in t else False)  # withdrawn too
     t = t[(t["format"] != "bf16") & had & (t["hidden"].fillna(0) >= LLAMA_SCALE_HIDDEN)]
-    return t.assign(recipe_only=t["format"] + "/" + t["scaling"], peak_gib=t["peak_mem_bytes"] / 2**30,
+    return t.assign(recipe_only=_recipe_only(t), peak_gib=t["peak_mem_bytes"] / 2**30,
                     bf16_peak_gib=t["bf16_peak_mem_bytes"] / 2**30,
                     mem_change_pct=(t["peak_mem_bytes"] / t["bf16_peak_mem_bytes"] - 1) * 100,
                     setting=t["batch"].astype(str) + "x" + t["seq"].astype(str) + " "
                     + t["master_weights"].str.upper() + "-master " + t["nproc"].astype(str) + "GPU")
+
+
+def _recipe_only(d: pd.DataFrame) -> pd.Series:
+    """format/scaling with the scaling knobs away from the defaults (data.cases' `knobs`), without the path."""
+    return d["format"] + "/" + d["scaling"] + d["knobs"].map(lambda k: f" · {k}" if k else "")
 
 
 def distributed_layout(shape: dict) -> str:
@@ -780,7 +785,7 @@ def step_parts(train: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     parts = sum(d[v].fillna(0) for v in ms.values())
     return d.assign(**{k: d[v] for k, v in ms.items()}, idle=d["time_ms"] - d["gpu_busy_ms"],
                     overlap=(parts - d["gpu_busy_ms"]).round(3).clip(lower=0) + 0.0, profiled_pct=100 * d["gpu_profiled_step_ms"] / d["time_ms"],
-                    path=_path(d), recipe_only=d["format"] + "/" + d["scaling"]).sort_values(
+                    path=_path(d), recipe_only=_recipe_only(d)).sort_values(
         ["device", "model", "shape_name", "path", "time_ms"], ascending=[True, True, True, True, False])
 
 

@@ -121,7 +121,7 @@ def rows(rec: Recommendation) -> list[list[str]]:
     if rec.chosen is None:
         out.append(["no recommendation", "", "", "", "no FP8 recipe faster than BF16 (its 95% interval above 1) "
                     "passes loss parity with at least three seeds", "", ""])
-    listed = ([("recommended", rec.chosen)] if rec.chosen else []) + [(f"faster; {c.status}", c) for c in rec.faster]
+    listed = ([("recommended", rec.chosen)] if rec.chosen else []) + [(f"faster{'' if rec.chosen else ' than BF16'}; {c.status}", c) for c in rec.faster]
     listed += [(f"slower; {c.status}", c) for c in rec.slower]
     listed += [(f"{UNESTABLISHED}; {c.status}", c) for c in rec.unestablished]
     for role, c in listed:
