@@ -434,13 +434,17 @@ def _waterfall_section(p: Page, falls: pd.DataFrame) -> None:
         p.figure(style_traces(px.line(fw, x="stage", y="speedup", color="case_id", markers=True,
                                       height=min(700, max(PLOT_H, 14 * n + 200)))),
                  f"{workload}: speedup after each stage of the waterfall", "stage", "speedup vs BF16 (x)")
-    # a reference of every case, one click away: the page's sections stay within reach of each other
-    p.raw(f"<details><summary>Each case's waterfall ({f['case_id'].nunique()} cases)</summary>")
+    # a long reference of every case, one click away: the page's sections stay within reach of each other
+    cases = f["case_id"].nunique()
+    fold = cases > WATERFALL_LINES
+    if fold:
+        p.raw(f"<details><summary>Each case's waterfall ({cases} cases)</summary>")
     p.table(f.pivot_table(index="case_id", columns="stage", values="speedup")
             .reindex(columns=list(f.drop_duplicates("stage").sort_values("order")["stage"]))
             .join(f.groupby("case_id")["kernels_pct"].first()).reset_index(),
             {c: 2 for c in f["stage"].unique()} | {"kernels_pct": 1})
-    p.raw("</details>")
+    if fold:
+        p.raw("</details>")
 
 
 def _module_sections(p: Page, df: pd.DataFrame) -> None:
