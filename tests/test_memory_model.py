@@ -89,8 +89,16 @@ def test_the_advisor_says_where_a_te_layers_memory_goes():
                         {"device": "H200", "model": "llama2-7b", "workload": "gemm", "recipe": "e4m3/current · torch",
                          "shapes": 4, "why": ""}])
     df = pd.DataFrame([{"device": "H200", "model": "llama2-7b", "workload": "layer", "recipe": recipe, "status": "ok",
-                        "scaling": "delayed", "shape_json": json.dumps({"batch": 2, "seq": 4096, "hidden": 4096})}])
+                        "backend": "te", "variant": "", "scaling": "delayed",
+                        "shape_json": json.dumps({"batch": 2, "seq": 4096, "hidden": 4096})}])
     why = memory_why(adv, df)["why"].tolist()
     assert why[0].startswith("GEMMs 2x would give 1.61x FP8 saves 600 MiB for backward")
     assert "weights in both layouts 386, inputs 214" in why[0] and "drops 300 MiB" in why[0]
     assert why[1] == ""
+    # the same recipe with a knob away from TE's defaults is a recipe of its own, and still the te.Linear model's
+    knob = f"{recipe} · amax history len 16"
+    why = memory_why(adv.assign(recipe=[knob, adv["recipe"][1]]), df.assign(recipe=knob))["why"].tolist()
+    assert "FP8 saves 600 MiB for backward" in why[0]
+    # a backend the memory model does not cover, or a launch variant of te, gets no note
+    for other in ({"backend": "te-layer"}, {"variant": "cuda_graph"}):
+        assert memory_why(adv, df.assign(**other))["why"].tolist()[0] == "GEMMs 2x would give 1.61x"

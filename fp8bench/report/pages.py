@@ -199,8 +199,9 @@ def memory_why(adv: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
             return ""  # the model's shapes must be the row's one shape
         case = df[(df["device"] == r["device"]) & (df["model"] == r["model"]) & (df["workload"] == r["workload"])
                   & (df["recipe"] == r["recipe"]) & (df["status"] == "ok")]
-        if case.empty or case["backend"].iloc[0] != "te" or case["variant"].iloc[0]:
-            return ""  # the memory model is of te.Linear's saved tensors, launched plainly
+        if case.empty or not backends.declared(case["backend"].iloc[0], "memory_modelled", False) \
+                or case["variant"].iloc[0]:
+            return ""  # the backend's saved tensors are what the memory model counts, launched plainly
         change = recipe_change(r["workload"], r["model"], json.loads(case["shape_json"].iloc[0]),
                                case["scaling"].iloc[0])
         return "" if change is None else change.explain()
