@@ -2,9 +2,10 @@
 
 `recommend` returns the fastest recipe, at the size its speed was measured, that passes parity at the largest
 size where it was judged with at least MIN_SEEDS seeds and failed nowhere; the recipes faster than it are
-listed below it with their verdicts, then the slower ones that still beat BF16. Only a speed with a 95% interval ranks a recipe, and "faster than BF16"
-means that interval lies above 1: a recipe whose speed was withdrawn is listed apart, with no figure. A recipe with no verdict is "not judged", one judged on fewer seeds "too
-few seeds": neither is ever "passes". A recipe is the same recipe across sizes when `Recipe.of` says so.
+listed below it with their verdicts, then the slower ones that still beat BF16. Only a speed with a 95%
+interval ranks a recipe, and "faster than BF16" means that interval lies above 1: a recipe whose speed was
+withdrawn is listed apart, with no figure. A recipe with no verdict is "not judged", one judged on fewer seeds
+"too few seeds": neither is ever "passes". A recipe is the same recipe across sizes when `Recipe.of` says so.
 """
 
 from __future__ import annotations

@@ -163,9 +163,9 @@ def knob_text(scaling: str, params: dict | str | None) -> str:
     """scaling_changes as the pages name them, 'amax history len 16, margin 2' ('' at the defaults); `params`
     is the stored identity, as a mapping or its JSON text. A recipe label carries it (`e4m3/delayed · te-layer ·
     amax history len 16`): a knob away from the defaults makes another recipe, with its own speed and verdict."""
-    values = json.loads(params) if isinstance(params, str) else params if isinstance(params, dict) else {}
     if scaling not in _SCALING_NAMES:  # 'none' (BF16), or a record of a scaling this checkout no longer has
         return ""
+    values = json.loads(params) if isinstance(params, str) else params if isinstance(params, dict) else {}
     return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in scaling_changes(scaling, values).items())
 
 

@@ -424,6 +424,10 @@ LAUNCHERS = ("hydra_plugins.fp8bench_launchers.local_gpus", "hydra_plugins.fp8be
 """fp8bench's own launcher plugins (hydra_plugins/fp8bench_launchers/), registered with Hydra by class."""
 
 
+_MISSING_PLUGINS: dict[str, str] = {}
+"""fp8bench launcher module → the module its import missed."""
+
+
 def _register_launchers() -> None:
     """Hydra takes launchers from the `hydra_plugins` namespace package; it finds those of installed wheels by
     scanning, and fp8bench's by this registration (an editable install's path hook is not scanned)."""
@@ -446,10 +450,6 @@ def _register_launchers() -> None:
         for obj in vars(module).values():
             if isinstance(obj, type) and issubclass(obj, Launcher) and obj.__module__ == name:
                 Plugins.instance().register(obj)
-
-
-_MISSING_PLUGINS: dict[str, str] = {}
-"""fp8bench launcher module → the module its import missed."""
 
 
 def chosen_launcher_missing(hydra_overrides: list[str]) -> None:

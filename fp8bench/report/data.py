@@ -71,10 +71,15 @@ def cases(con) -> pd.DataFrame:
                          withdrawn=pd.Series(dtype=str))
     df["device"] = df["device_name"].fillna("unknown device")
     backend = df["backend"] + df["variant"].map(lambda v: f"+{v}" if v else "")
-    df["knobs"] = [knob_text(s, p) if f != "bf16" else ""
-                   for f, s, p in zip(df["format"], df["scaling"], df["params_json"], strict=True)]
-    df["recipe"] = df["format"] + "/" + df["scaling"] + " · " + backend + df["knobs"].map(lambda k: f" · {k}" if k else "")
+    df["knobs"] = [knob_text(s, p) for s, p in zip(df["scaling"], df["params_json"], strict=True)]
+    df["recipe"] = df["format"] + "/" + df["scaling"] + " · " + backend + knob_suffix(df["knobs"])
     return withdraw(df, withdrawn(con))
+
+
+def knob_suffix(knobs: pd.Series) -> pd.Series:
+    """' · amax history len 16' where a case sets a scaling knob away from the defaults, else '': how every
+    recipe label of the report names one."""
+    return knobs.map(lambda k: f" · {k}" if k else "")
 
 
 WITHDRAWN_COLUMNS = {"speedup_vs_bf16": ("speedup", "speedup_lo", "speedup_hi", "speedup_box_lo", "speedup_box_hi"),

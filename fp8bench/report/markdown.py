@@ -54,7 +54,8 @@ def _headline(con, runs: pd.DataFrame) -> pd.DataFrame:
 def parity_where_judged(con) -> dict[str, str]:
     """Per training recipe (format/scaling · backend, and any scaling knob away from the defaults), the
     loss-parity verdicts of every run that judged it, by model: what the fastest recipe of a speed run is known
-    to do to the loss, and at which size. Every verdict counts, not only each case's latest: a recipe that passed once and failed when run again is "1 of 2"."""
+    to do to the loss, and at which size. Every verdict counts, not only each case's latest: a recipe that
+    passed once and failed when run again is "1 of 2"."""
     t = data.cases(con)
     t = t[(t["workload"] == "train") & t["parity_pass"].notna()]
     out: dict[str, str] = {}

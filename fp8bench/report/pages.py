@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from fp8bench import backends
 from fp8bench.core.records import NOT_TIMED
-from fp8bench.report.data import bound_labels, interval, not_measured, not_measured_by_reason
+from fp8bench.report.data import bound_labels, interval, knob_suffix, not_measured, not_measured_by_reason
 from fp8bench.report.html import Page, esc
 from fp8bench.report.published import of_group
 
@@ -659,7 +659,7 @@ def llama_steps(train: pd.DataFrame) -> pd.DataFrame:
 
 def _recipe_only(d: pd.DataFrame) -> pd.Series:
     """format/scaling with the scaling knobs away from the defaults (data.cases' `knobs`), without the path."""
-    return d["format"] + "/" + d["scaling"] + d["knobs"].map(lambda k: f" · {k}" if k else "")
+    return d["format"] + "/" + d["scaling"] + knob_suffix(d["knobs"])
 
 
 def distributed_layout(shape: dict) -> str:

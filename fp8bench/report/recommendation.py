@@ -71,7 +71,8 @@ def _speeds(con) -> list[SpeedResult]:
     gone = withdrawn(con)
     bare: dict[tuple[str, str], list[tuple[SpeedResult, str]]] = {}
     out = []
-    for model, f, s, b, label, params, twin, sp, lo, hi, mem, run_id, case_id, version in con.execute(SPEEDS).fetchall():
+    for (model, f, s, b, label, params, twin, sp, lo, hi, mem, run_id, case_id,
+         version) in con.execute(SPEEDS).fetchall():
         size = _size(model)
         if size is None or (run_id, case_id, "speedup_vs_bf16") in gone:
             continue
@@ -115,13 +116,14 @@ def decide(con) -> Recommendation:
 
 def rows(rec: Recommendation) -> list[list[str]]:
     """The decision as table rows: the recommended recipe first (or a row saying none passes), then every faster
-    recipe with its verdict, the slower ones that beat BF16, then the recipes whose speed has no interval; each speed with its interval, or
-    withdrawn (_shown)."""
+    recipe with its verdict, the slower ones that beat BF16, then the recipes whose speed has no interval;
+    each speed with its interval, or withdrawn (_shown)."""
     out = []
     if rec.chosen is None:
         out.append(["no recommendation", "", "", "", "no FP8 recipe faster than BF16 (its 95% interval above 1) "
                     "passes loss parity with at least three seeds", "", ""])
-    listed = ([("recommended", rec.chosen)] if rec.chosen else []) + [(f"faster{'' if rec.chosen else ' than BF16'}; {c.status}", c) for c in rec.faster]
+    faster = "faster" if rec.chosen else "faster than BF16"
+    listed = ([("recommended", rec.chosen)] if rec.chosen else []) + [(f"{faster}; {c.status}", c) for c in rec.faster]
     listed += [(f"slower; {c.status}", c) for c in rec.slower]
     listed += [(f"{UNESTABLISHED}; {c.status}", c) for c in rec.unestablished]
     for role, c in listed:
